@@ -1,0 +1,132 @@
+"""Collective communication times: alpha-beta models limited by the slowest link.
+
+A group is described by how its ranks sit on nodes (`CommGroup`): `size`
+ranks, `ranks_per_node` of them on each node it touches, the intra-node link
+and the inter-node bandwidth each GPU gets when every GPU of the node talks at
+once (NICs are shared).  Formulas (Thakur et al. 2005; NCCL docs "Performance"):
+
+* ring all-reduce moves 2(n-1)/n * S per rank; reduce-scatter and all-gather
+  (n-1)/n * S.  A ring crossing nodes sends that volume once per node boundary,
+  and NCCL spreads its channels over all NICs, so the inter-node rate of a node
+  is k * (per-GPU NIC share) for k ranks per node.
+* hierarchical all-reduce: intra-node reduce-scatter, inter-node all-reduce of
+  S/k on each rank's NIC share, intra-node all-gather.  The faster of the two is
+  taken, as NCCL's tuner does.
+* all-to-all: each rank sends (n-1)/n * S, the share to ranks on other nodes
+  over the NICs, the rest over the intra-node link, both at once.
+
+Efficiencies and the link-kind mapping come from `constants.yaml`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hardware.catalog import Catalog, LinkSpec
+
+
+class CommGroup(BaseModel):
+    """Placement of a communicator's ranks, as far as its speed is concerned."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    size: int = Field(gt=0, description="Ranks in the group.")
+    ranks_per_node: int = Field(gt=0, description="Ranks of the group on each node it spans.")
+    intra: LinkSpec = Field(description="GPU-to-GPU link inside a node.")
+    inter_bandwidth: float = Field(
+        gt=0, description="Inter-node bytes/s per GPU when all GPUs of a node communicate."
+    )
+    inter_latency: float = Field(ge=0, description="Inter-node latency, seconds.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "CommGroup":
+        if self.ranks_per_node > self.size:
+            raise ValueError("ranks_per_node exceeds group size")
+        return self
+
+    @property
+    def spans_nodes(self) -> bool:
+        """True when the group crosses a node boundary."""
+        return self.size > self.ranks_per_node
+
+
+def _intra_efficiency(link: LinkSpec, catalog: Catalog) -> float:
+    if link.kind == "pcie":
+        return catalog.constant("pcie_efficiency")
+    if link.kind == "loopback":
+        return catalog.constant("loopback_efficiency")
+    return catalog.constant("nvlink_efficiency")
+
+
+def _rates(group: CommGroup, catalog: Catalog) -> tuple[float, float]:
+    """(intra bytes/s, inter bytes/s per GPU) after efficiencies."""
+    intra = group.intra.bandwidth * _intra_efficiency(group.intra, catalog)
+    inter = group.inter_bandwidth * catalog.constant("network_efficiency")
+    return intra, inter
+
+
+def _ring(volume_factor: float, size_bytes: float, steps: int, group: CommGroup, catalog: Catalog) -> float:
+    """A ring collective moving `volume_factor` * S per rank in `steps` hops."""
+    intra, inter = _rates(group, catalog)
+    if group.spans_nodes:
+        rate = min(intra, group.ranks_per_node * inter)
+        alpha = group.inter_latency
+    else:
+        rate = intra
+        alpha = group.intra.latency
+    return volume_factor * size_bytes / rate + steps * alpha
+
+
+def all_reduce(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds to all-reduce `size_bytes` over the group (best of ring and hierarchical)."""
+    n = group.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    ring = _ring(2.0 * (n - 1) / n, size_bytes, 2 * (n - 1), group, catalog)
+    if not group.spans_nodes or group.ranks_per_node == 1:
+        return ring
+    k = group.ranks_per_node
+    nodes = n // k
+    intra_group = group.model_copy(update={"size": k, "ranks_per_node": k})
+    inter_group = group.model_copy(update={"size": nodes, "ranks_per_node": 1})
+    hierarchical = (
+        reduce_scatter(size_bytes, intra_group, catalog)
+        + all_reduce(size_bytes / k, inter_group, catalog)
+        + all_gather(size_bytes, intra_group, catalog)
+    )
+    return min(ring, hierarchical)
+
+
+def reduce_scatter(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds to reduce-scatter `size_bytes` (the unsharded size) over the group."""
+    n = group.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    return _ring((n - 1) / n, size_bytes, n - 1, group, catalog)
+
+
+def all_gather(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds to all-gather into `size_bytes` (the gathered size) over the group."""
+    return reduce_scatter(size_bytes, group, catalog)
+
+
+def all_to_all(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds for an all-to-all where each rank holds `size_bytes` to scatter."""
+    n = group.size
+    if n == 1 or size_bytes <= 0:
+        return 0.0
+    intra, inter = _rates(group, catalog)
+    k = group.ranks_per_node
+    intra_time = (k - 1) / n * size_bytes / intra
+    inter_time = (n - k) / n * size_bytes / inter if group.spans_nodes else 0.0
+    alpha = group.inter_latency if group.spans_nodes else group.intra.latency
+    return max(intra_time, inter_time) + (n - 1) * alpha
+
+
+def point_to_point(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds to send `size_bytes` between two ranks (inter-node when the group spans nodes)."""
+    if size_bytes <= 0:
+        return 0.0
+    intra, inter = _rates(group, catalog)
+    if group.spans_nodes:
+        return size_bytes / inter + group.inter_latency
+    return size_bytes / intra + group.intra.latency

@@ -1,0 +1,302 @@
+"""The cluster model: pools of nodes joined by a fabric, and how to load one.
+
+A `Cluster` is one or more `Pool`s (N identical nodes each, possibly of
+different node types) joined by one `Fabric`.  `load_cluster` reads either
+
+* the shorthand ``PRESET:NODES``, e.g. ``dgx-h100:16`` (16 DGX H100 nodes), or
+* a cluster file (YAML, or JSON with a ``.json`` suffix)::
+
+    name: my-cluster                  # optional; defaults to the file stem
+    fabric:                           # optional; every key optional
+      latency: 5.0e-6                 # seconds per inter-node message
+      oversubscription: 1.0           # 2.0: the spine gives half the NIC rate
+      bandwidth_per_nic: 25.0e+9      # bytes/s cap when the fabric is slower
+    pools:
+      - name: a100
+        preset: dgx-a100-80g          # a node preset from hardware/data/nodes.yaml
+        nodes: 16
+        overrides: {host_dram_bytes: 1.0e+12}   # optional: replace NodeSpec fields
+      - name: custom
+        nodes: 2
+        node:                         # ... or an inline node: all NodeSpec fields
+          device: h100-sxm
+          gpus_per_node: 8
+          intra_link: {kind: nvswitch, bandwidth: 450.0e+9, latency: 2.0e-6}
+          nic_count: 8
+          nic_bandwidth: 50.0e+9
+          host_dram_bytes: 2.0e+12
+          nvme_bytes: 30.72e+12
+          nvme_bandwidth: 48.0e+9
+          pcie_bandwidth: 64.0e+9
+          sources: ["my lab's spec sheet"]
+
+Unknown keys are errors.  Every bad input raises `HardwareInputError` with one
+line naming the file and the field path, e.g.
+``cluster.yaml: pools[1].nodes: must be a positive integer``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hardware.catalog import DeviceSpec, NodeSpec, load_catalog
+from hardware.errors import HardwareInputError
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fabric(BaseModel):
+    """The inter-node network joining all pools."""
+
+    model_config = _FROZEN
+    latency: float = Field(
+        default=5e-6,
+        ge=0,
+        description="Inter-node small-message latency in seconds (alpha). Default 5 us: an RDMA "
+        "fabric through a few switch tiers plus NCCL protocol overhead (NCCL tuning.cc network "
+        "latencies are several us; Calculon's systems/*.json use 2 us for the NIC alone).",
+    )
+    oversubscription: float = Field(
+        default=1.0,
+        ge=1.0,
+        description="Spine oversubscription ratio: 1.0 is a non-blocking fat tree, 2.0 means "
+        "traffic crossing the spine gets half of the NIC rate.",
+    )
+    bandwidth_per_nic: float | None = Field(
+        default=None,
+        gt=0,
+        description="Bytes/s per NIC per direction when the fabric is slower than the nodes' "
+        "NICs (e.g. 200 Gb/s switches behind 400 Gb/s adapters); None: the NIC rate.",
+    )
+
+
+class Pool(BaseModel):
+    """`count` identical nodes of one type."""
+
+    model_config = _FROZEN
+    name: str = Field(min_length=1, description="Pool name, unique in its cluster.")
+    node: NodeSpec = Field(description="The node type (a catalog preset, possibly overridden).")
+    count: int = Field(gt=0, description="Number of nodes in the pool.")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs in the pool."""
+        return self.count * self.node.gpus_per_node
+
+    def device_spec(self) -> DeviceSpec:
+        """The catalog entry of this pool's GPUs."""
+        return load_catalog().device(self.node.device)
+
+
+class Cluster(BaseModel):
+    """Pools of nodes joined by one fabric."""
+
+    model_config = _FROZEN
+    name: str = Field(description="Cluster name (the shorthand or the file's `name`).")
+    pools: list[Pool] = Field(min_length=1, description="The node pools, in file order.")
+    fabric: Fabric = Field(default_factory=Fabric, description="The inter-node network.")
+
+    @model_validator(mode="after")
+    def _unique_pool_names(self) -> "Cluster":
+        names = [pool.name for pool in self.pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate pool names: {', '.join(duplicates)}")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs over all pools."""
+        return sum(pool.gpus for pool in self.pools)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes over all pools."""
+        return sum(pool.count for pool in self.pools)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        """One pool, or every pool has the same node (overrides included)."""
+        return all(pool.node == self.pools[0].node for pool in self.pools)
+
+    def pool(self, name: str) -> Pool:
+        """The pool called `name`."""
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        known = ", ".join(p.name for p in self.pools)
+        raise HardwareInputError(f"cluster {self.name}: unknown pool {name!r}; known: {known}")
+
+    def inter_node_bandwidth_per_gpu(self, pool: Pool | str) -> float:
+        """Inter-node bytes/s per GPU per direction when every GPU of a node sends at once.
+
+        NICs are shared by the node's GPUs; a slower fabric caps each NIC; an
+        oversubscribed spine divides what is left.
+        """
+        node = (self.pool(pool) if isinstance(pool, str) else pool).node
+        rate = node.nic_bandwidth
+        if self.fabric.bandwidth_per_nic is not None:
+            rate = min(rate, self.fabric.bandwidth_per_nic)
+        return rate * node.nic_count / node.gpus_per_node / self.fabric.oversubscription
+
+    def describe(self) -> str:
+        """One line: name, totals and each pool."""
+        parts = [
+            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device})" for p in self.pools
+        ]
+        return f"{self.name}: {self.num_nodes} nodes, {self.num_gpus} GPUs [{'; '.join(parts)}]"
+
+
+# ---------------------------------------------------------------- file schema
+# The file is validated against these models first, so that pydantic's error
+# locations are the file's own keys (`nodes`, not Pool.count).
+
+
+class PoolEntry(BaseModel):
+    """One pool as written in a cluster file."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, description="Pool name, unique in the file.")
+    nodes: int = Field(description="Number of nodes (a positive integer).")
+    preset: str | None = Field(default=None, description="Node preset key; or give `node`.")
+    node: dict[str, Any] | None = Field(default=None, description="Inline NodeSpec fields.")
+    overrides: dict[str, Any] | None = Field(
+        default=None, description="NodeSpec fields replacing the preset's (or the inline node's)."
+    )
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _positive_int(cls, value: Any) -> int:
+        # bool is an int subclass and "16" would be coerced: both are mistakes.
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError("must be a positive integer")
+        return value
+
+
+class ClusterFile(BaseModel):
+    """A cluster file: optional name and fabric, one or more pools."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(default=None, description="Cluster name; default: the file stem.")
+    fabric: Fabric = Field(default_factory=Fabric, description="The inter-node network.")
+    pools: list[PoolEntry] = Field(min_length=1, description="The node pools.")
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _render(error: ValidationError, prefix: Callable[[tuple], tuple] = lambda loc: ()) -> str:
+    """Pydantic errors as 'loc.path: message' joined on one line; `prefix(loc)` is prepended."""
+    items = []
+    for e in error.errors():
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = msg.removeprefix("Value error, ")
+        loc = _loc(prefix(e["loc"]) + tuple(e["loc"]))
+        items.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(items)
+
+
+def _parse(path: Path, label: str) -> Any:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HardwareInputError(f"{label}: cannot read ({exc})") from None
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HardwareInputError(f"{label}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise HardwareInputError(f"{label}: not valid YAML ({where}{problem})") from None
+
+
+def _build_node(entry: PoolEntry, index: int, label: str) -> NodeSpec:
+    catalog = load_catalog()
+    where = f"{label}: pools[{index}]"
+    if (entry.preset is None) == (entry.node is None):
+        raise HardwareInputError(f"{where}: give exactly one of 'preset' or 'node'")
+    if entry.preset is not None:
+        if entry.preset not in catalog.nodes:
+            known = ", ".join(sorted(catalog.nodes))
+            raise HardwareInputError(
+                f"{where}.preset: unknown node preset {entry.preset!r}; known: {known}"
+            )
+        fields = catalog.nodes[entry.preset].model_dump()
+    else:
+        fields = {"name": entry.name, **entry.node}
+    overrides = entry.overrides or {}
+    fields.update(overrides)
+
+    def blame(loc: tuple) -> tuple:
+        # A preset is valid, so a bad field came from `overrides` or the inline `node`.
+        key = "overrides" if (loc and loc[0] in overrides) or entry.node is None else "node"
+        return ("pools", index, key)
+
+    try:
+        node = NodeSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise HardwareInputError(f"{label}: {_render(exc, blame)}") from None
+    if node.device not in catalog.devices:
+        known = ", ".join(sorted(catalog.devices))
+        field = _loc(blame(("device",)) + ("device",))
+        raise HardwareInputError(f"{label}: {field}: unknown device {node.device!r}; known: {known}")
+    return node
+
+
+def _load_file(path: Path, label: str) -> Cluster:
+    data = _parse(path, label)
+    if not isinstance(data, dict):
+        raise HardwareInputError(f"{label}: expected a mapping at top level, got {type(data).__name__}")
+    try:
+        spec = ClusterFile.model_validate(data)
+    except ValidationError as exc:
+        raise HardwareInputError(f"{label}: {_render(exc)}") from None
+    pools: list[Pool] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(spec.pools):
+        if entry.name in seen:
+            raise HardwareInputError(f"{label}: pools[{i}].name: duplicate pool name {entry.name!r}")
+        seen.add(entry.name)
+        pools.append(Pool(name=entry.name, node=_build_node(entry, i, label), count=entry.nodes))
+    return Cluster(name=spec.name or path.stem, pools=pools, fabric=spec.fabric)
+
+
+def _load_shorthand(arg: str) -> Cluster:
+    preset, _, count = arg.rpartition(":")
+    if not (count.isascii() and count.isdigit()) or int(count) <= 0:
+        raise HardwareInputError(f"{arg}: node count must be a positive integer")
+    catalog = load_catalog()
+    if preset not in catalog.nodes:
+        known = ", ".join(sorted(catalog.nodes))
+        raise HardwareInputError(f"{arg}: unknown node preset {preset!r}; known: {known}")
+    pool = Pool(name=preset, node=catalog.nodes[preset], count=int(count))
+    return Cluster(name=arg, pools=[pool])
+
+
+def load_cluster(arg: str) -> Cluster:
+    """A cluster from ``PRESET:NODES`` (e.g. ``dgx-h100:16``) or a YAML/JSON cluster file."""
+    path = Path(arg)
+    if path.is_file():
+        return _load_file(path, arg)
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        raise HardwareInputError(f"{arg}: no such cluster file")
+    if ":" in arg:
+        return _load_shorthand(arg)
+    hint = f" (did you mean '{arg}:1'?)" if arg in load_catalog().nodes else ""
+    raise HardwareInputError(
+        f"unknown cluster {arg!r}: not a PRESET:NODES shorthand nor an existing file{hint}"
+    )

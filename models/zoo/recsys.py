@@ -1,0 +1,74 @@
+"""DLRM zoo entries on the Criteo datasets.
+
+Table row counts come from models/data/criteo_tables.csv (26 categorical
+features of Criteo Kaggle and Criteo Terabyte), read through
+importlib.resources so an installed package finds it.  The published count of
+each entry is sum(rows x dim) + MLP weights and biases computed from that CSV
+and the benchmark's MLP widths: DLRM papers quote table sizes, not one total.
+
+Assumption: every table's access skew is Zipf(alpha=1.05) (EmbeddingTable's
+default); the Criteo papers publish per-table access counts, not alpha.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from importlib import resources
+
+from models.graph import EmbeddingTable
+from models.recsys import DLRMConfig
+from models.zoo.entry import ZooEntry
+
+DLRM_REPO = "https://github.com/facebookresearch/dlrm"
+
+
+def criteo_rows() -> list[dict[str, str]]:
+    """Rows of criteo_tables.csv, one per categorical feature, in table order."""
+    text = resources.files("models").joinpath("data/criteo_tables.csv").read_text(encoding="utf-8")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    return sorted(rows, key=lambda row: int(row["table_index"]))
+
+
+def criteo_tables(rows_column: str, dim: int, pooling_column: str | None = None) -> list[EmbeddingTable]:
+    """One EmbeddingTable per Criteo feature from the named CSV columns."""
+    return [
+        EmbeddingTable(
+            rows=int(row[rows_column]), dim=dim,
+            pooling_factor=float(row[pooling_column]) if pooling_column else 1.0,
+        )
+        for row in criteo_rows()
+    ]
+
+
+def _published(cfg: DLRMConfig) -> int:
+    return cfg.table_params() + cfg.mlp_params()
+
+
+_KAGGLE = DLRMConfig(
+    name="dlrm-criteo-kaggle",
+    dense_features=13, bottom_mlp=[512, 256, 64, 16], top_mlp=[512, 256, 1],
+    tables=criteo_tables("kaggle_rows", dim=16), interaction="dot",
+    source=f"Naumov et al. 2019, arXiv 1906.00091; {DLRM_REPO} bench/dlrm_s_criteo_kaggle.sh "
+    "(--arch-sparse-feature-size=16 --arch-mlp-bot=13-512-256-64-16 --arch-mlp-top=512-256-1)",
+)
+
+# MLPerf DLRM sizes on Criteo Terabyte (dim 128, bottom 13-512-256-128, top
+# 1024-1024-512-256-1, dot interaction) with the full, uncapped tables and the
+# multi-hot pooling sizes of MLPerf's DLRM-DCNv2 (synthetic multi-hot Criteo).
+_TERABYTE = DLRMConfig(
+    name="dlrm-criteo-terabyte",
+    dense_features=13, bottom_mlp=[512, 256, 128], top_mlp=[1024, 1024, 512, 256, 1],
+    tables=criteo_tables("terabyte_rows_full", dim=128, pooling_column="mlperf_dcnv2_multi_hot_size"),
+    interaction="dot",
+    source=f"{DLRM_REPO} bench/run_and_time.sh (MLPerf DLRM: --arch-sparse-feature-size=128 "
+    "--arch-mlp-bot=13-512-256-128 --arch-mlp-top=1024-1024-512-256-1); multi-hot sizes from "
+    "MLPerf Training DLRM-DCNv2 (github.com/mlcommons/training, recommendation_v2)",
+)
+
+ENTRIES: list[ZooEntry] = [
+    ZooEntry("dlrm-criteo-kaggle", _KAGGLE, published_params=_published(_KAGGLE),
+             source="computed: Kaggle rows x 16 from criteo_tables.csv + MLPs of " + DLRM_REPO),
+    ZooEntry("dlrm-criteo-terabyte", _TERABYTE, published_params=_published(_TERABYTE),
+             source="computed: terabyte_rows_full x 128 from criteo_tables.csv + MLPerf DLRM MLPs"),
+]

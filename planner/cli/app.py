@@ -1,0 +1,230 @@
+"""The `planner` command group: parse arguments, call the library, print.
+
+Exit codes (DESIGN.md): 0 success, 1 infeasible (does not fit, no legal
+strategy), 2 bad usage or input.  Every error is one `Error: ...` line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from hardware import Cluster, load_catalog, load_cluster
+from models import ZOO, ModelGraph, list_models, load_model
+from models.zoo import close_matches
+from planner import __version__
+from planner.cli import render
+from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, user_errors
+from planner.cost import evaluate
+from planner.job import Job
+from planner.strategy import parse_strategy
+
+
+class PlannerGroup(click.Group):
+    """A click group whose usage errors are one `Error: ...` line, like the library's."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:
+            err.show()  # bare `planner`: the help text
+            sys.exit(err.exit_code)
+        except click.UsageError as err:
+            hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+            click.echo(f"Error: {one_line(err.format_message())}{hint}", err=True)
+            sys.exit(err.exit_code)
+        except click.ClickException as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+@click.group(cls=PlannerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="planner")
+def cli() -> None:
+    """Plan distributed training: score strategies for a model on a cluster.
+
+    MODEL is a zoo name (see `planner list models`), a model spec file
+    (YAML/JSON, examples/models/) or a Hugging Face config.json.  CLUSTER is
+    PRESET:NODES (see `planner list hardware`) or a cluster YAML file
+    (examples/clusters/).  Exit codes: 0 ok, 1 infeasible, 2 bad input.
+
+    \b
+    Example:
+        planner estimate llama3-8b dgx-h100:1 --batch 8 --seq-len 8192 \\
+            --strategy zero=3,recompute=selective
+    """
+
+
+# ---------------------------------------------------------------- list
+
+
+def _model_rows() -> list[dict[str, Any]]:
+    rows = []
+    for entry in list_models():
+        graph = entry.builder()
+        rows.append({
+            "name": entry.name, "params": graph.params, "active_params": graph.active_params,
+            "published_params": entry.published_params, "published_active_params": entry.published_active_params,
+            "family": render.family(graph), "source": entry.source,
+        })
+    return rows
+
+
+@cli.command(name="list")
+@click.argument("what", type=click.Choice(["models", "hardware"]))
+@json_option
+@user_errors
+def list_(what: str, as_json: bool) -> None:
+    """List the model zoo or the hardware catalog (devices and node presets).
+
+    \b
+    Examples:
+        planner list models
+        planner list hardware --json
+    """
+    if what == "models":
+        rows = _model_rows()
+        if as_json:
+            _emit_json(rows)
+        else:
+            click.echo(render.models_table(rows))
+        return
+    catalog = load_catalog()
+    if as_json:
+        _emit_json({
+            "devices": [d.model_dump(mode="json") for d in catalog.devices.values()],
+            "nodes": [n.model_dump(mode="json") for n in catalog.nodes.values()],
+        })
+    else:
+        click.echo(render.hardware_tables(catalog))
+
+
+# ---------------------------------------------------------------- show
+
+
+def _is_cluster_file(path: Path) -> bool:
+    """A YAML/JSON mapping with a `pools` key is a cluster file; anything else is read as a model."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # the model loader reports the parse error with its position
+    return isinstance(data, dict) and "pools" in data
+
+
+def _resolve(arg: str) -> ModelGraph | Cluster | str:
+    """A model graph, a cluster, or the name of a bare node preset."""
+    path = Path(arg)
+    if arg in ZOO:
+        return load_model(arg)
+    if path.is_file():
+        return load_cluster(arg) if _is_cluster_file(path) else load_model(arg)
+    catalog = load_catalog()
+    if arg in catalog.nodes:
+        return arg
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        raise InputError(f"unknown model or cluster '{arg}': no such file")
+    if ":" in arg:
+        return load_cluster(arg)
+    raise InputError(
+        f"unknown model or cluster '{arg}'{close_matches(arg, [*ZOO, *catalog.nodes])}: not a zoo model, "
+        "node preset, PRESET:NODES or existing file (see `planner list models` and `planner list hardware`)"
+    )
+
+
+@cli.command()
+@click.argument("target", metavar="MODEL|CLUSTER")
+@click.option("--seq-len", "-s", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Sequence length for the FLOPs-per-token figure of a model.")
+@json_option
+@user_errors
+def show(target: str, seq_len: int, as_json: bool) -> None:
+    """Summarise a model (zoo name or file) or a cluster (PRESET:NODES, preset, or file).
+
+    \b
+    Examples:
+        planner show llama3-70b
+        planner show examples/models/tiny-llama.yaml --seq-len 256
+        planner show dgx-h100:4
+        planner show dgx-h100
+        planner show examples/clusters/hetero-3pool.yaml --json
+    """
+    resolved = _resolve(target)
+    catalog = load_catalog()
+    if isinstance(resolved, str):
+        node = catalog.node(resolved)
+        if as_json:
+            _emit_json(node.model_dump(mode="json"))
+        else:
+            click.echo(render.node_summary(node, catalog.device(node.device)))
+    elif isinstance(resolved, Cluster):
+        if as_json:
+            _emit_json(resolved.model_dump(mode="json"))
+        else:
+            click.echo(render.cluster_summary(resolved, catalog))
+    elif as_json:
+        _emit_json(resolved.model_dump(mode="json"))
+    else:
+        click.echo(render.model_summary(resolved, seq_len))
+
+
+# ---------------------------------------------------------------- estimate
+
+
+@cli.command()
+@click.argument("model")
+@click.argument("cluster")
+@job_options
+@click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
+              help="Comma-separated key=value: tp, pp, dp, cp, ep, mbs, vpp, sp, zero, shard, recompute, "
+                   "offload, offload_device, schedule, tp_overlap, split. Omitted keys take their defaults; "
+                   "dp is derived from the GPU count.")
+@json_option
+@user_errors
+def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+             spec: str, as_json: bool) -> None:
+    """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
+
+    Exits 1 (after printing the report) when the strategy does not fit in memory.
+
+    \b
+    Examples:
+        planner estimate llama3-8b dgx-h100:1 --batch 8 --seq-len 8192 \\
+            --strategy tp=1,zero=3,mbs=1,recompute=selective
+        planner estimate llama3-70b dgx-h100:8 -b 512 -s 4096 \\
+            --strategy tp=8,pp=4,mbs=1,recompute=selective --json
+    """
+    strategy = parse_strategy(spec)
+    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
+              precision=precision, flash_attention=flash_attention)
+    result = evaluate(job, strategy)
+    if as_json:
+        _emit_json(result.model_dump(mode="json"))
+    else:
+        kernel = "" if flash_attention else ", no flash attention"
+        title = (f"{job.model.name} on {job.cluster.describe()}\n"
+                 f"batch {batch} x {seq_len} tokens, {precision}{kernel}")
+        click.echo(render.estimate_report(result, title))
+    if not result.memory.fits:
+        raise Infeasible(f"does not fit: {'; '.join(result.memory.reasons) or 'memory exceeds capacity'}")
+
+
+def main(*args: Any, **kwargs: Any) -> Any:
+    """Console-script entry point (`planner`, `python -m planner`)."""
+    return cli.main(*args, **kwargs)

@@ -1,0 +1,94 @@
+"""Shared option decorators and the mapping from library errors to exit codes.
+
+Commands stack these instead of repeating options (sqlite-utils style)::
+
+    @json_option
+    @job_options
+    def estimate(..., batch, seq_len, precision, flash_attention, as_json): ...
+
+Library errors are typed; `user_errors` turns them into one-line
+`Error: ...` messages with the exit codes of DESIGN.md: 2 for bad input
+(ModelInputError, HardwareInputError, PlannerInputError, pydantic
+ValidationError), 1 for infeasible jobs (InfeasibleError).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from hardware import HardwareInputError
+from models import ModelInputError
+from planner.errors import InfeasibleError, PlannerInputError
+
+PRECISIONS = ("bf16", "fp16", "fp8")
+
+
+class InputError(click.ClickException):
+    """Bad input (model, cluster, strategy, job): `Error: <message>`, exit code 2."""
+
+    exit_code = 2
+
+
+class Infeasible(click.ClickException):
+    """The job cannot run as asked: `Error: <message>`, exit code 1."""
+
+    exit_code = 1
+
+
+def one_line(message: str) -> str:
+    """Collapse a message to one line (library messages should already be one)."""
+    return " ".join(str(message).split())
+
+
+def validation_message(err: ValidationError) -> str:
+    """A pydantic error as 'field.path: message; ...' on one line."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return f"{err.title}: {'; '.join(parts)}"
+
+
+def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a command body, mapping typed library errors to click exceptions."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (ModelInputError, HardwareInputError, PlannerInputError) as err:
+            raise InputError(one_line(str(err))) from None
+        except ValidationError as err:
+            raise InputError(one_line(validation_message(err))) from None
+        except InfeasibleError as err:
+            raise Infeasible(one_line(str(err))) from None
+
+    return wrapper
+
+
+def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--json`: print the result as JSON (SI units) instead of text; passed as `as_json`."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (SI units) instead of text.")(func)
+
+
+def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The job's batch, sequence length, precision and attention kernel (estimate, compile)."""
+    decorators = [
+        click.option("--batch", "-b", type=click.IntRange(min=1), required=True,
+                     help="Global batch in sequences (samples for recsys models) per optimizer step."),
+        click.option("--seq-len", "-s", type=click.IntRange(min=1), required=True,
+                     help="Tokens per sequence (1 for recsys models)."),
+        click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
+                     help="bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."),
+        click.option("--flash-attention/--no-flash-attention", default=True, show_default=True,
+                     help="Fused flash attention (no s^2 score tensors); off for 2021-22 era kernels."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func

@@ -1,0 +1,140 @@
+"""Communication time of tensor, context, expert, pipeline and data parallelism.
+
+* TP (Shoeybi et al. 2019; Korthikanti et al. 2022): each attention and MLP
+  sub-block does one all-reduce of b*s*h forward and one backward (with
+  sequence parallelism a reduce-scatter/all-gather pair of the same volume);
+  full recompute repeats the forward one.  Vocab-parallel embedding and head
+  add one each way.
+* CP (ring attention / Megatron CP): each attention layer all-gathers K and V
+  forward and reduce-scatters their gradients backward, hidden behind the
+  attention core as far as it lasts.
+* EP: two all-to-alls (dispatch, combine) of the routed tokens each way.
+* PP: one boundary activation each way per micro-batch (v per micro-batch
+  with interleaving).
+* DP: DDP all-reduce; ZeRO-1/2 reduce-scatter + all-gather; ZeRO-3/FSDP
+  all-gather forward and backward plus reduce-scatter, every micro-batch;
+  HSDP shards inside the node and all-reduces across replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hardware import Catalog
+from hardware import collectives as coll
+from models.graph import Layer, LayerKind, RecomputeMode
+from planner.cost.compute import LayerTime
+from planner.cost.layout import StageGroups, is_block_layer
+from planner.cost.memory import WEIGHT_BYTES
+from planner.job import Job
+from planner.strategy import Strategy
+
+ACT_BYTES = 2.0  # 16-bit activations on the wire
+
+
+def grad_reduce_bytes(job: Job) -> float:
+    """Bytes per gradient element on the wire: fp16 runs reduce in fp16, bf16/fp8 runs in fp32
+    (Megatron forces fp32 grad reduction with bf16; torchtitan's FSDP2 reduce_dtype is fp32)."""
+    return 2.0 if job.precision == "fp16" else 4.0
+
+
+@dataclass(frozen=True)
+class LayerComm:
+    """Exposed communication seconds of one layer for one micro-batch."""
+
+    tp: float
+    cp: float
+    ep: float
+
+
+def layer_comm(
+    layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime, catalog: Catalog,
+    recompute: RecomputeMode,
+) -> LayerComm:
+    """TP, CP and EP seconds of `layer` per micro-batch (forward + backward + recompute)."""
+    s = strategy
+    tokens = s.mbs * job.seq_len / s.cp
+    tp_s = 0.0
+    if s.tp > 1 and layer.tp_splittable:
+        volume = tokens * layer.hidden * ACT_BYTES
+        if is_block_layer(layer):
+            count = 2 + (1 if recompute == "full" else 0)
+        elif layer.kind in (LayerKind.EMBEDDING, LayerKind.HEAD):
+            count = 2
+        else:
+            count = 0
+        tp_s = count * coll.all_reduce(volume, groups.tp, catalog)
+        if s.tp_overlap:
+            tp_s *= 1.0 - catalog.constant("tp_overlap_hidden_fraction")
+
+    cp_s = 0.0
+    if s.cp > 1 and layer.attention is not None:
+        att = layer.attention
+        kv_width = 2 * att.kv_heads * att.head_dim / min(s.tp, att.kv_heads)
+        kv_bytes = s.mbs * job.seq_len * kv_width * ACT_BYTES
+        forward = coll.all_gather(kv_bytes, groups.cp, catalog)
+        backward = forward + coll.reduce_scatter(kv_bytes, groups.cp, catalog)
+        hide = catalog.constant("comm_overlap_efficiency") * time.attention_forward
+        cp_s = max(0.0, forward - hide) + max(0.0, backward - 2.0 * hide)
+        if recompute == "full":
+            cp_s += max(0.0, forward - hide)
+
+    ep_s = 0.0
+    if s.ep > 1 and layer.moe is not None:
+        routed = tokens * layer.moe.top_k * layer.hidden * ACT_BYTES
+        ep_s = 4 * coll.all_to_all(routed, groups.ep, catalog)
+        if recompute == "full":
+            ep_s += 2 * coll.all_to_all(routed, groups.ep, catalog)
+    return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
+
+
+def p2p_per_microbatch(layers: tuple[Layer, ...], job: Job, strategy: Strategy, groups: StageGroups,
+                       catalog: Catalog) -> float:
+    """Exposed pipeline send/receive seconds per micro-batch of one stage."""
+    if strategy.pp == 1:
+        return 0.0
+    hidden = max(layer.hidden for layer in layers)
+    volume = strategy.mbs * job.seq_len / strategy.cp * hidden * ACT_BYTES
+    if strategy.sequence_parallel:
+        volume /= strategy.tp
+    sends = 2 * strategy.vpp  # forward activation and backward gradient, per chunk
+    return sends * coll.point_to_point(volume, groups.pp, catalog) * catalog.constant("pp_p2p_exposed_fraction")
+
+
+@dataclass(frozen=True)
+class DataParallelComm:
+    """Data-parallel traffic of one stage: raw seconds and where they can hide."""
+
+    per_microbatch_forward: float  # ZeRO-3 weight all-gather before each forward
+    per_microbatch_backward: float  # ZeRO-3 re-gather + reduce-scatter, ZeRO-2 reduce-scatter
+    step_end: float  # gradient sync / parameter gather once per step
+    total: float  # everything, for the breakdown
+
+
+def data_parallel_comm(params: float, job: Job, strategy: Strategy, groups: StageGroups, micro_batches: int,
+                       catalog: Catalog) -> DataParallelComm:
+    """Seconds of data-parallel communication for a stage holding `params` per rank."""
+    s = strategy
+    if groups.dp.size == 1:
+        return DataParallelComm(0.0, 0.0, 0.0, 0.0)
+    grad_bytes = params * grad_reduce_bytes(job)
+    weight_bytes = params * WEIGHT_BYTES
+    shard, replicate = groups.dp_shard, groups.dp_replicate
+    fwd = bwd = end = 0.0
+    if s.zero == 0:
+        end = coll.all_reduce(grad_bytes, groups.dp, catalog)
+    elif s.zero in (1, 2):
+        rs = coll.reduce_scatter(grad_bytes, shard, catalog)
+        if s.zero == 2:
+            bwd = rs  # partitioned gradients are reduced every micro-batch
+        else:
+            end += rs
+        end += coll.all_gather(weight_bytes, shard, catalog)
+        end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
+    else:
+        gather = coll.all_gather(weight_bytes, shard, catalog)
+        fwd = gather
+        bwd = gather + coll.reduce_scatter(grad_bytes, shard, catalog)
+        end = coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
+    total = micro_batches * (fwd + bwd) + end
+    return DataParallelComm(fwd, bwd, end, total)

@@ -1,0 +1,97 @@
+"""Per-layer compute time of one micro-batch on one rank.
+
+Three parts, each bounded by a different resource of the device:
+
+* GEMMs: FLOPs / (peak x achieved efficiency for that GEMM size), the
+  Calculon-style step curve of the device catalog; FP8 runs speed GEMMs up by
+  the realised FP8/BF16 ratio, capped (`fp8_gemm_speedup_cap`).
+* the attention core (QK^T, softmax, AV): under flash attention a fused kernel
+  at `attention_relative_efficiency` of the GEMM efficiency; without it
+  batched GEMMs plus score traffic counted with the element-wise work.
+* memory-bound element-wise kernels (norms, activations, dropout, residual,
+  softmax): HBM traffic proportional to the activations the layer saves.
+
+Backward costs `backward_time_ratio` times the forward: two GEMMs per forward
+GEMM, and measured somewhat more (see constants.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hardware import Catalog, DeviceSpec
+from models.graph import Layer, RecomputeMode
+from planner.cost.layout import tp_divisor
+from planner.job import Job
+from planner.strategy import Strategy
+
+# A transformer sub-block runs about three GEMMs (QKV/proj, or up/gate/down);
+# the efficiency curve is indexed by the size of one of them.
+GEMMS_PER_LAYER = 3.0
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds one rank spends on one layer for one micro-batch."""
+
+    forward: float
+    backward: float
+    recompute: float  # extra forward work redone in backward
+    attention_forward: float  # attention-core share of `forward` (context parallel overlaps with it)
+
+
+def gemm_rate(device: DeviceSpec, job: Job, flops: float, catalog: Catalog) -> float:
+    """Achieved FLOP/s of a GEMM of `flops` FLOPs in the job's precision."""
+    base = device.peak(job.compute_dtype) * device.efficiency(flops)
+    if job.precision == "fp8" and "fp8" in device.peak_flops:
+        ratio = device.peak("fp8") / device.peak(job.compute_dtype)
+        base *= min(ratio, catalog.constant("fp8_gemm_speedup_cap"))
+    return base
+
+
+def _tokens(job: Job, strategy: Strategy) -> float:
+    """Tokens of one micro-batch on one context-parallel rank."""
+    return strategy.mbs * job.seq_len / strategy.cp
+
+
+def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog,
+               recompute: RecomputeMode) -> LayerTime:
+    """Forward, backward and recompute seconds of `layer` for one micro-batch on one rank,
+    when the layer's recompute mode is `recompute`."""
+    tokens = _tokens(job, strategy)
+    tp = tp_divisor(layer, strategy.tp)
+    gemm_flops = tokens * layer.flops_per_token / tp
+    attn_flops = tokens * layer.flops_per_token_per_seq * job.seq_len / tp
+    gemm_s = gemm_flops / gemm_rate(device, job, gemm_flops / GEMMS_PER_LAYER, catalog) if gemm_flops else 0.0
+
+    attn_s = 0.0
+    if attn_flops:
+        plain_rate = device.peak(job.compute_dtype) * device.efficiency(attn_flops / 2)
+        if job.flash_attention:
+            plain_rate *= catalog.constant("attention_relative_efficiency")
+        attn_s = attn_flops / plain_rate
+
+    hbm_rate = device.hbm_bandwidth * catalog.constant("hbm_efficiency")
+    traffic = catalog.constant("elementwise_traffic_per_saved_byte")
+    if not job.fused_kernels:
+        traffic *= catalog.constant("eager_elementwise_traffic_factor")
+    saved = layer.saved_activation_bytes(
+        strategy.mbs, job.seq_len, tp=strategy.tp if layer.tp_splittable else 1,
+        sequence_parallel=strategy.sequence_parallel and layer.tp_splittable,
+        recompute="none", flash_attention=job.flash_attention,
+    ) / strategy.cp
+    elementwise_s = traffic * saved / hbm_rate
+    # The score tensors (non-flash) are the part selective recompute redoes.
+    scores = 0.0
+    if not job.flash_attention and layer.act_attn_scores:
+        scores = traffic * tokens * layer.act_attn_scores * job.seq_len / tp / hbm_rate
+
+    forward = gemm_s + attn_s + elementwise_s
+    if recompute == "full":
+        recompute_s = forward
+    elif recompute == "selective":
+        recompute_s = attn_s + scores
+    else:
+        recompute_s = 0.0
+    backward = catalog.constant("backward_time_ratio") * forward
+    return LayerTime(forward=forward, backward=backward, recompute=recompute_s, attention_forward=attn_s)

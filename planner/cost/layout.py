@@ -1,0 +1,156 @@
+"""Where a strategy puts things: layers on stages, ranks on nodes, comm groups.
+
+Ranks are numbered Megatron-style (tp fastest, then cp, dp, pp) and laid on
+the cluster's nodes pool by pool, so pipeline stage i occupies a contiguous
+rank range and, on a mixed cluster, whichever pool that range falls on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hardware import Catalog, Cluster, DeviceSpec, NodeSpec, Pool
+from hardware.collectives import CommGroup
+from models.graph import Layer, LayerKind, ModelGraph
+from planner.job import Job
+from planner.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """One pipeline stage: its layers and the hardware its ranks sit on."""
+
+    index: int
+    layers: tuple[Layer, ...]
+    blocks: tuple[int, ...]  # transformer block indices on this stage
+    pools: tuple[Pool, ...]  # pools its ranks touch (one on homogeneous clusters)
+    device: DeviceSpec  # the slowest device of the stage (bounds its compute)
+    hbm_bytes: float  # the smallest HBM among its devices
+
+    @property
+    def node(self) -> NodeSpec:
+        """The node type of the stage's slowest device."""
+        return next(p.node for p in self.pools if p.node.device == self.device.name)
+
+
+def split_blocks(num_blocks: int, pp: int, split: tuple[int, ...] | None) -> list[list[int]]:
+    """Block indices per stage: the given split, or as even as possible (earlier stages get the extra)."""
+    if split is None:
+        base, extra = divmod(num_blocks, pp)
+        split = tuple(base + (1 if i < extra else 0) for i in range(pp))
+    stages, start = [], 0
+    for count in split:
+        stages.append(list(range(start, start + count)))
+        start += count
+    return stages
+
+
+def stage_layers(model: ModelGraph, pp: int, split: tuple[int, ...] | None) -> list[list[Layer]]:
+    """Layers per stage: pre-block layers on the first stage, post-block layers on the last."""
+    if pp == 1 or model.num_blocks == 0:
+        return [list(model.layers)]
+    per_stage = split_blocks(model.num_blocks, pp, split)
+    owner = {b: i for i, blocks in enumerate(per_stage) for b in blocks}
+    stages: list[list[Layer]] = [[] for _ in range(pp)]
+    seen_block = False
+    for layer in model.layers:
+        if layer.block is not None:
+            seen_block = True
+            stages[owner[layer.block]].append(layer)
+        else:
+            stages[-1 if seen_block else 0].append(layer)
+    return stages
+
+
+def _pools_of_ranks(cluster: Cluster, first: int, last: int) -> tuple[Pool, ...]:
+    """Pools holding global ranks [first, last]."""
+    touched, offset = [], 0
+    for pool in cluster.pools:
+        end = offset + pool.gpus
+        if first < end and last >= offset:
+            touched.append(pool)
+        offset = end
+    return tuple(touched)
+
+
+def place_stages(job: Job, strategy: Strategy, catalog: Catalog) -> list[StagePlacement]:
+    """Stage placements for a resolved strategy (dp set)."""
+    ranks_per_stage = strategy.tp * strategy.cp * strategy.dp
+    placements = []
+    for i, layers in enumerate(stage_layers(job.model, strategy.pp, strategy.split)):
+        first = i * ranks_per_stage
+        pools = _pools_of_ranks(job.cluster, first, first + ranks_per_stage - 1)
+        blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
+        devices = [catalog.device(p.node.device) for p in pools]
+        placements.append(StagePlacement(
+            index=i, layers=tuple(layers), blocks=blocks, pools=pools,
+            device=min(devices, key=lambda d: d.peak("bf16")), hbm_bytes=min(d.hbm_bytes for d in devices),
+        ))
+    return placements
+
+
+def comm_group(cluster: Cluster, pools: tuple[Pool, ...], size: int, stride: int) -> CommGroup:
+    """A group of `size` ranks spaced `stride` apart in rank order, on `pools`.
+
+    Consecutive ranks share a node, so a node of g GPUs holds g // stride
+    members of such a group (at least one).
+    """
+    gpn = min(p.node.gpus_per_node for p in pools)
+    per_node = max(1, min(size, gpn // stride)) if stride <= gpn else 1
+    slowest_intra = min((p.node.intra_link for p in pools), key=lambda link: link.bandwidth)
+    inter = min(cluster.inter_node_bandwidth_per_gpu(p) for p in pools)
+    return CommGroup(
+        size=size,
+        ranks_per_node=per_node,
+        intra=slowest_intra,
+        inter_bandwidth=inter,
+        inter_latency=cluster.fabric.latency,
+    )
+
+
+@dataclass(frozen=True)
+class StageGroups:
+    """The communicators a rank of one stage belongs to."""
+
+    tp: CommGroup
+    cp: CommGroup
+    dp: CommGroup  # gradient reduction group (dp x cp ranks, Megatron reduces over both)
+    dp_shard: CommGroup  # ZeRO/FSDP sharding group (dp, or its intra-node part for shard=node)
+    dp_replicate: CommGroup  # HSDP replica group across nodes (size 1 when shard=full)
+    ep: CommGroup
+    pp: CommGroup  # to the next stage
+
+
+def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
+    """Ranks a ZeRO/FSDP shard group spans: all of dp, or those of dp inside one node."""
+    if strategy.shard == "full":
+        return strategy.dp * strategy.cp
+    in_node = max(1, gpus_per_node // (strategy.tp * strategy.cp))
+    return max(1, min(strategy.dp, in_node)) * strategy.cp
+
+
+def stage_groups(job: Job, strategy: Strategy, stage: StagePlacement) -> StageGroups:
+    """Communicator shapes for one stage under a resolved strategy."""
+    s, cluster, pools = strategy, job.cluster, stage.pools
+    gpn = min(p.node.gpus_per_node for p in pools)
+    shard = shard_degree(s, gpn)
+    reduce_size = s.dp * s.cp
+    return StageGroups(
+        tp=comm_group(cluster, pools, s.tp, 1),
+        cp=comm_group(cluster, pools, s.cp, s.tp),
+        dp=comm_group(cluster, pools, reduce_size, s.tp),
+        dp_shard=comm_group(cluster, pools, shard, s.tp),
+        dp_replicate=comm_group(cluster, pools, reduce_size // shard, s.tp * shard),
+        ep=comm_group(cluster, pools, s.ep, s.tp * s.cp),
+        pp=comm_group(cluster, pools, 2 if s.pp > 1 else 1, s.tp * s.cp * s.dp),
+    )
+
+
+def tp_divisor(layer: Layer, tp: int) -> int:
+    """How many ways tensor parallelism splits this layer's weights and GEMMs."""
+    return tp if layer.tp_splittable else 1
+
+
+def is_block_layer(layer: Layer) -> bool:
+    """Attention/MLP/MoE layers: the ones with per-layer TP collectives."""
+    return layer.kind in (LayerKind.ATTENTION, LayerKind.MLP, LayerKind.MOE)

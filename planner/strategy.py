@@ -1,0 +1,189 @@
+"""Training strategy: parallel degrees, sharding, recompute, offload, schedule.
+
+`Strategy` owns the degrees and checks them against a job with messages that
+list every factor (as torchtitan's ParallelDims does).  `parse_strategy`
+reads DESIGN.md's SPEC string: comma-separated key=value pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import PlannerInputError
+
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer", "params", "all"]
+OffloadDevice = Literal["cpu", "nvme"]
+Schedule = Literal["1f1b", "gpipe", "interleaved"]
+ShardScope = Literal["full", "node"]
+
+
+class Strategy(BaseModel):
+    """How a job is parallelised and where its state lives.
+
+    Rank order is Megatron's: tp fastest, then cp, then dp, then pp; expert
+    parallel groups are carved out of consecutive data-parallel ranks.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    tp: int = Field(1, gt=0, description="Tensor-parallel degree.")
+    pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
+    dp: int | None = Field(None, gt=0, description="Data-parallel degree; derived from the GPU count when omitted.")
+    cp: int = Field(1, gt=0, description="Context-parallel degree (sequence split for attention).")
+    ep: int = Field(1, gt=0, description="Expert-parallel degree (MoE), within the data-parallel group.")
+    mbs: int = Field(1, gt=0, description="Micro-batch size in sequences.")
+    vpp: int = Field(1, gt=0, description="Virtual pipeline chunks per stage (interleaved schedule).")
+    sp: bool | None = Field(None, description="Sequence parallelism with tp; default on when tp > 1.")
+    zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +gradients, 3 +weights sharded.")
+    shard: ShardScope = Field("full", description="ZeRO/FSDP sharding over the whole dp group or within a node (HSDP).")
+    recompute: Recompute = Field("none", description="Activation recomputation.")
+    recompute_layers: int | None = Field(
+        None, gt=0,
+        description="With recompute=full: blocks per stage (per chunk with vpp) that recompute, the rest keep "
+        "their activations (Megatron --recompute-num-layers, block method); default all.",
+    )
+    offload: Offload = Field("none", description="State offloaded from HBM: optimizer, params, or both.")
+    offload_device: OffloadDevice = Field("cpu", description="Offload target: host DRAM or NVMe.")
+    schedule: Schedule | None = Field(
+        None, description="Pipeline schedule; default 1f1b, or interleaved when vpp > 1."
+    )
+    tp_overlap: bool = Field(
+        False, description="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."
+    )
+    split: tuple[int, ...] | None = Field(
+        None, description="Transformer blocks per pipeline stage (uneven splits); default even."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Strategy":
+        if self.schedule == "interleaved" and self.vpp < 2:
+            raise ValueError("schedule=interleaved needs vpp >= 2")
+        if self.vpp > 1 and self.schedule not in (None, "interleaved"):
+            raise ValueError(f"vpp={self.vpp} needs schedule=interleaved, not {self.schedule}")
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError("vpp > 1 needs pp > 1")
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=on needs tp > 1")
+        if self.offload in ("params", "all") and self.zero != 3:
+            raise ValueError(f"offload={self.offload} needs zero=3 (parameters must be sharded to be offloaded)")
+        if self.recompute_layers is not None and self.recompute != "full":
+            raise ValueError("recompute_layers needs recompute=full")
+        if self.split is not None and len(self.split) != self.pp:
+            raise ValueError(f"split has {len(self.split)} stages, pp={self.pp}")
+        return self
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Resolved sequence-parallel flag."""
+        return self.tp > 1 if self.sp is None else self.sp
+
+    @property
+    def pipeline_schedule(self) -> Schedule:
+        """Resolved schedule."""
+        if self.schedule is not None:
+            return self.schedule
+        return "interleaved" if self.vpp > 1 else "1f1b"
+
+    @property
+    def offloads_optimizer(self) -> bool:
+        """Optimizer states live off the GPU."""
+        return self.offload in ("optimizer", "all")
+
+    @property
+    def offloads_params(self) -> bool:
+        """Weights live off the GPU between uses."""
+        return self.offload in ("params", "all")
+
+    def layer_recompute(self, layer_block: int | None, stage_blocks: tuple[int, ...]) -> Recompute:
+        """Recompute mode of one layer: only transformer blocks recompute, and with
+        recompute_layers only the first that many blocks of each stage (each chunk)."""
+        if layer_block is None or self.recompute == "none":
+            return "none"
+        if self.recompute == "selective" or self.recompute_layers is None:
+            return self.recompute
+        chunk = max(1, len(stage_blocks) // self.vpp)
+        position = stage_blocks.index(layer_block) % chunk if layer_block in stage_blocks else 0
+        return "full" if position < self.recompute_layers else "none"
+
+    def with_dp(self, world_size: int) -> "Strategy":
+        """This strategy with dp resolved from the world size, checking the product."""
+        model_ranks = self.tp * self.pp * self.cp
+        if self.dp is None:
+            if world_size % model_ranks:
+                raise PlannerInputError(
+                    f"world_size({world_size}) is not divisible by tp({self.tp}) * pp({self.pp}) * cp({self.cp})"
+                    f" = {model_ranks}"
+                )
+            return self.model_copy(update={"dp": world_size // model_ranks})
+        if model_ranks * self.dp != world_size:
+            raise PlannerInputError(
+                f"tp({self.tp}) * pp({self.pp}) * cp({self.cp}) * dp({self.dp}) = {model_ranks * self.dp}"
+                f" != world_size({world_size})"
+            )
+        return self
+
+    def spec(self) -> str:
+        """The canonical SPEC string of this strategy (round-trips through parse_strategy)."""
+        parts = [
+            f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}" if self.dp else None, f"cp={self.cp}",
+            f"ep={self.ep}", f"mbs={self.mbs}", f"vpp={self.vpp}",
+            f"sp={'on' if self.sequence_parallel else 'off'}", f"zero={self.zero}", f"shard={self.shard}",
+            f"recompute={self.recompute}",
+            f"recompute_layers={self.recompute_layers}" if self.recompute_layers else None, f"offload={self.offload}", f"offload_device={self.offload_device}",
+            f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
+            f"split={'/'.join(map(str, self.split))}" if self.split else None,
+        ]
+        return ",".join(p for p in parts if p)
+
+
+_INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "recompute_layers"}
+_BOOL_KEYS = {"sp", "tp_overlap"}
+_ALIASES = {"zero": {"fsdp": "3", "ddp": "0"}}
+
+
+def _parse_bool(key: str, raw: str) -> bool:
+    value = raw.lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise PlannerInputError(f"strategy: {key}: expected on|off, got {raw!r}")
+
+
+def parse_strategy(spec: str) -> Strategy:
+    """Parse a SPEC string such as 'tp=8,pp=4,mbs=1,recompute=selective'."""
+    values: dict[str, object] = {}
+    known = set(Strategy.model_fields)
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        raw = raw.strip()
+        if not sep or not raw:
+            raise PlannerInputError(f"strategy: {item!r}: expected key=value")
+        if key not in known:
+            raise PlannerInputError(f"strategy: unknown key {key!r}; known: {', '.join(sorted(known))}")
+        if key in values:
+            raise PlannerInputError(f"strategy: {key}: given twice")
+        raw = _ALIASES.get(key, {}).get(raw.lower(), raw)
+        if key in _INT_KEYS:
+            try:
+                values[key] = int(raw)
+            except ValueError:
+                raise PlannerInputError(f"strategy: {key}: expected an integer, got {raw!r}") from None
+        elif key in _BOOL_KEYS:
+            values[key] = _parse_bool(key, raw)
+        elif key == "split":
+            try:
+                values[key] = tuple(int(x) for x in raw.split("/"))
+            except ValueError:
+                raise PlannerInputError(f"strategy: split: expected blocks per stage like 10/12/12/10, got {raw!r}") from None
+        else:
+            values[key] = raw.lower()
+    try:
+        return Strategy(**values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "strategy"
+        raise PlannerInputError(f"strategy: {where}: {first['msg']}") from None

@@ -1,0 +1,62 @@
+"""Check a strategy against a job: divisibility and structural rules.
+
+Each rule mirrors what the engines enforce (Megatron-LM's argument checks,
+torchtitan's ParallelDims, DeepSpeed's batch assertions), so a strategy that
+passes here can be launched.
+"""
+
+from __future__ import annotations
+
+from models.graph import LayerKind
+from planner.errors import PlannerInputError
+from planner.job import Job
+from planner.strategy import Strategy
+
+
+def check_strategy(job: Job, strategy: Strategy) -> Strategy:
+    """Resolve dp and validate; returns the resolved strategy or raises PlannerInputError."""
+    s = strategy.with_dp(job.cluster.num_gpus)
+    model = job.model
+    problems: list[str] = []
+    if s.tp > 1:
+        if model.heads % s.tp:
+            problems.append(f"heads({model.heads}) % tp({s.tp}) != 0")
+        if model.kv_heads % s.tp and s.tp % model.kv_heads:
+            problems.append(f"kv_heads({model.kv_heads}) and tp({s.tp}): neither divides the other")
+        if model.family == "recsys":
+            problems.append("tp > 1 is not supported for recsys models (shard tables instead)")
+    blocks = model.num_blocks
+    if s.pp > 1:
+        if blocks < s.pp * s.vpp:
+            problems.append(f"blocks({blocks}) < pp({s.pp}) * vpp({s.vpp})")
+        if s.split is not None:
+            if sum(s.split) != blocks:
+                problems.append(f"split sums to {sum(s.split)} blocks, model has {blocks}")
+            if min(s.split) < s.vpp:
+                problems.append(f"every stage needs at least vpp({s.vpp}) blocks; split={s.split}")
+        elif s.vpp > 1 and blocks % (s.pp * s.vpp):
+            problems.append(f"blocks({blocks}) % (pp({s.pp}) * vpp({s.vpp})) != 0 for an even interleaved split")
+    replicas_batch = s.dp * s.mbs
+    if job.global_batch % replicas_batch:
+        problems.append(f"global batch({job.global_batch}) % (dp({s.dp}) * mbs({s.mbs})) != 0")
+    if s.cp > 1:
+        if job.seq_len % (2 * s.cp):
+            problems.append(f"seq_len({job.seq_len}) % (2 * cp({s.cp})) != 0 (load-balanced causal split)")
+        if model.family == "recsys":
+            problems.append("cp > 1 needs a sequence model")
+    if s.ep > 1:
+        if not model.num_experts:
+            problems.append(f"ep({s.ep}) > 1 but the model has no experts")
+        elif model.num_experts % s.ep:
+            problems.append(f"experts({model.num_experts}) % ep({s.ep}) != 0")
+        if s.dp * s.cp % s.ep:
+            problems.append(f"dp({s.dp}) * cp({s.cp}) % ep({s.ep}) != 0 (expert groups live inside data parallel)")
+    if s.pipeline_schedule == "interleaved":
+        micro = job.global_batch // max(1, replicas_batch)
+        if micro % s.pp:
+            problems.append(f"interleaved schedule needs micro-batches({micro}) % pp({s.pp}) == 0")
+    if any(layer.kind == LayerKind.EMBEDDING_BAG for layer in model.layers) and s.pp > 1:
+        problems.append("pp > 1 is not supported for recsys models")
+    if problems:
+        raise PlannerInputError("invalid strategy " + s.spec() + ": " + "; ".join(problems))
+    return s

@@ -1,0 +1,227 @@
+"""Accuracy of the cost model against published training runs.
+
+Reads tests/data/published_runs.csv (a copy of shared/data/published_runs.csv),
+rebuilds each tier-A row's model, cluster and published strategy, runs
+`evaluate`, and prints predicted vs published tokens/s per GPU.
+
+    python tests/bench/published_runs.py            # table
+    python tests/bench/published_runs.py --csv F    # also write the rows
+
+How a row becomes a job (one rule for every row, never a per-row constant):
+
+* architecture from the row (layers, hidden, heads, kv_heads, ffn, vocab);
+  family from the model name: GPT (Megatron: learned positions, GeLU 4h,
+  biases, tied), Llama (SwiGLU, RMSNorm, RoPE), Nemotron (squared-ReLU), MPT
+  (GeLU, no biases, ALiBi so no position table, tied);
+* dropout as the codebase trains: Megatron-LM GPT runs keep its default
+  (0.1), NeMo/torchtitan/llm-foundry recipes train without;
+* flash attention for runs after 2022 (Megatron 2021-22 papers predate it);
+  fused element-wise kernels except where the run is eager PyTorch
+  (torchtitan without compile, llm-foundry's FSDP training loop);
+* the published strategy; unpublished fields take the documented defaults:
+  mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the cheapest
+  setting that fits memory, as recipes are tuned to: none, selective, then
+  full recompute of 1, 2, ... blocks per stage (Megatron --recompute-num-layers);
+* torchtitan's "selective (SAC)" checkpoints every second block (its layer
+  SAC policy): recompute=full on half the blocks.  Our `selective` is
+  Megatron's attention-core recompute, which saves nothing under flash
+  attention, so it would not describe what torchtitan does;
+* "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hardware import load_cluster  # noqa: E402
+from models.transformer import build_transformer  # noqa: E402
+from models.transformer import gpt, llama  # noqa: E402
+from planner.cost import Estimate, evaluate  # noqa: E402
+from planner.job import Job  # noqa: E402
+from planner.strategy import Strategy  # noqa: E402
+
+CSV_PATH = ROOT / "tests" / "data" / "published_runs.csv"
+
+_GPU_PRESETS = [  # (substring of gpu_type, node preset), first match wins
+    ("96GB HBM2e", "h100-96g-8"),
+    ("A100-SXM4-40GB", "dgx-a100-40g"),
+    ("A100", "dgx-a100-80g"),
+    ("H100", "dgx-h100"),
+]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One published run turned into a job and a strategy."""
+
+    row: dict
+    job: Job
+    strategy: Strategy
+
+    @property
+    def published(self) -> float:
+        return float(self.row["tokens_per_s_per_gpu"])
+
+
+def _int(value: str, default: int) -> int:
+    value = (value or "").strip()
+    return int(float(value)) if value else default
+
+
+def _model(row: dict):
+    name = row["model"]
+    layers, hidden, heads = int(row["layers"]), int(row["hidden"]), int(row["heads"])
+    sizes = dict(name=name, num_layers=layers, hidden=hidden, heads=heads,
+                 kv_heads=_int(row["kv_heads"], heads), ffn=_int(row["ffn"], 4 * hidden),
+                 vocab=int(row["vocab"]), max_positions=int(row["seq_len"]))
+    megatron_lm = "Megatron-LM" in name or "Korthikanti" in name or "Megatron-Core" in name
+    if "Llama" in name:
+        return build_transformer(llama(**sizes))
+    if "Nemotron" in name:
+        return build_transformer(llama(activation="squared_relu", norm="layernorm", **sizes))
+    if "MPT" in name:
+        return build_transformer(gpt(bias=False, position="rope", dropout=False, **sizes))
+    return build_transformer(gpt(dropout=megatron_lm, **sizes))
+
+
+def _precision(row: dict) -> str:
+    text = row["precision"].lower()
+    if "float8" in text or "fp8" in text:
+        return "fp8"
+    if "fp16" in text:
+        return "fp16"
+    return "bf16"
+
+
+def _cluster(row: dict):
+    preset = next(p for key, p in _GPU_PRESETS if key in row["gpu_type"])
+    gpus, per_node = int(row["num_gpus"]), _int(row["gpus_per_node"], 8)
+    return load_cluster(f"{preset}:{max(1, gpus // per_node)}")
+
+
+def _zero(row: dict) -> int:
+    text = row["zero_fsdp"].lower()
+    if "fsdp" in text or "zero-3" in text:
+        return 3
+    if "dist. optimizer" in text or "zero-1" in text:
+        return 1
+    return 0
+
+
+def _base_strategy(row: dict) -> dict:
+    tp = _int(row["tp"], 1)
+    sp_text = row["seq_parallel"].strip().lower()
+    schedule_text = row["pp_schedule"].lower()
+    vpp = _int(row["vpp_chunks"], 1)
+    notes = (row["notes"] + " " + row["zero_fsdp"] + " " + row["precision"]).lower()
+    return dict(
+        tp=tp, pp=_int(row["pp"], 1), dp=_int(row["dp"], 1), cp=_int(row["cp"], 1), ep=_int(row["ep"], 1),
+        mbs=_int(row["micro_batch"], 1), vpp=vpp if "interleaved" in schedule_text else 1,
+        sp=(sp_text == "yes") if sp_text in ("yes", "no") else None if tp > 1 else False,
+        zero=_zero(row),
+        tp_overlap=tp > 1 and ("comm overlap on" in notes or "asynctp" in row["model"].lower() + notes),
+    )
+
+
+def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
+    """Recompute settings to try, cheapest first; the first that fits is used."""
+    text = row["act_recompute"].lower()
+    if "sac" in text:
+        return [dict(recompute="full", recompute_layers=max(1, blocks_per_chunk // 2))]
+    for mode in ("selective", "full", "none"):
+        if mode in text:
+            return [dict(recompute=mode)]
+    partial = [dict(recompute="full", recompute_layers=k) for k in range(1, blocks_per_chunk)]
+    return [dict(recompute="none"), dict(recompute="selective"), *partial, dict(recompute="full")]
+
+
+def build_case(row: dict) -> Case:
+    """The job and strategy of one published row."""
+    model = _model(row)
+    year_2022_or_before = "2104.04473" in row["source"] or "Korthikanti" in row["model"]
+    eager = "eager" in row["model"].lower() or "llm-foundry" in row["model"].lower()
+    job = Job(model=model, cluster=_cluster(row), global_batch=int(row["global_batch_seqs"]),
+              seq_len=int(row["seq_len"]), precision=_precision(row), flash_attention=not year_2022_or_before,
+              fused_kernels=not eager)
+    base = _base_strategy(row)
+    blocks_per_chunk = model.num_blocks // (base["pp"] * base["vpp"])
+    strategy = None
+    for option in _recompute_options(row, blocks_per_chunk):
+        strategy = Strategy(**option, **base)
+        if evaluate(job, strategy).memory.fits:
+            break
+    return Case(row=row, job=job, strategy=strategy)
+
+
+def load_cases(tier: str = "A") -> list[Case]:
+    """Every row of the given tier as a Case."""
+    with CSV_PATH.open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row["tier"] == tier]
+    return [build_case(row) for row in rows]
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    estimate: Estimate
+
+    @property
+    def error(self) -> float:
+        """Relative error of predicted vs published tokens/s per GPU."""
+        return self.estimate.tokens_per_s_per_gpu / self.case.published - 1.0
+
+
+def run(tier: str = "A") -> list[Result]:
+    """Evaluate every row of the tier."""
+    return [Result(case, evaluate(case.job, case.strategy)) for case in load_cases(tier)]
+
+
+def summary(results: list[Result]) -> tuple[float, float]:
+    """(median, max) absolute relative error."""
+    errors = [abs(r.error) for r in results]
+    return statistics.median(errors), max(errors)
+
+
+def print_table(results: list[Result], out=sys.stdout) -> None:
+    header = f"{'id':>3} {'model':<44} {'gpus':>5} {'strategy':<34} {'published':>9} {'predicted':>9} {'error':>7} {'mfu':>5} fits"
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for r in results:
+        s = r.case.strategy
+        rc = s.recompute + (f"x{s.recompute_layers}" if s.recompute_layers else "")
+        short = f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} mbs{s.mbs} v{s.vpp} z{s.zero} {rc}"
+        print(f"{r.case.row['id']:>3} {r.case.row['model'][:44]:<44} {r.estimate.num_gpus:>5} {short:<34} "
+              f"{r.case.published:>9.1f} {r.estimate.tokens_per_s_per_gpu:>9.1f} {r.error:>+7.1%} "
+              f"{r.estimate.mfu:>5.1%} {'yes' if r.estimate.memory.fits else 'NO'}", file=out)
+    median, worst = summary(results)
+    print(f"\nrows {len(results)}  median |error| {median:.1%}  max |error| {worst:.1%}", file=out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tier", default="A")
+    parser.add_argument("--csv", type=Path, help="write the rows as CSV")
+    args = parser.parse_args()
+    results = run(args.tier)
+    print_table(results)
+    if args.csv:
+        with args.csv.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["id", "model", "strategy", "published", "predicted", "error", "mfu", "fits"])
+            for r in results:
+                writer.writerow([r.case.row["id"], r.case.row["model"], r.estimate.strategy_spec, r.case.published,
+                                 f"{r.estimate.tokens_per_s_per_gpu:.2f}", f"{r.error:.4f}",
+                                 f"{r.estimate.mfu:.4f}", r.estimate.memory.fits])
+
+
+if __name__ == "__main__":
+    main()
