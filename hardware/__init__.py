@@ -1,4 +1,4 @@
-"""The machine: devices, node presets, clusters (and, next, collectives).
+"""The machine: devices, node presets, clusters and collective timings.
 
 Figures live in `hardware/data/*.yaml` with their sources; `load_catalog()`
 reads them and `load_cluster("dgx-h100:16")` or `load_cluster("cluster.yaml")`
@@ -9,10 +9,11 @@ from hardware.catalog import Catalog, DeviceSpec, LinkSpec, NodeSpec, load_catal
 from hardware.errors import HardwareInputError
 from hardware.topology import Cluster, Fabric, Pool, load_cluster
 
-# collectives: the lead adds its imports here.
+from hardware.collectives import CommGroup
 
 __all__ = [
     "Catalog",
+    "CommGroup",
     "Cluster",
     "DeviceSpec",
     "Fabric",

@@ -193,8 +193,8 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
 @job_options
 @click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
               help="Comma-separated key=value: tp, pp, dp, cp, ep, mbs, vpp, sp, zero, shard, recompute, "
-                   "offload, offload_device, schedule, tp_overlap, split. Omitted keys take their defaults; "
-                   "dp is derived from the GPU count.")
+                   "recompute_layers, offload, offload_device, schedule, tp_overlap, split. Omitted keys take "
+                   "their defaults; dp is derived from the GPU count.")
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,

@@ -197,7 +197,8 @@ def estimate_report(estimate: Estimate, title: str) -> str:
         "",
         f"throughput   {estimate.tokens_per_s:,.0f} tokens/s ({estimate.tokens_per_s_per_gpu:,.0f} per GPU, "
         f"{estimate.num_gpus} GPUs)",
-        f"step time    {estimate.step_time_s:.3f} s ({estimate.micro_batches} micro-batch{'' if estimate.micro_batches == 1 else 'es'} per replica)",
+        f"step time    {estimate.step_time_s:.3f} s ({estimate.micro_batches} micro-batch"
+        f"{'' if estimate.micro_batches == 1 else 'es'} per replica)",
         f"MFU          {100 * estimate.mfu:.1f}%  (HFU {100 * estimate.hfu:.1f}%)",
         "",
         "memory per GPU (GB)",

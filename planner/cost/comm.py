@@ -82,6 +82,8 @@ def layer_comm(
     ep_s = 0.0
     if s.ep > 1 and layer.moe is not None:
         routed = tokens * layer.moe.top_k * layer.hidden * ACT_BYTES
+        if s.sequence_parallel:
+            routed /= s.tp  # each TP rank dispatches its own sequence shard
         ep_s = 4 * coll.all_to_all(routed, groups.ep, catalog)
         if recompute == "full":
             ep_s += 2 * coll.all_to_all(routed, groups.ep, catalog)
