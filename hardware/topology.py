@@ -149,7 +149,8 @@ class Cluster(BaseModel):
         parts = [
             f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device})" for p in self.pools
         ]
-        return f"{self.name}: {self.num_nodes} nodes, {self.num_gpus} GPUs [{'; '.join(parts)}]"
+        nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
+        return f"{self.name}: {nodes}, {self.num_gpus} GPUs [{'; '.join(parts)}]"
 
 
 # ---------------------------------------------------------------- file schema

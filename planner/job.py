@@ -39,11 +39,6 @@ class Job(BaseModel):
         return self.global_batch * self.seq_len
 
     @property
-    def gemm_dtype(self) -> str:
-        """Datatype whose peak bounds the GEMMs."""
-        return self.precision
-
-    @property
     def compute_dtype(self) -> str:
         """Datatype of non-GEMM work and of attention (fp8 runs keep bf16 there)."""
         return "bf16" if self.precision == "fp8" else self.precision

@@ -124,6 +124,12 @@ class Strategy(BaseModel):
             )
         return self
 
+    def resolved(self) -> dict:
+        """Every field with defaults resolved (sp, schedule), as JSON-ready values."""
+        data = self.model_dump(mode="json")
+        data.update(sp=self.sequence_parallel, schedule=self.pipeline_schedule)
+        return data
+
     def spec(self) -> str:
         """The canonical SPEC string of this strategy (round-trips through parse_strategy)."""
         parts = [
@@ -185,5 +191,6 @@ def parse_strategy(spec: str) -> Strategy:
         return Strategy(**values)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "strategy"
-        raise PlannerInputError(f"strategy: {where}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        where = ".".join(str(p) for p in first["loc"])
+        raise PlannerInputError(f"strategy: {where}: {message}" if where else f"strategy: {message}") from None

@@ -18,13 +18,13 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
     s = strategy.with_dp(job.cluster.num_gpus)
     model = job.model
     problems: list[str] = []
-    if s.tp > 1:
+    if s.tp > 1 and model.family == "recsys":
+        problems.append("tp > 1 is not supported for recsys models (shard tables instead)")
+    elif s.tp > 1:
         if model.heads % s.tp:
             problems.append(f"heads({model.heads}) % tp({s.tp}) != 0")
         if model.kv_heads % s.tp and s.tp % model.kv_heads:
             problems.append(f"kv_heads({model.kv_heads}) and tp({s.tp}): neither divides the other")
-        if model.family == "recsys":
-            problems.append("tp > 1 is not supported for recsys models (shard tables instead)")
     blocks = model.num_blocks
     if s.pp > 1:
         if blocks < s.pp * s.vpp:
@@ -58,5 +58,5 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
     if any(layer.kind == LayerKind.EMBEDDING_BAG for layer in model.layers) and s.pp > 1:
         problems.append("pp > 1 is not supported for recsys models")
     if problems:
-        raise PlannerInputError("invalid strategy " + s.spec() + ": " + "; ".join(problems))
+        raise PlannerInputError("invalid strategy: " + "; ".join(problems))
     return s

@@ -214,5 +214,5 @@ def evaluate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Es
         step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
         mfu=model_flops / step / peak_sum, hfu=model_flops * (1 + recompute_share) / step / peak_sum,
         micro_batches=m, num_gpus=n, memory=memory, breakdown=breakdown,
-        strategy=s.model_dump(mode="json"), strategy_spec=s.spec(),
+        strategy=s.resolved(), strategy_spec=s.spec(),
     )
