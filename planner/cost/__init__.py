@@ -1,7 +1,8 @@
 """The cost model: one `evaluate(job, strategy)` used by estimate, the solver and plan checks."""
 
 from planner.cost.estimate import Breakdown, Estimate, MemoryReport, StageReport
-from planner.cost.evaluate import StageCost, evaluate, micro_batches, stage_cost
+from planner.cost.evaluate import evaluate, micro_batches, stage_cost
+from planner.cost.stage import StageCost, StageSums, compose_stage, sum_layers
 
-__all__ = ["Breakdown", "Estimate", "MemoryReport", "StageCost", "StageReport", "evaluate", "micro_batches",
-           "stage_cost"]
+__all__ = ["Breakdown", "Estimate", "MemoryReport", "StageCost", "StageReport", "StageSums", "compose_stage", "evaluate", "micro_batches",
+           "stage_cost", "sum_layers"]

@@ -90,12 +90,10 @@ def layer_comm(
     return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
 
 
-def p2p_per_microbatch(layers: tuple[Layer, ...], job: Job, strategy: Strategy, groups: StageGroups,
-                       catalog: Catalog) -> float:
-    """Exposed pipeline send/receive seconds per micro-batch of one stage."""
+def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups, catalog: Catalog) -> float:
+    """Exposed pipeline send/receive seconds per micro-batch of a stage whose boundary is `hidden` wide."""
     if strategy.pp == 1:
         return 0.0
-    hidden = max(layer.hidden for layer in layers)
     volume = strategy.mbs * job.seq_len / strategy.cp * hidden * ACT_BYTES
     if strategy.sequence_parallel:
         volume /= strategy.tp
@@ -109,20 +107,21 @@ class DataParallelComm:
 
     per_microbatch_forward: float  # ZeRO-3 weight all-gather before each forward
     per_microbatch_backward: float  # ZeRO-3 re-gather + reduce-scatter, ZeRO-2 reduce-scatter
+    first_gather: float  # ZeRO-3 gather of the first layer, which nothing hides
     step_end: float  # gradient sync / parameter gather once per step
     total: float  # everything, for the breakdown
 
 
-def data_parallel_comm(params: float, job: Job, strategy: Strategy, groups: StageGroups, micro_batches: int,
-                       catalog: Catalog) -> DataParallelComm:
+def data_parallel_comm(params: float, largest_layer_params: float, job: Job, strategy: Strategy,
+                       groups: StageGroups, micro_batches: int, catalog: Catalog) -> DataParallelComm:
     """Seconds of data-parallel communication for a stage holding `params` per rank."""
     s = strategy
     if groups.dp.size == 1:
-        return DataParallelComm(0.0, 0.0, 0.0, 0.0)
+        return DataParallelComm(0.0, 0.0, 0.0, 0.0, 0.0)
     grad_bytes = params * grad_reduce_bytes(job)
     weight_bytes = params * WEIGHT_BYTES
     shard, replicate = groups.dp_shard, groups.dp_replicate
-    fwd = bwd = end = 0.0
+    fwd = bwd = end = first = 0.0
     if s.zero == 0:
         end = coll.all_reduce(grad_bytes, groups.dp, catalog)
     elif s.zero in (1, 2):
@@ -135,8 +134,9 @@ def data_parallel_comm(params: float, job: Job, strategy: Strategy, groups: Stag
         end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
     else:
         gather = coll.all_gather(weight_bytes, shard, catalog)
+        first = coll.all_gather(largest_layer_params * WEIGHT_BYTES, shard, catalog)
         fwd = gather
         bwd = gather + coll.reduce_scatter(grad_bytes, shard, catalog)
         end = coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
     total = micro_batches * (fwd + bwd) + end
-    return DataParallelComm(fwd, bwd, end, total)
+    return DataParallelComm(fwd, bwd, first, end, total)

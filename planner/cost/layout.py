@@ -17,12 +17,10 @@ from planner.strategy import Strategy
 
 
 @dataclass(frozen=True)
-class StagePlacement:
-    """One pipeline stage: its layers and the hardware its ranks sit on."""
+class StageSite:
+    """The hardware one pipeline stage's ranks sit on."""
 
-    index: int
-    layers: tuple[Layer, ...]
-    blocks: tuple[int, ...]  # transformer block indices on this stage
+    index: int  # stage index (the schedule's in-flight count depends on it)
     pools: tuple[Pool, ...]  # pools its ranks touch (one on homogeneous clusters)
     device: DeviceSpec  # the slowest device of the stage (bounds its compute)
     hbm_bytes: float  # the smallest HBM among its devices
@@ -31,6 +29,30 @@ class StagePlacement:
     def node(self) -> NodeSpec:
         """The node type of the stage's slowest device."""
         return next(p.node for p in self.pools if p.node.device == self.device.name)
+
+
+def make_site(index: int, pools: tuple[Pool, ...], catalog: Catalog) -> StageSite:
+    """A site on `pools`: slowest device, smallest HBM."""
+    devices = [catalog.device(p.node.device) for p in pools]
+    return StageSite(index=index, pools=pools, device=min(devices, key=lambda d: d.peak("bf16")),
+                     hbm_bytes=min(d.hbm_bytes for d in devices))
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """One pipeline stage: its layers and its site."""
+
+    site: StageSite
+    layers: tuple[Layer, ...]
+    blocks: tuple[int, ...]  # transformer block indices on this stage
+
+    @property
+    def index(self) -> int:
+        return self.site.index
+
+    @property
+    def device(self) -> DeviceSpec:
+        return self.site.device
 
 
 def split_blocks(num_blocks: int, pp: int, split: tuple[int, ...] | None) -> list[list[int]]:
@@ -81,11 +103,7 @@ def place_stages(job: Job, strategy: Strategy, catalog: Catalog) -> list[StagePl
         first = i * ranks_per_stage
         pools = _pools_of_ranks(job.cluster, first, first + ranks_per_stage - 1)
         blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
-        devices = [catalog.device(p.node.device) for p in pools]
-        placements.append(StagePlacement(
-            index=i, layers=tuple(layers), blocks=blocks, pools=pools,
-            device=min(devices, key=lambda d: d.peak("bf16")), hbm_bytes=min(d.hbm_bytes for d in devices),
-        ))
+        placements.append(StagePlacement(site=make_site(i, pools, catalog), layers=tuple(layers), blocks=blocks))
     return placements
 
 
@@ -129,9 +147,9 @@ def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
     return max(1, min(strategy.dp, in_node)) * strategy.cp
 
 
-def stage_groups(job: Job, strategy: Strategy, stage: StagePlacement) -> StageGroups:
+def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
     """Communicator shapes for one stage under a resolved strategy."""
-    s, cluster, pools = strategy, job.cluster, stage.pools
+    s, cluster, pools = strategy, job.cluster, site.pools
     gpn = min(p.node.gpus_per_node for p in pools)
     shard = shard_degree(s, gpn)
     reduce_size = s.dp * s.cp

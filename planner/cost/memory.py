@@ -16,12 +16,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hardware import Catalog
-from models.graph import Layer, LayerKind
-from planner.cost.layout import StagePlacement, shard_degree, tp_divisor
+from models.graph import Layer, LayerKind, RecomputeMode
+from planner.cost.layout import StageSite, shard_degree, tp_divisor
 from planner.job import Job
 from planner.strategy import Strategy
+
+if TYPE_CHECKING:
+    from planner.cost.stage import StageSums
 
 WEIGHT_BYTES = 2.0  # 16-bit weights (bf16/fp16; fp8 runs keep bf16 masters of the weights)
 GRAD_BYTES = 2.0  # 16-bit gradients (DESIGN.md: 2 + 2 + 12 bytes per parameter)
@@ -65,14 +69,6 @@ def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
     return layer.params / tp
 
 
-def stage_params_per_rank(layers: tuple[Layer, ...], strategy: Strategy, with_tied: bool) -> float:
-    """Parameters a rank of a stage holds (tied copies counted when they sit on another stage)."""
-    total = sum(layer_params_per_rank(layer, strategy) for layer in layers)
-    if with_tied:
-        total += sum(layer.tied_params / tp_divisor(layer, strategy.tp) for layer in layers)
-    return total
-
-
 def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -> float:
     """Stage-equivalents of activations a stage holds at its peak."""
     p, m = strategy.pp, micro_batches
@@ -86,47 +82,39 @@ def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -
     return float(min(p - stage, m))
 
 
-def stage_activation_bytes(stage: StagePlacement, job: Job, strategy: Strategy, in_flight: float) -> float:
-    """Saved activation bytes of a stage at its peak for one rank."""
-
-    def saved(layer: Layer, recompute: str) -> float:
-        tp = strategy.tp if layer.tp_splittable else 1
-        sp = strategy.sequence_parallel and layer.tp_splittable
-        return layer.saved_activation_bytes(
-            strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
-            recompute=recompute, flash_attention=job.flash_attention,
-        ) / strategy.cp
-
-    modes = [strategy.layer_recompute(layer.block, stage.blocks) for layer in stage.layers]
-    kept = sum(saved(layer, mode) for layer, mode in zip(stage.layers, modes)) * in_flight
-    if "full" in modes:
-        # backward re-materialises one recomputed layer at a time
-        kept += max(saved(layer, "none") for layer, mode in zip(stage.layers, modes) if mode == "full")
-    return kept
+def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode) -> float:
+    """Activation bytes one rank saves for `layer` per micro-batch under `recompute`."""
+    tp = strategy.tp if layer.tp_splittable else 1
+    sp = strategy.sequence_parallel and layer.tp_splittable
+    return layer.saved_activation_bytes(
+        strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
+        recompute=recompute, flash_attention=job.flash_attention,
+    ) / strategy.cp
 
 
 def stage_memory(
     job: Job,
     strategy: Strategy,
-    stage: StagePlacement,
+    site: StageSite,
+    sums: "StageSums",
     micro_batches: int,
     catalog: Catalog,
 ) -> StageMemory:
-    """Peak HBM and offloaded bytes of one rank of `stage`."""
+    """Peak HBM and offloaded bytes of one rank of the stage at `site` holding `sums`."""
     s = strategy
-    tied_elsewhere = s.pp > 1
-    params = stage_params_per_rank(stage.layers, s, with_tied=tied_elsewhere)
-    shard = shard_degree(s, min(p.node.gpus_per_node for p in stage.pools))
+    params = sums.params
+    shard = shard_degree(s, site.node.gpus_per_node)
+    opt_shard = shard if s.zero >= 1 else 1
 
     weights = params * WEIGHT_BYTES / (shard if s.zero >= 3 else 1)
     grads = params * GRAD_BYTES / (shard if s.zero >= 2 else 1)
-    optimizer = params * catalog.constant("optimizer_bytes_per_param") / (shard if s.zero >= 1 else 1)
+    optimizer = params * catalog.constant("optimizer_bytes_per_param") / opt_shard
 
     host = nvme = 0.0
     if s.offloads_optimizer:
-        # the fp32 master, moments and the fp32 gradient copy the CPU optimizer reads
-        moved = optimizer + params * 4.0 / (shard if s.zero >= 1 else 1)
-        host, nvme = (moved, 0.0) if s.offload_device == "cpu" else (params * 4.0 / shard, optimizer)
+        # the optimizer states plus the fp32 gradient copy the CPU optimizer reads
+        fp32_grads = params * 4.0 / opt_shard
+        host, nvme = (optimizer + fp32_grads, 0.0) if s.offload_device == "cpu" else (fp32_grads, optimizer)
         optimizer = 0.0
     if s.offloads_params:
         if s.offload_device == "cpu":
@@ -135,18 +123,18 @@ def stage_memory(
             nvme += weights
         weights = 0.0
 
-    in_flight = in_flight_microbatches(s, stage.index, micro_batches)
-    activations = stage_activation_bytes(stage, job, s, in_flight)
+    in_flight = in_flight_microbatches(s, site.index, micro_batches)
+    # backward re-materialises one recomputed layer at a time on top of what is kept
+    activations = sums.kept_activations * in_flight + sums.working_set
 
     buffers = 0.0
     if s.zero >= 3:
         # the running and the prefetched layer's gathered weights (and their gradients)
-        largest = max((layer_params_per_rank(layer, s) for layer in stage.layers), default=0.0)
-        buffers += 2.0 * largest * (WEIGHT_BYTES + GRAD_BYTES)
+        buffers += 2.0 * sums.largest_layer_params * (WEIGHT_BYTES + GRAD_BYTES)
     allocated = weights + grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated
     return StageMemory(
-        stage=stage.index, params=params, weights=weights, grads=grads, optimizer=optimizer,
-        activations=activations, buffers=buffers, reserve=reserve, capacity=stage.hbm_bytes,
+        stage=site.index, params=params, weights=weights, grads=grads, optimizer=optimizer,
+        activations=activations, buffers=buffers, reserve=reserve, capacity=site.hbm_bytes,
         host_offload=host, nvme_offload=nvme,
     )

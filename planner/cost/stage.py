@@ -1,0 +1,183 @@
+"""One pipeline stage's cost, built from per-layer sums.
+
+A stage's cost is additive over its layers (`StageSums`: seconds per
+micro-batch, parameters, saved bytes) plus a few stage-level terms that are
+not (`compose_stage`: data-parallel exposure, optimizer, offload, memory
+reserve).  The integer program builds its tables by composing the same sums
+for candidate layer counts, so the solver and `evaluate` share every formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from hardware import Catalog
+from models.graph import Layer, RecomputeMode
+from planner.cost.comm import data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
+from planner.cost.compute import layer_time
+from planner.cost.layout import StageGroups, StageSite
+from planner.cost.memory import WEIGHT_BYTES, StageMemory, layer_params_per_rank, saved_bytes, stage_memory
+from planner.job import Job
+from planner.strategy import Strategy
+
+_MAX_FIELDS = ("working_set", "largest_layer_params", "max_hidden")
+
+
+@dataclass(frozen=True)
+class StageSums:
+    """Per-rank, per-micro-batch totals of a set of layers (maxima where named in _MAX_FIELDS)."""
+
+    forward: float = 0.0  # forward compute seconds
+    compute: float = 0.0  # forward + backward compute seconds
+    recompute: float = 0.0  # recomputed forward seconds
+    tp: float = 0.0  # exposed tensor-parallel seconds
+    cp: float = 0.0  # exposed context-parallel seconds
+    ep: float = 0.0  # expert all-to-all seconds
+    params: float = 0.0  # parameters held before ZeRO sharding
+    kept_activations: float = 0.0  # saved bytes per micro-batch in flight
+    working_set: float = 0.0  # largest full-mode layer's un-recomputed bytes (max)
+    largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
+    max_hidden: float = 0.0  # widest boundary activation (max)
+    layers: int = 0
+
+    def __add__(self, other: "StageSums") -> "StageSums":
+        values = {
+            f.name: max(getattr(self, f.name), getattr(other, f.name)) if f.name in _MAX_FIELDS
+            else getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+        }
+        return StageSums(**values)
+
+    def times(self, count: int) -> "StageSums":
+        """`count` copies of these layers."""
+        if count <= 0:
+            return StageSums()
+        values = {
+            f.name: getattr(self, f.name) if f.name in _MAX_FIELDS else getattr(self, f.name) * count
+            for f in fields(self)
+        }
+        return StageSums(**values)
+
+
+def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups,
+               catalog: Catalog, mode: RecomputeMode) -> StageSums:
+    """The sums of a single layer under recompute `mode`."""
+    time = layer_time(layer, job, strategy, site.device, catalog, mode)
+    comm = layer_comm(layer, job, strategy, groups, time, catalog, mode)
+    params = layer_params_per_rank(layer, strategy)
+    if strategy.pp > 1:
+        params += layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
+    return StageSums(
+        forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
+        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params,
+        kept_activations=saved_bytes(layer, job, strategy, mode),
+        working_set=saved_bytes(layer, job, strategy, "none") if mode == "full" else 0.0,
+        largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
+    )
+
+
+def _layer_key(layer: Layer, mode: str) -> tuple:
+    """Layers equal but for name and block cost the same."""
+    return (mode, layer.model_dump_json(exclude={"name", "block"}))
+
+
+def sum_layers(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job, strategy: Strategy, site: StageSite,
+               groups: StageGroups, catalog: Catalog) -> StageSums:
+    """Sums over layers, each distinct (layer, mode) evaluated once."""
+    counts: dict[tuple, int] = {}
+    sample: dict[tuple, tuple[Layer, RecomputeMode]] = {}
+    for layer, mode in layers_modes:
+        key = _layer_key(layer, mode)
+        counts[key] = counts.get(key, 0) + 1
+        sample.setdefault(key, (layer, mode))
+    total = StageSums()
+    for key, count in counts.items():
+        layer, mode = sample[key]
+        total = total + layer_sums(layer, job, strategy, site, groups, catalog, mode).times(count)
+    return total
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Seconds and bytes of one stage."""
+
+    sums: StageSums
+    pp: float  # pipeline transfers per micro-batch
+    dp_exposed_microbatch: float  # ZeRO-2/3 traffic not hidden, per micro-batch
+    dp_exposed_end: float  # step-end sync not hidden behind the last micro-batch
+    dp_total: float
+    optimizer: float
+    offload: float
+    memory: StageMemory
+
+    @property
+    def microbatch(self) -> float:
+        """Critical-path seconds of one micro-batch on this stage."""
+        s = self.sums
+        return s.compute + s.recompute + s.tp + s.cp + s.ep + self.pp + self.dp_exposed_microbatch
+
+
+def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: StageSite, catalog: Catalog,
+                     shard: int) -> float:
+    """Per-step seconds of optimizer offload (PCIe transfers, CPU Adam, NVMe swap)."""
+    if not strategy.offloads_optimizer:
+        return 0.0
+    node = site.node
+    pcie = node.pcie_bandwidth * catalog.constant("pcie_efficiency")
+    owned = memory.params / (shard if strategy.zero >= 1 else 1)
+    transfer = owned * (grad_reduce_bytes(job) + WEIGHT_BYTES) / pcie
+    cpu_adam = owned * node.gpus_per_node / catalog.constant("cpu_adam_params_per_second")
+    swap = 0.0
+    if strategy.offload_device == "nvme":
+        nvme_rate = node.nvme_bandwidth * catalog.constant("nvme_efficiency")
+        swap = 2.0 * memory.nvme_offload * node.gpus_per_node / nvme_rate  # read and write back
+    return transfer + cpu_adam + swap
+
+
+def _param_fetch_seconds(memory: StageMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
+    """Seconds per micro-batch to bring offloaded weight shards to the GPU (forward and backward)."""
+    if not strategy.offloads_params:
+        return 0.0
+    shard_bytes = memory.params * WEIGHT_BYTES / max(1, strategy.dp)
+    node = site.node
+    if strategy.offload_device == "cpu":
+        rate = node.pcie_bandwidth * catalog.constant("pcie_efficiency")
+    else:
+        rate = node.nvme_bandwidth * catalog.constant("nvme_efficiency") / node.gpus_per_node
+    return 2.0 * shard_bytes / rate
+
+
+def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGroups, sums: StageSums,
+                  micro_batches: int, catalog: Catalog) -> StageCost:
+    """Stage cost from its layer sums: the only non-additive part of the cost model.
+
+    Communication hides behind compute as far as `comm_overlap_efficiency`
+    allows; the windows are forward and backward compute without
+    recomputation, so a stage's time is linear in its recomputed blocks.
+    """
+    overlap = catalog.constant("comm_overlap_efficiency")
+    forward = sums.forward
+    backward = sums.compute - sums.forward
+    memory = stage_memory(job, strategy, site, sums, micro_batches, catalog)
+    dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog)
+    fetch = _param_fetch_seconds(memory, site, strategy, catalog)
+    dp_micro = 0.0
+    if dp.per_microbatch_forward or dp.per_microbatch_backward or fetch:
+        dp_micro = (
+            max(0.0, dp.per_microbatch_forward + fetch / 2 - overlap * forward)
+            + max(0.0, dp.per_microbatch_backward + fetch / 2 - overlap * backward)
+            + dp.first_gather  # the first layer's gather has nothing to hide behind
+        )
+    dp_end = max(0.0, dp.step_end - overlap * sums.compute) if dp.step_end else 0.0
+
+    optimizer = 0.0
+    if not strategy.offloads_optimizer:
+        owned = sums.params / (groups.dp_shard.size if strategy.zero >= 1 else 1)
+        hbm = site.device.hbm_bandwidth * catalog.constant("hbm_efficiency")
+        optimizer = owned * catalog.constant("optimizer_traffic_per_param") / hbm
+    return StageCost(
+        sums=sums, pp=p2p_seconds(sums.max_hidden, job, strategy, groups, catalog),
+        dp_exposed_microbatch=dp_micro, dp_exposed_end=dp_end, dp_total=dp.total,
+        optimizer=optimizer, offload=_offload_seconds(memory, job, strategy, site, catalog, groups.dp_shard.size),
+        memory=memory,
+    )
