@@ -39,10 +39,11 @@ class Strategy(BaseModel):
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +gradients, 3 +weights sharded.")
     shard: ShardScope = Field("full", description="ZeRO/FSDP sharding over the whole dp group or within a node (HSDP).")
     recompute: Recompute = Field("none", description="Activation recomputation.")
-    recompute_layers: int | None = Field(
-        None, gt=0,
-        description="With recompute=full: blocks per stage (per chunk with vpp) that recompute, the rest keep "
-        "their activations (Megatron --recompute-num-layers, block method); default all.",
+    recompute_layers: tuple[int, ...] | None = Field(
+        None,
+        description="With recompute=full: blocks that recompute, counted from the start of each stage (of each "
+        "chunk with vpp > 1); one value for every stage (Megatron --recompute-num-layers, block method) or "
+        "one per stage; the other blocks keep their activations. Default: all blocks.",
     )
     offload: Offload = Field("none", description="State offloaded from HBM: optimizer, params, or both.")
     offload_device: OffloadDevice = Field("cpu", description="Offload target: host DRAM or NVMe.")
@@ -54,6 +55,11 @@ class Strategy(BaseModel):
     )
     split: tuple[int, ...] | None = Field(
         None, description="Transformer blocks per pipeline stage (uneven splits); default even."
+    )
+    stage_pools: tuple[str, ...] | None = Field(
+        None,
+        description="Cluster pool of each pipeline stage (mixed clusters); default: ranks fill the pools in "
+        "order. With it the job may use only part of the cluster.",
     )
 
     @model_validator(mode="after")
@@ -68,8 +74,15 @@ class Strategy(BaseModel):
             raise ValueError("sp=on needs tp > 1")
         if self.offload in ("params", "all") and self.zero != 3:
             raise ValueError(f"offload={self.offload} needs zero=3 (parameters must be sharded to be offloaded)")
-        if self.recompute_layers is not None and self.recompute != "full":
-            raise ValueError("recompute_layers needs recompute=full")
+        if self.recompute_layers is not None:
+            if self.recompute != "full":
+                raise ValueError("recompute_layers needs recompute=full")
+            if len(self.recompute_layers) not in (1, self.pp):
+                raise ValueError(f"recompute_layers has {len(self.recompute_layers)} values; give 1 or pp={self.pp}")
+            if min(self.recompute_layers) < 0:
+                raise ValueError("recompute_layers must be >= 0")
+        if self.stage_pools is not None and len(self.stage_pools) != self.pp:
+            raise ValueError(f"stage_pools has {len(self.stage_pools)} entries, pp={self.pp}")
         if self.split is not None and len(self.split) != self.pp:
             raise ValueError(f"split has {len(self.split)} stages, pp={self.pp}")
         return self
@@ -96,16 +109,23 @@ class Strategy(BaseModel):
         """Weights live off the GPU between uses."""
         return self.offload in ("params", "all")
 
-    def layer_recompute(self, layer_block: int | None, stage_blocks: tuple[int, ...]) -> Recompute:
+    def stage_recompute_count(self, stage: int) -> int | None:
+        """Fully recomputed blocks per stage (per chunk), None for all."""
+        if self.recompute_layers is None:
+            return None
+        return self.recompute_layers[0 if len(self.recompute_layers) == 1 else stage]
+
+    def layer_recompute(self, layer_block: int | None, stage: int, stage_blocks: tuple[int, ...]) -> Recompute:
         """Recompute mode of one layer: only transformer blocks recompute, and with
         recompute_layers only the first that many blocks of each stage (each chunk)."""
         if layer_block is None or self.recompute == "none":
             return "none"
-        if self.recompute == "selective" or self.recompute_layers is None:
+        count = self.stage_recompute_count(stage)
+        if self.recompute == "selective" or count is None:
             return self.recompute
         chunk = max(1, len(stage_blocks) // self.vpp)
         position = stage_blocks.index(layer_block) % chunk if layer_block in stage_blocks else 0
-        return "full" if position < self.recompute_layers else "none"
+        return "full" if position < count else "none"
 
     def with_dp(self, world_size: int) -> "Strategy":
         """This strategy with dp resolved from the world size, checking the product."""
@@ -137,14 +157,16 @@ class Strategy(BaseModel):
             f"ep={self.ep}", f"mbs={self.mbs}", f"vpp={self.vpp}",
             f"sp={'on' if self.sequence_parallel else 'off'}", f"zero={self.zero}", f"shard={self.shard}",
             f"recompute={self.recompute}",
-            f"recompute_layers={self.recompute_layers}" if self.recompute_layers else None, f"offload={self.offload}", f"offload_device={self.offload_device}",
+            f"recompute_layers={'/'.join(map(str, self.recompute_layers))}" if self.recompute_layers else None, f"offload={self.offload}", f"offload_device={self.offload_device}",
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
             f"split={'/'.join(map(str, self.split))}" if self.split else None,
+            f"stage_pools={'/'.join(self.stage_pools)}" if self.stage_pools else None,
         ]
         return ",".join(p for p in parts if p)
 
 
-_INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "recompute_layers"}
+_INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero"}
+_INT_LIST_KEYS = {"split", "recompute_layers"}
 _BOOL_KEYS = {"sp", "tp_overlap"}
 _ALIASES = {"zero": {"fsdp": "3", "ddp": "0"}}
 
@@ -180,11 +202,13 @@ def parse_strategy(spec: str) -> Strategy:
                 raise PlannerInputError(f"strategy: {key}: expected an integer, got {raw!r}") from None
         elif key in _BOOL_KEYS:
             values[key] = _parse_bool(key, raw)
-        elif key == "split":
+        elif key in _INT_LIST_KEYS:
             try:
                 values[key] = tuple(int(x) for x in raw.split("/"))
             except ValueError:
-                raise PlannerInputError(f"strategy: split: expected blocks per stage like 10/12/12/10, got {raw!r}") from None
+                raise PlannerInputError(f"strategy: {key}: expected integers per stage like 10/12/12/10, got {raw!r}") from None
+        elif key == "stage_pools":
+            values[key] = tuple(raw.split("/"))
         else:
             values[key] = raw.lower()
     try:

@@ -15,7 +15,7 @@ from planner.strategy import Strategy
 
 def check_strategy(job: Job, strategy: Strategy) -> Strategy:
     """Resolve dp and validate; returns the resolved strategy or raises PlannerInputError."""
-    s = strategy.with_dp(job.cluster.num_gpus)
+    s = _resolve_world(job, strategy)
     model = job.model
     problems: list[str] = []
     if s.tp > 1 and model.family == "recsys":
@@ -60,3 +60,23 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
     if problems:
         raise PlannerInputError("invalid strategy: " + "; ".join(problems))
     return s
+
+
+def _resolve_world(job: Job, strategy: Strategy) -> Strategy:
+    """Resolve dp: from the GPU count, or, with explicit stage pools, check each pool's capacity."""
+    if strategy.stage_pools is None:
+        return strategy.with_dp(job.cluster.num_gpus)
+    if strategy.dp is None:
+        raise PlannerInputError("strategy: dp: required with stage_pools")
+    known = {pool.name: pool for pool in job.cluster.pools}
+    ranks = strategy.tp * strategy.cp * strategy.dp
+    for name in sorted(set(strategy.stage_pools)):
+        if name not in known:
+            raise PlannerInputError(f"strategy: stage_pools: unknown pool {name!r}; known: {', '.join(known)}")
+        used = strategy.stage_pools.count(name) * ranks
+        if used > known[name].gpus:
+            raise PlannerInputError(
+                f"strategy: stage_pools: pool {name} has {known[name].gpus} GPUs, its "
+                f"{strategy.stage_pools.count(name)} stages need {used} (tp*cp*dp = {ranks} each)"
+            )
+    return strategy

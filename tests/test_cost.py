@@ -94,7 +94,7 @@ def test_full_recompute_trades_memory_for_time():
 def test_partial_recompute_is_between_none_and_full():
     j = job("llama3-8b", "dgx-h100:1", batch=8, seq=8192)
     acts = [evaluate(j, s).memory.per_stage[0].activations_bytes for s in (
-        Strategy(zero=3), Strategy(zero=3, recompute="full", recompute_layers=16),
+        Strategy(zero=3), Strategy(zero=3, recompute="full", recompute_layers=(16,)),
         Strategy(zero=3, recompute="full"))]
     assert acts[0] > acts[1] > acts[2]
 
@@ -212,6 +212,9 @@ def test_bad_spec_strings(spec, message):
 def test_spec_round_trip():
     s = parse_strategy("tp=4,pp=2,dp=8,mbs=2,vpp=2,zero=1,recompute=full,recompute_layers=2,tp_overlap=on")
     assert parse_strategy(s.spec()) == s.model_copy(update={"sp": True, "schedule": "interleaved"})
+    per_stage = parse_strategy("pp=2,recompute=full,recompute_layers=3/0,split=10/6,stage_pools=a/b,dp=2")
+    assert per_stage.recompute_layers == (3, 0) and per_stage.split == (10, 6) and per_stage.stage_pools == ("a", "b")
+    assert parse_strategy(per_stage.spec()) == per_stage.model_copy(update={"sp": False, "schedule": "1f1b"})
 
 
 # ----------------------------------------------------------------------------- properties

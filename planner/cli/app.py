@@ -193,7 +193,7 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
 @job_options
 @click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
               help="Comma-separated key=value: tp, pp, dp, cp, ep, mbs, vpp, sp, zero, shard, recompute, "
-                   "recompute_layers, offload, offload_device, schedule, tp_overlap, split. Omitted keys take "
+                   "recompute_layers, offload, offload_device, schedule, tp_overlap, split, stage_pools. Omitted keys take "
                    "their defaults; dp is derived from the GPU count.")
 @json_option
 @user_errors

@@ -31,7 +31,7 @@ def micro_batches(job: Job, strategy: Strategy) -> int:
 def stage_cost(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Catalog) -> StageCost:
     """Everything one stage costs under a resolved strategy."""
     groups = stage_groups(job, strategy, stage.site)
-    modes = [(layer, strategy.layer_recompute(layer.block, stage.blocks)) for layer in stage.layers]
+    modes = [(layer, strategy.layer_recompute(layer.block, stage.index, stage.blocks)) for layer in stage.layers]
     sums = sum_layers(modes, job, strategy, stage.site, groups, catalog)
     return compose_stage(job, strategy, stage.site, groups, sums, micro_batches(job, strategy), catalog)
 
@@ -96,10 +96,11 @@ def evaluate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Es
     offload = max(c.offload for c in costs)
     step = pipeline + dp_end + optimizer + offload
 
-    n = job.cluster.num_gpus
+    n = s.tp * s.cp * s.dp * s.pp
     tokens = job.tokens_per_step
-    # MFU against the dense 16-bit peak, also for fp8 runs (the convention of the published figures)
-    peak_sum = sum(p.gpus * catalog.device(p.node.device).peak(job.compute_dtype) for p in job.cluster.pools)
+    # MFU against the dense 16-bit peak of the GPUs used, also for fp8 runs (the published convention)
+    ranks_per_stage = s.tp * s.cp * s.dp
+    peak_sum = sum(ranks_per_stage * stage.device.peak(job.compute_dtype) for stage in stages)
     model_flops = job.model.model_flops_per_token(job.seq_len) * tokens
     # recompute adds forward work; its share of compute time approximates its share of FLOPs
     recompute_share = sum(c.sums.recompute for c in costs) / max(1e-30, sum(c.sums.compute for c in costs))

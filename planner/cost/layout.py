@@ -100,8 +100,11 @@ def place_stages(job: Job, strategy: Strategy, catalog: Catalog) -> list[StagePl
     ranks_per_stage = strategy.tp * strategy.cp * strategy.dp
     placements = []
     for i, layers in enumerate(stage_layers(job.model, strategy.pp, strategy.split)):
-        first = i * ranks_per_stage
-        pools = _pools_of_ranks(job.cluster, first, first + ranks_per_stage - 1)
+        if strategy.stage_pools is not None:
+            pools = (job.cluster.pool(strategy.stage_pools[i]),)
+        else:
+            first = i * ranks_per_stage
+            pools = _pools_of_ranks(job.cluster, first, first + ranks_per_stage - 1)
         blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
         placements.append(StagePlacement(site=make_site(i, pools, catalog), layers=tuple(layers), blocks=blocks))
     return placements

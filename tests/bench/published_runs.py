@@ -136,11 +136,11 @@ def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
     if "sac" in text:
-        return [dict(recompute="full", recompute_layers=max(1, blocks_per_chunk // 2))]
+        return [dict(recompute="full", recompute_layers=(max(1, blocks_per_chunk // 2),))]
     for mode in ("selective", "full", "none"):
         if mode in text:
             return [dict(recompute=mode)]
-    partial = [dict(recompute="full", recompute_layers=k) for k in range(1, blocks_per_chunk)]
+    partial = [dict(recompute="full", recompute_layers=(k,)) for k in range(1, blocks_per_chunk)]
     return [dict(recompute="none"), dict(recompute="selective"), *partial, dict(recompute="full")]
 
 
