@@ -1,0 +1,163 @@
+"""The CP-SAT program of one global configuration: split, recompute and pools per stage.
+
+Sections, as in OR-Tools' samples: variables, constraints (one function per
+family), objective, then reading the solution.  Tables come from
+`planner.ilp.tables` (the cost model), in integer nanoseconds.
+
+    cut[s]        block index where stage s starts (cut[0] = 0, cut[pp] = blocks)
+    count[s, k]   blocks of segment k on stage s (overlap of [cut[s], cut[s+1]) with segment k)
+    pool_is[s, p] 1 if stage s runs on pool p
+    option[s]     index of stage s's row in its flattened table (content x pool)
+    time[s]       critical-path nanoseconds of one micro-batch on stage s
+    bottleneck    max_s time[s]
+
+Objective (x v to stay integral), the pipeline formula of `evaluate`:
+    v * m * bottleneck + (sum_s time[s] - bottleneck) + v * (max dp_end + max optimizer + max offload)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from planner.ilp.tables import ConfigTables, StageOption
+
+_BIG = 1 << 50  # table filler for contents that are not allowed (their index is excluded from the domain)
+
+
+@dataclass
+class StageRows:
+    """Flattened table of one stage: row r = (content, pool)."""
+
+    rows: list[tuple[tuple[int, ...], int, StageOption]]  # (counts, pool index, option)
+
+    def column(self, name: str) -> list[int]:
+        return [getattr(option, name) for _, _, option in self.rows]
+
+
+@dataclass
+class Program:
+    """A built CP-SAT model with the handles needed to read a solution."""
+
+    model: cp_model.CpModel
+    tables: ConfigTables
+    stage_rows: list[StageRows]
+    option: list[cp_model.IntVar]
+    objective: cp_model.LinearExpr
+    scale: int  # objective units per nanosecond of step time (= vpp)
+
+
+def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
+    rows = []
+    for pool_index, options in enumerate(tables.options[stage]):
+        for counts in sorted(options):
+            rows.append((counts, pool_index, options[counts]))
+    return StageRows(rows=rows)
+
+
+# ----------------------------------------------------------------------------- constraints
+
+
+def add_partition(model: cp_model.CpModel, tables: ConfigTables) -> tuple[list, dict]:
+    """cut[s] and count[s, k]: contiguous, non-empty stages covering every block in order."""
+    blocks, pp = tables.blocks, tables.strategy.pp
+    cut = [model.new_constant(0)]
+    cut += [model.new_int_var(1, blocks - 1, f"cut[{s}]") for s in range(1, pp)]
+    cut.append(model.new_constant(blocks))
+    for s in range(pp):
+        model.add(cut[s + 1] >= cut[s] + 1)
+    count: dict[tuple[int, int], cp_model.IntVar] = {}
+    base = tables.segments[0].start
+    for s in range(pp):
+        for k, seg in enumerate(tables.segments):
+            lo, hi = seg.start - base, seg.end - base
+            if len(tables.segments) == 1:
+                count[s, k] = model.new_int_var(1, blocks, f"count[{s},{k}]")
+                model.add(count[s, k] == cut[s + 1] - cut[s])
+                continue
+            first = model.new_int_var(0, blocks, f"first[{s},{k}]")
+            last = model.new_int_var(0, blocks, f"last[{s},{k}]")
+            model.add_max_equality(first, [cut[s], model.new_constant(lo)])
+            model.add_min_equality(last, [cut[s + 1], model.new_constant(hi)])
+            count[s, k] = model.new_int_var(0, seg.size, f"count[{s},{k}]")
+            model.add_max_equality(count[s, k], [last - first, model.new_constant(0)])
+    return cut, count
+
+
+def add_stage_choice(model: cp_model.CpModel, tables: ConfigTables, rows: list[StageRows], count: dict
+                     ) -> tuple[list, dict]:
+    """option[s]: exactly one allowed (content, pool) row per stage, consistent with the counts."""
+    option, pool_is = [], {}
+    pools = len(tables.pools)
+    for s, stage_rows in enumerate(rows):
+        option.append(model.new_int_var(0, len(stage_rows.rows) - 1, f"option[{s}]"))
+        # the row's content must equal the counts the cuts imply
+        tuples = [(r, *counts, pool) for r, (counts, pool, _) in enumerate(stage_rows.rows)]
+        pool_var = model.new_int_var(0, pools - 1, f"pool[{s}]")
+        model.add_allowed_assignments(
+            [option[s], *[count[s, k] for k in range(len(tables.segments))], pool_var], tuples)
+        for p in range(pools):
+            pool_is[s, p] = model.new_bool_var(f"pool_is[{s},{p}]")
+            model.add(pool_var == p).only_enforce_if(pool_is[s, p])
+            model.add(pool_var != p).only_enforce_if(~pool_is[s, p])
+    return option, pool_is
+
+
+def add_pool_capacity(model: cp_model.CpModel, tables: ConfigTables, pool_is: dict) -> None:
+    """Each pool holds whole stages only as far as its GPUs go."""
+    s_ = tables.strategy
+    ranks = s_.tp * s_.cp * s_.dp
+    for p, pool in enumerate(tables.pools):
+        model.add(sum(pool_is[s, p] for s in range(s_.pp)) <= pool.gpus // ranks)
+
+
+def add_stage_costs(model: cp_model.CpModel, rows: list[StageRows], option: list, name: str) -> list:
+    """cost[s] = table[s][option[s]] for one column of the tables."""
+    values = []
+    for s, stage_rows in enumerate(rows):
+        column = stage_rows.column(name)
+        var = model.new_int_var(min(column), max(column), f"{name}[{s}]")
+        model.add_element(option[s], column, var)
+        values.append(var)
+    return values
+
+
+def add_max(model: cp_model.CpModel, values: list, name: str) -> cp_model.IntVar:
+    """max over stages (the bottleneck stage, or the slowest step-end term)."""
+    top = model.new_int_var(0, max(list(v.proto.domain)[-1] for v in values), name)
+    model.add_max_equality(top, values)
+    return top
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def build_program(tables: ConfigTables, hint: list[int] | None = None, max_step_ns: int | None = None) -> Program:
+    """The CP-SAT model of `tables`; `hint` gives a row per stage to start from."""
+    model = cp_model.CpModel()
+    rows = [_stage_rows(tables, s) for s in range(tables.strategy.pp)]
+
+    # variables and structural constraints
+    _, count = add_partition(model, tables)
+    option, pool_is = add_stage_choice(model, tables, rows, count)
+    if len(tables.pools) > 1:
+        add_pool_capacity(model, tables, pool_is)
+
+    # stage costs from the tables
+    time = add_stage_costs(model, rows, option, "time")
+    tails = [add_max(model, add_stage_costs(model, rows, option, column), f"max_{column}")
+             for column in ("dp_end", "optimizer", "offload")]
+    bottleneck = add_max(model, time, "bottleneck")
+
+    # objective: the pipeline formula, scaled by v
+    v, m = tables.strategy.vpp, tables.micro_batches
+    objective = v * m * bottleneck + sum(time) - bottleneck + v * sum(tails)
+    if max_step_ns is not None:
+        model.add(objective <= v * max_step_ns)
+    model.minimize(objective)
+
+    if hint is not None:
+        for s, row in enumerate(hint):
+            model.add_hint(option[s], row)
+    return Program(model=model, tables=tables, stage_rows=rows, option=option, objective=objective, scale=v)

@@ -1,0 +1,264 @@
+"""Compile a job: branch and bound over global configurations, CP-SAT inside each.
+
+1. `planner.space` lists every legal global configuration (tp, pp, cp, ep,
+   dp, mbs, vpp, ZeRO, scope, base recompute).
+2. Each gets a lower bound from the cost model (perfectly balanced stages,
+   nothing recomputed, no stage-level terms); configurations are visited in
+   bound order.
+3. A configuration whose bound is not below the incumbent is pruned, and so
+   is every later one.  Otherwise its cost tables are built (only contents
+   that could beat the incumbent) and a CP-SAT program picks the split, the
+   recomputed blocks and the pools per stage.
+4. The certificate: the incumbent's step time is the objective; the bound is
+   the smallest of the incumbent, the bounds of configurations never solved
+   (time limit) and the best bounds of programs stopped early.  Gap =
+   (objective - bound) / objective.  OPTIMAL means gap 0 up to table rounding.
+
+Offload is tried only where no configuration fits without it (it adds time
+and saves only memory, so it cannot win where something else fits).
+"""
+
+from __future__ import annotations
+
+import time as clock
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+from ortools.sat.python import cp_model
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware import Catalog, load_catalog
+from planner.cost import Estimate, evaluate
+from planner.errors import InfeasibleError
+from planner.ilp.model import Program, build_program
+from planner.ilp.tables import NS, TableBuilder, build_tables, stage_pools_for
+from planner.job import Job
+from planner.space import SpaceOptions, global_configs
+from planner.strategy import Strategy
+
+Status = Literal["OPTIMAL", "FEASIBLE"]
+
+
+class CompileOptions(BaseModel):
+    """What to optimise and how long to search."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    objective: Literal["time", "cost"] = Field("time", description="Minimise step time, or cost per step.")
+    max_step_time: float | None = Field(None, gt=0, description="With objective=cost: step time limit, seconds.")
+    time_limit: float = Field(60.0, gt=0, description="Wall-clock budget of the search, seconds.")
+    space: SpaceOptions = Field(default_factory=SpaceOptions, description="The strategy space.")
+    runners_up: int = Field(5, ge=0, description="Best other configurations to report.")
+
+
+class Certificate(BaseModel):
+    """How good the returned plan is known to be."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    status: Status = Field(description="OPTIMAL (proved) or FEASIBLE (time limit: see gap).")
+    objective: float = Field(description="Objective of the plan (seconds per step, or USD per step).")
+    bound: float = Field(description="No plan in the space does better than this.")
+    gap: float = Field(description="(objective - bound) / objective.")
+    wall_s: float = Field(description="Search wall time, seconds.")
+    configurations: int = Field(description="Global configurations in the space.")
+    solved: int = Field(description="Configurations whose program was solved.")
+    pruned: int = Field(description="Configurations pruned by their lower bound.")
+
+
+class RunnerUp(BaseModel):
+    """A next-best configuration, for the report."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    strategy: str = Field(description="Its SPEC string.")
+    objective: float = Field(description="Its objective.")
+
+
+class CompileResult(BaseModel):
+    """The chosen strategy, its evaluation and the certificate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    strategy: Strategy
+    estimate: Estimate
+    certificate: Certificate
+    runners_up: list[RunnerUp]
+
+
+@dataclass
+class _Search:
+    """Mutable state of one compile."""
+
+    job: Job
+    options: CompileOptions
+    catalog: Catalog
+    builder: TableBuilder
+    progress: Callable[[str], None] | None
+    start: float = field(default_factory=clock.perf_counter)
+    incumbent: float = float("inf")
+    best: Strategy | None = None
+    solved: list[tuple[float, str, Strategy]] = field(default_factory=list)
+    open_bounds: list[float] = field(default_factory=list)
+    pruned: int = 0
+
+    def elapsed(self) -> float:
+        return clock.perf_counter() - self.start
+
+    def remaining(self) -> float:
+        return self.options.time_limit - self.elapsed()
+
+    def say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message)
+
+
+def _price_rate(job: Job, strategy: Strategy, catalog: Catalog) -> float:
+    """USD per second of the GPUs a strategy uses (cost objective)."""
+    ranks = strategy.tp * strategy.cp * strategy.dp
+    if strategy.stage_pools:
+        pools = [job.cluster.pool(name) for name in strategy.stage_pools]
+    else:
+        pools = [job.cluster.pools[0]] * strategy.pp if len(job.cluster.pools) == 1 else list(job.cluster.pools)
+        if len(job.cluster.pools) > 1:
+            return sum(p.gpus * catalog.device(p.node.device).price_per_hour for p in pools) / 3600.0
+    return sum(ranks * catalog.device(p.node.device).price_per_hour for p in pools) / 3600.0
+
+
+def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
+    """The full strategy of a solved program."""
+    tables = program.tables
+    chosen = [rows.rows[solver.value(var)] for rows, var in zip(program.stage_rows, program.option)]
+    base = tables.strategy
+    split = tuple(sum(counts) for counts, _, _ in chosen)
+    recompute = tuple(option.recompute for _, _, option in chosen)
+    update: dict = {"split": split if base.pp > 1 else None}
+    if any(recompute):
+        update.update(recompute="full", recompute_layers=recompute)
+    if len(program.tables.pools) > 1:
+        update["stage_pools"] = tuple(tables.pools[pool].name for _, pool, _ in chosen)
+    return base.model_copy(update=update)
+
+
+def _even_hint(program: Program) -> list[int] | None:
+    """Row per stage of the most even split on the first pools, when the tables have it."""
+    tables = program.tables
+    pp, blocks = tables.strategy.pp, tables.blocks
+    base, extra = divmod(blocks, pp)
+    hint = []
+    for s, rows in enumerate(program.stage_rows):
+        want = base + (1 if s < extra else 0)
+        match = [r for r, (counts, _, _) in enumerate(rows.rows) if sum(counts) == want]
+        if not match:
+            return None
+        hint.append(match[0])
+    return hint
+
+
+def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float) -> None:
+    cap = search.incumbent / micro_batches if search.incumbent < float("inf") else float("inf")
+    tables = build_tables(search.builder, config, micro_batches, cap)
+    if tables is None:
+        return
+    max_step = search.options.max_step_time
+    program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None)
+    hint = _even_hint(program)
+    if hint is not None:
+        for s, row in enumerate(hint):
+            program.model.add_hint(program.option[s], row)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1  # deterministic
+    solver.parameters.random_seed = 0
+    solver.parameters.max_time_in_seconds = max(0.05, search.remaining())
+    status = solver.solve(program.model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.UNKNOWN:
+            search.open_bounds.append(bound)
+        return
+    step = solver.objective_value / program.scale / NS
+    if status == cp_model.FEASIBLE:
+        search.open_bounds.append(max(bound, solver.best_objective_bound / program.scale / NS))
+    strategy = _read(program, solver)
+    value = step * (_price_rate(search.job, strategy, search.catalog) if search.options.objective == "cost" else 1.0)
+    search.solved.append((value, strategy.spec(), strategy))
+    if value < search.incumbent:
+        search.incumbent, search.best = value, strategy
+        search.say(f"[{search.elapsed():6.2f}s] incumbent {value:.6g}  bound {bound:.6g}  {strategy.spec()}")
+
+
+def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalog | None = None,
+                progress: Callable[[str], None] | None = None) -> CompileResult:
+    """Search the strategy space of `job` for the best plan, with a certificate."""
+    options = options or CompileOptions()
+    catalog = catalog or load_catalog()
+    search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress)
+    configs = _bounded_configs(search, options.space)
+    if not configs:
+        raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size divides "
+                              f"the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs")
+    _branch_and_bound(search, configs)
+    if search.best is None:
+        # nothing fits: retry with offload, which trades time for memory
+        offload_space = options.space.model_copy(update={"fixed": dict(options.space.fixed)})
+        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, offload_space)
+                   for upd in _offload_variants(c)]
+        configs.sort(key=lambda item: (item[0], item[2].spec()))
+        _branch_and_bound(search, configs)
+    if search.best is None:
+        raise InfeasibleError(_explain_infeasible(job, catalog))
+    return _result(search, len(configs))
+
+
+def _offload_variants(config: Strategy) -> list[dict]:
+    variants = [{"offload": "optimizer", "offload_device": d} for d in ("cpu", "nvme")]
+    if config.zero == 3:
+        variants += [{"offload": "all", "offload_device": d} for d in ("cpu", "nvme")]
+    return variants
+
+
+def _bounded_configs(search: _Search, space: SpaceOptions) -> list[tuple[float, int, Strategy]]:
+    out = []
+    job = search.job
+    for config in global_configs(job, space):
+        m = job.global_batch // (config.dp * config.mbs)
+        pools = stage_pools_for(job, config) if len(job.cluster.pools) > 1 else list(job.cluster.pools)
+        if not pools:
+            continue
+        bound = search.builder.lower_bound(config, pools, m)
+        if search.options.objective == "cost":
+            bound *= min(catalog_rate(search, pool) for pool in pools) * config.tp * config.cp * config.dp * config.pp
+        out.append((bound, m, config))
+    out.sort(key=lambda item: (item[0], item[2].spec()))
+    return out
+
+
+def catalog_rate(search: _Search, pool) -> float:
+    """USD per GPU-second of a pool."""
+    return search.catalog.device(pool.node.device).price_per_hour / 3600.0
+
+
+def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]]) -> None:
+    for index, (bound, m, config) in enumerate(configs):
+        if bound >= search.incumbent * (1 - 1e-9):
+            search.pruned += len(configs) - index
+            return
+        if search.remaining() <= 0:
+            search.open_bounds.extend(b for b, _, _ in configs[index:])
+            return
+        _solve_config(search, config, m, bound)
+
+
+def _explain_infeasible(job: Job, catalog: Catalog) -> str:
+    return (f"nothing fits: no strategy for {job.model.name} (batch {job.global_batch}, seq {job.seq_len}) fits "
+            f"{job.cluster.describe()}, even with full recompute and offload")
+
+
+def _result(search: _Search, configurations: int) -> CompileResult:
+    best = search.best
+    estimate = evaluate(search.job, best, search.catalog)
+    objective = search.incumbent
+    bound = min([objective, *search.open_bounds])
+    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
+    certificate = Certificate(
+        status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,
+        wall_s=search.elapsed(), configurations=configurations, solved=len(search.solved), pruned=search.pruned,
+    )
+    others = sorted((v, spec) for v, spec, s in search.solved if spec != best.spec())
+    runners = [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
+    return CompileResult(strategy=best, estimate=estimate, certificate=certificate, runners_up=runners)

@@ -1,0 +1,127 @@
+"""The strategy space: every legal assignment of the global integers.
+
+A *global configuration* fixes everything but the per-stage decisions (the
+layer split, the blocks each stage recomputes, the pool each stage runs on):
+tp, pp, cp, ep, dp, micro-batch size, schedule and virtual stages, ZeRO stage
+and scope, offload.  `global_configs` lists them, with the divisibility rules
+of `planner.validation` applied up front.  Options dominated under the cost
+model are left out and say so where they are skipped:
+
+* GPipe has 1F1B's time and more memory in flight;
+* selective recompute only pays when attention scores are materialised
+  (no flash attention); otherwise it costs time and saves nothing;
+* offload only adds time, so it is tried only when the configuration does
+  not fit without it (the solver asks for it then).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.job import Job
+from planner.strategy import Strategy
+
+
+class SpaceOptions(BaseModel):
+    """Limits and fixed choices of the search space."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_mbs: int = Field(16, gt=0, description="Largest micro-batch size tried.")
+    max_vpp: int = Field(8, gt=0, description="Most virtual pipeline chunks per stage tried.")
+    max_cp: int = Field(16, gt=0, description="Largest context-parallel degree tried.")
+    zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="ZeRO stages tried.")
+    shard_scopes: tuple[Literal["full", "node"], ...] = Field(("full", "node"), description="Sharding scopes tried.")
+    allow_zero_with_pp: bool = Field(
+        True, description="Allow ZeRO-2/3 together with pipeline parallelism (DeepSpeed refuses it)."
+    )
+    tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
+    fixed: dict[str, int | str] = Field(
+        default_factory=dict, description="Global keys forced to a value (tp, pp, dp, cp, ep, mbs, vpp, zero, ...)."
+    )
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, value = [], 1
+    while value <= limit:
+        out.append(value)
+        value *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _allowed(options: SpaceOptions, key: str, values: list) -> list:
+    if key in options.fixed:
+        forced = options.fixed[key]
+        return [v for v in values if v == forced] or ([forced] if key in ("dp",) else [])
+    return values
+
+
+def stages_fit_pools(job: Job, ranks_per_stage: int, pp: int) -> bool:
+    """Whether `pp` stages of `ranks_per_stage` GPUs fit the cluster's pools (whole stages per pool)."""
+    return sum(pool.gpus // ranks_per_stage for pool in job.cluster.pools) >= pp
+
+
+def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[Strategy]:
+    """Every legal global configuration (split and per-stage choices left open)."""
+    options = options or SpaceOptions()
+    model, cluster = job.model, job.cluster
+    homogeneous = len(cluster.pools) == 1
+    gpus = cluster.num_gpus
+    gpn = max(pool.node.gpus_per_node for pool in cluster.pools)
+    blocks = max(1, model.num_blocks)
+    is_sequence = model.family != "recsys"
+
+    tps = [t for t in _powers_of_two(gpn) if model.family != "recsys" or t == 1]
+    tps = [t for t in tps if t == 1 or (model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0))]
+    cps = [c for c in _powers_of_two(options.max_cp) if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
+    experts = model.num_experts
+    for tp in _allowed(options, "tp", tps):
+        for cp in _allowed(options, "cp", cps):
+            pps = [p for p in range(1, blocks + 1) if model.family != "recsys" or p == 1]
+            for pp in _allowed(options, "pp", pps):
+                if homogeneous:
+                    if gpus % (tp * cp * pp):
+                        continue
+                    dps = [gpus // (tp * cp * pp)]
+                else:
+                    dps = [d for d in _divisors(job.global_batch)
+                           if stages_fit_pools(job, tp * cp * d, pp) and tp * cp * d * pp <= gpus]
+                for dp in _allowed(options, "dp", dps):
+                    yield from _inner(job, options, tp, cp, pp, dp, experts, blocks)
+
+
+def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, experts: int,
+           blocks: int) -> Iterator[Strategy]:
+    eps = [e for e in _divisors(experts) if (dp * cp) % e == 0] if experts else [1]
+    # base recompute; the solver adds full recompute of chosen blocks on top of "none"
+    recomputes = ["none"] if job.flash_attention else ["none", "selective"]
+    mbss = [b for b in _powers_of_two(options.max_mbs) if job.global_batch % (dp * b) == 0]
+    for ep in _allowed(options, "ep", eps):
+        for mbs in _allowed(options, "mbs", mbss):
+            micro = job.global_batch // (dp * mbs)
+            vpps = [1]
+            if pp > 1 and micro % pp == 0:
+                vpps += [v for v in range(2, options.max_vpp + 1) if blocks % (pp * v) == 0]
+            for vpp in _allowed(options, "vpp", vpps):
+                for zero in _allowed(options, "zero", list(options.zero_stages)):
+                    if zero >= 2 and pp > 1 and not options.allow_zero_with_pp:
+                        continue
+                    if dp * cp == 1 and zero > 0:
+                        continue  # nothing to shard over
+                    scopes = list(options.shard_scopes) if zero > 0 else ["full"]
+                    if dp <= max(1, _min_gpus_per_node(job) // (tp * cp)):
+                        scopes = scopes[:1]  # the data-parallel group fits in a node: node == full
+                    for shard in _allowed(options, "shard", scopes):
+                        for recompute in recomputes:
+                            yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero,
+                                           shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
+                                           recompute=recompute)
+
+
+def _min_gpus_per_node(job: Job) -> int:
+    return min(pool.node.gpus_per_node for pool in job.cluster.pools)
