@@ -9,7 +9,7 @@ for candidate layer counts, so the solver and `evaluate` share every formula.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from hardware import Catalog
 from models.graph import Layer, RecomputeMode
@@ -20,12 +20,9 @@ from planner.cost.memory import WEIGHT_BYTES, StageMemory, layer_params_per_rank
 from planner.job import Job
 from planner.strategy import Strategy
 
-_MAX_FIELDS = ("working_set", "largest_layer_params", "max_hidden")
-
-
 @dataclass(frozen=True)
 class StageSums:
-    """Per-rank, per-micro-batch totals of a set of layers (maxima where named in _MAX_FIELDS)."""
+    """Per-rank, per-micro-batch totals of a set of layers (three fields are maxima, marked)."""
 
     forward: float = 0.0  # forward compute seconds
     compute: float = 0.0  # forward + backward compute seconds
@@ -41,22 +38,26 @@ class StageSums:
     layers: int = 0
 
     def __add__(self, other: "StageSums") -> "StageSums":
-        values = {
-            f.name: max(getattr(self, f.name), getattr(other, f.name)) if f.name in _MAX_FIELDS
-            else getattr(self, f.name) + getattr(other, f.name)
-            for f in fields(self)
-        }
-        return StageSums(**values)
+        return StageSums(
+            forward=self.forward + other.forward, compute=self.compute + other.compute,
+            recompute=self.recompute + other.recompute, tp=self.tp + other.tp, cp=self.cp + other.cp,
+            ep=self.ep + other.ep, params=self.params + other.params,
+            kept_activations=self.kept_activations + other.kept_activations,
+            working_set=max(self.working_set, other.working_set),
+            largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
+            max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
+        )
 
     def times(self, count: int) -> "StageSums":
-        """`count` copies of these layers."""
+        """`count` copies of these layers (maxima stay, sums scale)."""
         if count <= 0:
             return StageSums()
-        values = {
-            f.name: getattr(self, f.name) if f.name in _MAX_FIELDS else getattr(self, f.name) * count
-            for f in fields(self)
-        }
-        return StageSums(**values)
+        return StageSums(
+            forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
+            tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
+            kept_activations=self.kept_activations * count, working_set=self.working_set,
+            largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
+        )
 
 
 def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups,

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 from hardware import Catalog, Pool
 from models.graph import Layer, ModelGraph
-from planner.cost.layout import StageSite, make_site, stage_groups
+from planner.cost.layout import StageGroups, StageSite, make_site, stage_groups
 from planner.cost.stage import StageCost, StageSums, compose_stage, sum_layers
 from planner.job import Job
 from planner.strategy import Strategy
@@ -111,6 +111,15 @@ class TableBuilder:
         self.segments = block_segments(job.model)
         self.before, self.after = fixed_layers(job.model)
         self._sums_cache: dict[tuple, StageSums] = {}
+        self._groups_cache: dict[tuple, StageGroups] = {}
+
+    def groups(self, strategy: Strategy, site: StageSite) -> StageGroups:
+        """Communicator shapes, cached: they depend on degrees and pools only."""
+        key = (strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.pp > 1, strategy.shard,
+               tuple(p.name for p in site.pools))
+        if key not in self._groups_cache:
+            self._groups_cache[key] = stage_groups(self.job, strategy, site)
+        return self._groups_cache[key]
 
     # ------------------------------------------------------------------ sums
 
@@ -119,7 +128,7 @@ class TableBuilder:
         cache_key = (key, mode, strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel,
                      strategy.tp_overlap, strategy.pp > 1, tuple(p.name for p in site.pools))
         if cache_key not in self._sums_cache:
-            groups = stage_groups(self.job, strategy, site)
+            groups = self.groups(strategy, site)
             self._sums_cache[cache_key] = sum_layers([(layer, mode) for layer in layers], self.job, strategy, site,
                                                      groups, self.catalog)
         return self._sums_cache[cache_key]
@@ -173,7 +182,7 @@ class TableBuilder:
     def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
                micro_batches: int, time_cap: float) -> StageOption | None:
         """The cheapest feasible recompute for this content, or None (does not fit, or slower than time_cap)."""
-        groups = stage_groups(self.job, strategy, site)
+        groups = self.groups(strategy, site)
         blocks = sum(counts)
         chunk = blocks // strategy.vpp
         can_recompute = strategy.recompute == "none"
