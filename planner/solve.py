@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog, load_catalog
 from planner.cost import Estimate, evaluate
+from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.ilp.model import Program, build_program
 from planner.ilp.tables import NS, TableBuilder, build_tables, stage_pools_for
@@ -110,15 +111,9 @@ class _Search:
 
 
 def _price_rate(job: Job, strategy: Strategy, catalog: Catalog) -> float:
-    """USD per second of the GPUs a strategy uses (cost objective)."""
+    """USD per second of the GPUs a (resolved) strategy uses (cost objective)."""
     ranks = strategy.tp * strategy.cp * strategy.dp
-    if strategy.stage_pools:
-        pools = [job.cluster.pool(name) for name in strategy.stage_pools]
-    else:
-        pools = [job.cluster.pools[0]] * strategy.pp if len(job.cluster.pools) == 1 else list(job.cluster.pools)
-        if len(job.cluster.pools) > 1:
-            return sum(p.gpus * catalog.device(p.node.device).price_per_hour for p in pools) / 3600.0
-    return sum(ranks * catalog.device(p.node.device).price_per_hour for p in pools) / 3600.0
+    return sum(ranks * stage.device.price_per_hour for stage in place_stages(job, strategy, catalog)) / 3600.0
 
 
 def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
@@ -151,13 +146,22 @@ def _even_hint(program: Program) -> list[int] | None:
     return hint
 
 
+PRICE_UNITS = 1e4  # prices in the program: 1e-4 USD per GPU-hour
+
+
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float) -> None:
     cap = search.incumbent / micro_batches if search.incumbent < float("inf") else float("inf")
+    mixed = len(search.job.cluster.pools) > 1
+    if search.options.objective == "cost" and mixed:
+        cap = float("inf")  # a slower plan on cheaper GPUs may still cost less
     tables = build_tables(search.builder, config, micro_batches, cap)
     if tables is None:
         return
     max_step = search.options.max_step_time
-    program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None)
+    prices = None
+    if search.options.objective == "cost" and mixed:
+        prices = [round(search.catalog.device(pool.node.device).price_per_hour * PRICE_UNITS) for pool in tables.pools]
+    program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices)
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):
@@ -171,11 +175,16 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
         if status == cp_model.UNKNOWN:
             search.open_bounds.append(bound)
         return
-    step = solver.objective_value / program.scale / NS
-    if status == cp_model.FEASIBLE:
-        search.open_bounds.append(max(bound, solver.best_objective_bound / program.scale / NS))
     strategy = _read(program, solver)
-    value = step * (_price_rate(search.job, strategy, search.catalog) if search.options.objective == "cost" else 1.0)
+    step = solver.value(program.step) / program.scale / NS
+    if prices is None:
+        rate = _price_rate(search.job, strategy, search.catalog) if search.options.objective == "cost" else 1.0
+        value, program_bound = step * rate, solver.best_objective_bound / program.scale / NS * rate
+    else:
+        value = step * _price_rate(search.job, strategy, search.catalog)
+        program_bound = solver.best_objective_bound * 1e-6 / PRICE_UNITS / 3600.0
+    if status == cp_model.FEASIBLE:
+        search.open_bounds.append(max(bound, program_bound))
     search.solved.append((value, strategy.spec(), strategy))
     if value < search.incumbent:
         search.incumbent, search.best = value, strategy
@@ -193,6 +202,8 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
         raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size divides "
                               f"the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs")
     _branch_and_bound(search, configs)
+    if search.best is None and search.remaining() <= 0:
+        raise InfeasibleError(f"no plan found within the time limit ({options.time_limit:g} s); raise --time-limit")
     if search.best is None:
         # nothing fits: retry with offload, which trades time for memory
         offload_space = options.space.model_copy(update={"fixed": dict(options.space.fixed)})
@@ -200,6 +211,8 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                    for upd in _offload_variants(c)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)
+    if search.best is None and search.remaining() <= 0:
+        raise InfeasibleError(f"no plan found within the time limit ({options.time_limit:g} s); raise --time-limit")
     if search.best is None:
         raise InfeasibleError(_explain_infeasible(job, catalog))
     return _result(search, len(configs))
@@ -245,8 +258,9 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
 
 
 def _explain_infeasible(job: Job, catalog: Catalog) -> str:
-    return (f"nothing fits: no strategy for {job.model.name} (batch {job.global_batch}, seq {job.seq_len}) fits "
-            f"{job.cluster.describe()}, even with full recompute and offload")
+    from planner.explain import explain_infeasible  # explain evaluates strategies; imported when needed
+
+    return explain_infeasible(job, catalog)
 
 
 def _result(search: _Search, configurations: int) -> CompileResult:

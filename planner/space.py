@@ -11,7 +11,9 @@ model are left out and say so where they are skipped:
 * selective recompute only pays when attention scores are materialised
   (no flash attention); otherwise it costs time and saves nothing;
 * offload only adds time, so it is tried only when the configuration does
-  not fit without it (the solver asks for it then).
+  not fit without it (the solver asks for it then);
+* on mixed clusters a stage's GPUs fill whole nodes or divide one node, so
+  no node is shared by two stages (the job may leave GPUs idle).
 """
 
 from __future__ import annotations
@@ -89,7 +91,10 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
                         continue
                     dps = [gpus // (tp * cp * pp)]
                 else:
+                    # a stage fills whole nodes or divides one, so no node is split between stages
+                    node = _min_gpus_per_node(job)
                     dps = [d for d in _divisors(job.global_batch)
+                           if (tp * cp * d) % node == 0 or node % (tp * cp * d) == 0
                            if stages_fit_pools(job, tp * cp * d, pp) and tp * cp * d * pp <= gpus]
                 for dp in _allowed(options, "dp", dps):
                     yield from _inner(job, options, tp, cp, pp, dp, experts, blocks)

@@ -19,7 +19,7 @@ from hardware import Cluster, load_catalog, load_cluster
 from models import ZOO, ModelGraph, list_models, load_model
 from models.zoo import close_matches
 from planner import __version__
-from planner.cli import render
+from planner.cli import compile_cmd, render
 from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, user_errors
 from planner.cost import evaluate
 from planner.job import Job
@@ -223,6 +223,12 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(render.estimate_report(result, title))
     if not result.memory.fits:
         raise Infeasible(f"does not fit: {'; '.join(result.memory.reasons) or 'memory exceeds capacity'}")
+
+
+# ---------------------------------------------------------------- compile, schema (planner/cli/compile_cmd.py)
+
+cli.add_command(compile_cmd.compile_)
+cli.add_command(compile_cmd.schema)
 
 
 def main(*args: Any, **kwargs: Any) -> Any:

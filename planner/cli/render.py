@@ -7,11 +7,14 @@ Units on screen: GB = 1e9 bytes, TB/s = 1e12 bytes/s, TFLOP/s = 1e12 FLOP/s.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
 from models.graph import ModelGraph
 from planner.cost import Estimate
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
 
 GB = 1e9
 
@@ -228,4 +231,42 @@ def estimate_report(estimate: Estimate, title: str) -> str:
               table(["term", "seconds", "of step"], rows, right=(1, 2)), ""]
     lines.append("fits: yes" if mem.fits else "fits: no")
     lines += [f"  - {reason}" for reason in mem.reasons]
+    return "\n".join(lines)
+
+
+def compile_summary(plan: "Plan", wall_s: float) -> str:
+    """`compile`: the chosen strategy, throughput, stages, the certificate and the best runner-up."""
+    job, t, s = plan.job, plan.time, plan.solver
+    kernel = "" if job.flash_attention else ", no flash attention"
+    lines = [
+        f"{job.model} on {job.cluster_description}",
+        f"batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}",
+        f"strategy     {plan.strategy_spec}",
+        "",
+        f"throughput   {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU, {job.num_gpus} GPUs)",
+        f"step time    {t.step_time_s:.4g} s ({t.micro_batches} micro-batch"
+        f"{'' if t.micro_batches == 1 else 'es'} per replica)",
+        f"MFU          {100 * t.mfu:.1f}%  (HFU {100 * t.hfu:.1f}%)",
+        "",
+    ]
+    rows = []
+    for st in plan.stages:
+        blocks = f"{st.blocks[0]}-{st.blocks[-1]}" if st.blocks else "-"
+        r = st.ranks
+        nodes = f"{r.nodes[0]}" if r.nodes[0] == r.nodes[1] else f"{r.nodes[0]}-{r.nodes[1]}"
+        rows.append([st.index, blocks, "/".join(st.pools), st.device, f"{r.first_rank}-{r.last_rank}", nodes,
+                     st.recompute_blocks, gb(st.memory.hbm.peak_bytes), gb(st.memory.hbm.capacity_bytes),
+                     f"{1e3 * st.microbatch_time_s:.2f}"])
+    lines.append(table(["stage", "blocks", "pool", "device", "ranks", "nodes", "recompute", "HBM GB", "capacity",
+                        "micro-batch ms"], rows, right=(6, 7, 8, 9)))
+    unit = "s" if s.objective_kind == "time" else "USD"
+    lines += [
+        "",
+        f"solver       {s.status}: objective {s.objective:.6g} {unit}, bound {s.bound:.6g} {unit}, "
+        f"gap {100 * s.gap:.2f}%",
+        f"             {s.configurations} configurations: {s.solved} solved, {s.pruned} pruned, in {wall_s:.2f} s",
+    ]
+    if plan.runners_up:
+        r = plan.runners_up[0]
+        lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%)")
     return "\n".join(lines)

@@ -7,12 +7,16 @@ family), objective, then reading the solution.  Tables come from
     cut[s]        block index where stage s starts (cut[0] = 0, cut[pp] = blocks)
     count[s, k]   blocks of segment k on stage s (overlap of [cut[s], cut[s+1]) with segment k)
     pool_is[s, p] 1 if stage s runs on pool p
+    pool[s]       pool of stage s (mixed clusters: nondecreasing, so each pool's stages are
+                  consecutive and the pipeline crosses each pool boundary once)
     option[s]     index of stage s's row in its flattened table (content x pool)
     time[s]       critical-path nanoseconds of one micro-batch on stage s
     bottleneck    max_s time[s]
 
-Objective (x v to stay integral), the pipeline formula of `evaluate`:
+Step time (x v to stay integral), the pipeline formula of `evaluate`:
     v * m * bottleneck + (sum_s time[s] - bottleneck) + v * (max dp_end + max optimizer + max offload)
+Objective: the step time, or for --objective cost the step time (microseconds) times the
+price rate of the pools the stages occupy.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ class Program:
     tables: ConfigTables
     stage_rows: list[StageRows]
     option: list[cp_model.IntVar]
-    objective: cp_model.LinearExpr
-    scale: int  # objective units per nanosecond of step time (= vpp)
+    objective: cp_model.LinearExpr  # step (time objective) or cost units (cost objective)
+    step: cp_model.LinearExpr  # step time in nanoseconds x scale
+    scale: int  # step units per nanosecond (= vpp)
 
 
 def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
@@ -86,22 +91,29 @@ def add_partition(model: cp_model.CpModel, tables: ConfigTables) -> tuple[list, 
 
 
 def add_stage_choice(model: cp_model.CpModel, tables: ConfigTables, rows: list[StageRows], count: dict
-                     ) -> tuple[list, dict]:
+                     ) -> tuple[list, list, dict]:
     """option[s]: exactly one allowed (content, pool) row per stage, consistent with the counts."""
-    option, pool_is = [], {}
+    option, pool, pool_is = [], [], {}
     pools = len(tables.pools)
     for s, stage_rows in enumerate(rows):
         option.append(model.new_int_var(0, len(stage_rows.rows) - 1, f"option[{s}]"))
         # the row's content must equal the counts the cuts imply
         tuples = [(r, *counts, pool) for r, (counts, pool, _) in enumerate(stage_rows.rows)]
         pool_var = model.new_int_var(0, pools - 1, f"pool[{s}]")
+        pool.append(pool_var)
         model.add_allowed_assignments(
             [option[s], *[count[s, k] for k in range(len(tables.segments))], pool_var], tuples)
         for p in range(pools):
             pool_is[s, p] = model.new_bool_var(f"pool_is[{s},{p}]")
             model.add(pool_var == p).only_enforce_if(pool_is[s, p])
             model.add(pool_var != p).only_enforce_if(~pool_is[s, p])
-    return option, pool_is
+    return option, pool, pool_is
+
+
+def add_pool_order(model: cp_model.CpModel, pool: list) -> None:
+    """Stages of one pool are consecutive, pools in the cluster file's order (no symmetric interleavings)."""
+    for s in range(len(pool) - 1):
+        model.add(pool[s] <= pool[s + 1])
 
 
 def add_pool_capacity(model: cp_model.CpModel, tables: ConfigTables, pool_is: dict) -> None:
@@ -133,16 +145,33 @@ def add_max(model: cp_model.CpModel, values: list, name: str) -> cp_model.IntVar
 # ----------------------------------------------------------------------------- build
 
 
-def build_program(tables: ConfigTables, hint: list[int] | None = None, max_step_ns: int | None = None) -> Program:
-    """The CP-SAT model of `tables`; `hint` gives a row per stage to start from."""
+def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: dict, step: cp_model.LinearExpr,
+                       scale: int, prices: list[int]) -> cp_model.IntVar:
+    """cost = step (microseconds) x price rate of the GPUs the stages occupy (1e-4 USD per hour units)."""
+    s_ = tables.strategy
+    ranks = s_.tp * s_.cp * s_.dp
+    top_rate = s_.pp * ranks * max(prices)
+    rate = model.new_int_var(0, top_rate, "rate")
+    model.add(rate == sum(pool_is[s, p] * ranks * prices[p] for s in range(s_.pp) for p in range(len(prices))))
+    step_us = model.new_int_var(0, 1 << 40, "step_us")
+    model.add_division_equality(step_us, step, scale * 1000)
+    cost = model.new_int_var(0, (1 << 40) * top_rate, "cost")
+    model.add_multiplication_equality(cost, [step_us, rate])
+    return cost
+
+
+def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None) -> Program:
+    """The CP-SAT model of `tables`: minimise step time, or with `prices` (per pool, 1e-4 USD per
+    GPU-hour) the cost per step."""
     model = cp_model.CpModel()
     rows = [_stage_rows(tables, s) for s in range(tables.strategy.pp)]
 
     # variables and structural constraints
     _, count = add_partition(model, tables)
-    option, pool_is = add_stage_choice(model, tables, rows, count)
+    option, pool, pool_is = add_stage_choice(model, tables, rows, count)
     if len(tables.pools) > 1:
         add_pool_capacity(model, tables, pool_is)
+        add_pool_order(model, pool)
 
     # stage costs from the tables
     time = add_stage_costs(model, rows, option, "time")
@@ -150,14 +179,17 @@ def build_program(tables: ConfigTables, hint: list[int] | None = None, max_step_
              for column in ("dp_end", "optimizer", "offload")]
     bottleneck = add_max(model, time, "bottleneck")
 
-    # objective: the pipeline formula, scaled by v
+    # step time: the pipeline formula, scaled by v to stay integral
     v, m = tables.strategy.vpp, tables.micro_batches
-    objective = v * m * bottleneck + sum(time) - bottleneck + v * sum(tails)
+    step = v * m * bottleneck + sum(time) - bottleneck + v * sum(tails)
     if max_step_ns is not None:
-        model.add(objective <= v * max_step_ns)
-    model.minimize(objective)
+        model.add(step <= v * max_step_ns)
 
-    if hint is not None:
-        for s, row in enumerate(hint):
-            model.add_hint(option[s], row)
-    return Program(model=model, tables=tables, stage_rows=rows, option=option, objective=objective, scale=v)
+    # objective
+    if prices is None:
+        objective = step
+    else:
+        objective = add_cost_objective(model, tables, pool_is, step, v, prices)
+    model.minimize(objective)
+    return Program(model=model, tables=tables, stage_rows=rows, option=option, objective=objective, step=step,
+                   scale=v)

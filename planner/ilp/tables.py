@@ -112,6 +112,15 @@ class TableBuilder:
         self.before, self.after = fixed_layers(job.model)
         self._sums_cache: dict[tuple, StageSums] = {}
         self._groups_cache: dict[tuple, StageGroups] = {}
+        self._work_cache: dict[tuple, list[float]] = {}
+        self._site_cache: dict[tuple, StageSite] = {}
+
+    def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
+        """The site of `stage` on `pools`, cached."""
+        key = (stage, tuple(p.name for p in pools))
+        if key not in self._site_cache:
+            self._site_cache[key] = make_site(stage, pools, self.catalog)
+        return self._site_cache[key]
 
     def groups(self, strategy: Strategy, site: StageSite) -> StageGroups:
         """Communicator shapes, cached: they depend on degrees and pools only."""
@@ -147,19 +156,42 @@ class TableBuilder:
         return total
 
     def lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
-        """Seconds no split of this configuration beats: perfectly balanced stages, nothing recomputed,
-        no stage-level terms, each stage on the fastest pool."""
-        best = float("inf")
-        for pool in pools:
-            site = make_site(0, (pool,), self.catalog)
-            work = self.fixed_sums(0, strategy, site) + self.fixed_sums(strategy.pp - 1, strategy, site) \
-                if strategy.pp > 1 else self.fixed_sums(0, strategy, site)
-            for k, seg in enumerate(self.segments):
-                work = work + self.block_sums(k, strategy.recompute, strategy, site).times(seg.size)
-            per_microbatch = work.compute + work.recompute + work.tp + work.cp + work.ep
-            best = min(best, per_microbatch)
-        p, v = strategy.pp, strategy.vpp
-        return best * (micro_batches + (p - 1) / v) / p
+        """Seconds no split of this configuration beats.
+
+        Work is counted without recomputation or stage-level terms.  On one pool:
+        perfectly balanced stages.  On several: every layer runs at most rho_p
+        times faster on pool p than on the reference pool (rho_p the best
+        per-layer speed-up), so max_s t_s >= W / (sum of the pp largest rho over
+        the stage slots the pools offer) and sum_s t_s >= W / max rho.
+        """
+        p, v, m = strategy.pp, strategy.vpp, micro_batches
+        per_pool = [self._work_by_layer_group(strategy, pool) for pool in pools]
+        reference = per_pool[0]
+        total = sum(reference)
+        if len(pools) == 1:
+            return total * (m + (p - 1) / v) / p
+        rho = [max(ref / other for ref, other in zip(reference, work) if other > 0) for work in per_pool]
+        ranks = strategy.tp * strategy.cp * strategy.dp
+        slots = sorted((r for pool, r in zip(pools, rho) for _ in range(pool.gpus // ranks)), reverse=True)
+        bottleneck = total / sum(slots[:p])
+        return (m - 1 / v) * bottleneck + total / (v * max(rho))
+
+    def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> list[float]:
+        """Per-micro-batch seconds of the fixed layers and each segment on `pool` (linear part only)."""
+        key = (strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel, strategy.tp_overlap,
+               strategy.pp > 1, strategy.dp, strategy.shard, strategy.recompute, pool.name)
+        if key not in self._work_cache:
+            self._work_cache[key] = self._work(strategy, pool)
+        return self._work_cache[key]
+
+    def _work(self, strategy: Strategy, pool: Pool) -> list[float]:
+        site = self.site(0, (pool,))
+        groups = [self.fixed_sums(0, strategy, site)]
+        if strategy.pp > 1:
+            groups.append(self.fixed_sums(strategy.pp - 1, strategy, site))
+        groups += [self.block_sums(k, strategy.recompute, strategy, site).times(seg.size)
+                   for k, seg in enumerate(self.segments)]
+        return [g.compute + g.recompute + g.tp + g.cp + g.ep for g in groups]
 
     # ------------------------------------------------------------------ options
 
@@ -255,7 +287,7 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
     for stage in range(pp):
         per_pool = []
         for pool in pools:
-            site = make_site(stage, (pool,), builder.catalog)
+            site = builder.site(stage, (pool,))
             found: dict[tuple[int, ...], StageOption] = {}
             for length in lengths:
                 fresh = 0

@@ -6,6 +6,8 @@ rebuilds each tier-A row's model, cluster and published strategy, runs
 
     python tests/bench/published_runs.py            # table
     python tests/bench/published_runs.py --csv F    # also write the rows
+    python tests/bench/published_runs.py --compile  # also compile every row (up to 60 s each)
+    python tests/bench/published_runs.py --compile --ids 63,72   # only these rows
 
 How a row becomes a job (one rule for every row, never a per-row constant):
 
@@ -27,6 +29,22 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   Megatron's attention-core recompute, which saves nothing under flash
   attention, so it would not describe what torchtitan does;
 * "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on.
+
+With --compile, every row's job (same model, cluster, batch, seq_len,
+precision, flash_attention, fused_kernels) is also given to `compile_job`
+(CompileOptions(time_limit=60, space=SpaceOptions(tp_overlap=<the published
+strategy's tp_overlap>))) and a second table compares the compiled plan with
+the published strategy.  The comparison lives inside the cost model: the
+reference is the *estimate* of the published strategy (`evaluate`), not the
+published throughput, so "ratio" = compiled tokens/s/GPU / published
+strategy's predicted tokens/s/GPU says how much better the compiler thinks it
+can do, not how much faster the run would really be.  The compiler
+minimises the same `evaluate`, so a ratio below 1 means the published
+strategy lies outside the compiler's space (an mbs that is not a power of two
+or above max_mbs, vpp above max_vpp, a recompute pattern it does not
+generate, ...) or the search stopped early (status FEASIBLE, see the gap).
+Rows whose compiled strategy differs in tp, pp, dp, cp, mbs, vpp, zero or
+recompute are listed with the two breakdown terms that changed most.
 """
 
 from __future__ import annotations
@@ -35,6 +53,7 @@ import argparse
 import csv
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +66,8 @@ from models.transformer import build_transformer  # noqa: E402
 from models.transformer import gpt, llama  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
 from planner.job import Job  # noqa: E402
+from planner.solve import CompileOptions, CompileResult, compile_job  # noqa: E402
+from planner.space import SpaceOptions  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
 CSV_PATH = ROOT / "tests" / "data" / "published_runs.csv"
@@ -206,13 +227,150 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
     print(f"\nrows {len(results)}  median |error| {median:.1%}  max |error| {worst:.1%}", file=out)
 
 
+# ----------------------------------------------------------------------------- --compile
+
+COMPARED_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "zero", "recompute")
+_TERMS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
+          "optimizer_s", "offload_s")
+
+
+@dataclass(frozen=True)
+class CompileRow:
+    """A published row's strategy against the plan the compiler picks for the same job."""
+
+    case: Case
+    published: Estimate  # evaluate() of the published strategy: the reference
+    result: CompileResult | None
+    wall_s: float
+    error: str | None = None
+
+    @property
+    def compiled(self) -> Estimate | None:
+        return self.result.estimate if self.result is not None else None
+
+    @property
+    def ratio(self) -> float | None:
+        """Compiled over published-strategy predicted tokens/s per GPU."""
+        if self.compiled is None:
+            return None
+        return self.compiled.tokens_per_s_per_gpu / self.published.tokens_per_s_per_gpu
+
+    @property
+    def changes(self) -> list[tuple[str, str, str]]:
+        """(key, published, compiled) for every compared key that differs."""
+        if self.result is None:
+            return []
+        old, new = _compared(self.case.job, self.case.strategy), _compared(self.case.job, self.result.strategy)
+        return [(k, old[k], new[k]) for k in COMPARED_KEYS if old[k] != new[k]]
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.changes)
+
+    def why(self) -> str:
+        """Machine-derived reason: the changed keys and the two breakdown terms that moved most."""
+        keys = ", ".join(f"{k} {a}->{b}" for k, a, b in self.changes)
+        old, new = self.published.breakdown, self.compiled.breakdown
+        moved = sorted(_TERMS, key=lambda t: (-abs(getattr(new, t) - getattr(old, t)), t))[:2]
+        moved = [t for t in moved if abs(getattr(new, t) - getattr(old, t)) > 1e-6 * self.published.step_time_s]
+        terms = ", ".join(f"{t.removesuffix('_s')} {getattr(old, t):.3g}s -> {getattr(new, t):.3g}s"
+                          for t in moved) or "breakdown unchanged"
+        step = f"step {self.published.step_time_s:.4g}s -> {self.compiled.step_time_s:.4g}s"
+        return f"{keys}: {terms} ({step})"
+
+
+def _recompute_label(job: Job, strategy: Strategy) -> str:
+    """none, selective, full (every block) or full:k1/k2/.. blocks per stage (per chunk)."""
+    if strategy.recompute != "full" or strategy.recompute_layers is None:
+        return strategy.recompute
+    chunk = job.model.num_blocks // (strategy.pp * strategy.vpp)
+    split = strategy.split or (None,) * strategy.pp
+    counts = []
+    for stage in range(strategy.pp):
+        per_chunk = (split[stage] // strategy.vpp) if split[stage] is not None else chunk
+        counts.append(min(strategy.stage_recompute_count(stage), per_chunk))
+        if counts[-1] < per_chunk:
+            continue
+        counts[-1] = -1  # every block of this stage
+    if all(c == -1 for c in counts):
+        return "full"
+    if all(c == 0 for c in counts):
+        return "none"
+    if len(set(counts)) == 1:
+        return f"full:{counts[0]}"
+    return "full:" + "/".join("all" if c == -1 else str(c) for c in counts)
+
+
+def _compared(job: Job, strategy: Strategy) -> dict[str, str]:
+    resolved = strategy.with_dp(job.cluster.num_gpus) if strategy.dp is None else strategy
+    values = {k: str(getattr(resolved, k)) for k in COMPARED_KEYS if k != "recompute"}
+    values["recompute"] = _recompute_label(job, resolved)
+    return values
+
+
+def compile_rows(cases: list[Case], time_limit: float = 60.0, progress=None) -> list[CompileRow]:
+    """Compile every case's job; a failing compile is kept as a row with its error."""
+    rows = []
+    for case in cases:
+        published = evaluate(case.job, case.strategy)
+        options = CompileOptions(time_limit=time_limit, space=SpaceOptions(tp_overlap=case.strategy.tp_overlap))
+        if progress is not None:
+            progress(f"compiling row {case.row['id']} ({case.row['model'][:40]}) ...")
+        start = time.perf_counter()
+        try:
+            result, error = compile_job(case.job, options), None
+        except Exception as err:  # a bench row, not a crash
+            result, error = None, f"{type(err).__name__}: {err}".splitlines()[0]
+        rows.append(CompileRow(case, published, result, time.perf_counter() - start, error))
+    return rows
+
+
+def print_compile_table(rows: list[CompileRow], out=sys.stdout) -> None:
+    header = (f"{'id':>3} {'model':<44} {'published*':>10} {'compiled':>9} {'ratio':>6} fits {'status':<8} "
+              f"{'gap':>6} {'wall s':>6} differs")
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for r in rows:
+        head = f"{r.case.row['id']:>3} {r.case.row['model'][:44]:<44} {r.published.tokens_per_s_per_gpu:>10.1f}"
+        if r.result is None:
+            print(f"{head} {'-':>9} {'-':>6} {'-':<4} ERROR {r.error}", file=out)
+            continue
+        cert = r.result.certificate
+        differs = ("yes: " + " ".join(k for k, _, _ in r.changes)) if r.differs else "no"
+        print(f"{head} {r.compiled.tokens_per_s_per_gpu:>9.1f} {r.ratio:>6.3f} "
+              f"{'yes ' if r.compiled.memory.fits else 'NO  '} {cert.status:<8} {cert.gap:>6.2%} {r.wall_s:>6.1f} "
+              f"{differs}", file=out)
+    print("\n* published = the cost model's estimate of the published strategy (the reference), "
+          "not the published throughput", file=out)
+    different = [r for r in rows if r.result is not None and r.differs]
+    if different:
+        print("\nwhere the compiled strategy differs (published -> compiled):", file=out)
+        for r in different:
+            print(f"{r.case.row['id']:>3} {r.why()}", file=out)
+    ratios = [r.ratio for r in rows if r.ratio is not None]
+    every = bool(rows) and len(ratios) == len(rows) and all(x >= 1 - 1e-9 for x in ratios)
+    worst = min(ratios) if ratios else float("nan")
+    print(f"\ncompiled >= published on every row: {'yes' if every else 'no'}  (min ratio {worst:.3f}, "
+          f"total solve {sum(r.wall_s for r in rows):.0f} s)", file=out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", default="A")
     parser.add_argument("--csv", type=Path, help="write the rows as CSV")
+    parser.add_argument("--compile", action="store_true", help="also compile every row and compare")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="compile time limit per row (default 60 s)")
+    parser.add_argument("--ids", help="only these row ids, comma-separated")
     args = parser.parse_args()
     results = run(args.tier)
+    if args.ids:
+        wanted = {i.strip() for i in args.ids.split(",")}
+        results = [r for r in results if r.case.row["id"] in wanted]
     print_table(results)
+    if args.compile:
+        print()
+        progress = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+        print_compile_table(compile_rows([r.case for r in results], args.time_limit, progress))
     if args.csv:
         with args.csv.open("w", newline="") as handle:
             writer = csv.writer(handle)

@@ -1,0 +1,128 @@
+"""`planner compile` and `planner schema`: parse, call the library, print or write.
+
+`compile` searches the strategy space (`planner.solve.compile_job`), turns
+the result into a Plan (`planner.plan.build_plan`) and prints a summary, the
+`--json` object, or writes plan.json and report.md into `-o DIR` atomically.
+Search progress (incumbent and bound) goes to stderr when stderr is a
+terminal, or with `--progress`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hardware import load_cluster
+from hardware.topology import ClusterFile
+from models import load_model
+from models.graph import ModelGraph
+from planner.cli import render
+from planner.cli.options import Infeasible, job_options, json_option, user_errors
+from planner.errors import InfeasibleError
+from planner.job import Job
+from planner.output import check_output_dir, write_outputs
+from planner.plan import build_plan, plan_json, plan_json_schema
+from planner.report import render_report
+from planner.solve import CompileOptions, compile_job
+
+TARGETS = ("deepspeed", "torch", "torchtitan", "megatron", "slurm", "k8s")
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _progress(enabled: bool | None):
+    """A progress callback printing to stderr, or None."""
+    stderr = click.get_text_stream("stderr")
+    if enabled is False or (enabled is None and not stderr.isatty()):
+        return None
+    return lambda message: click.echo(message, err=True)
+
+
+@click.command(name="compile")
+@click.argument("model")
+@click.argument("cluster")
+@job_options
+@click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
+              help="Minimise step time, or cost (USD) per step.")
+@click.option("--max-step-time", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
+              help="Only plans at most this many seconds per step (with --objective cost).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="SEC", help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap.")
+@click.option("--target", "targets", type=click.Choice(TARGETS), multiple=True,
+              help="Launch files to write (repeatable); emitters arrive in a later release.")
+@click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              metavar="DIR", help="Write plan.json and report.md into DIR (atomically).")
+@click.option("--force", is_flag=True, help="Replace DIR when it exists and is not empty.")
+@click.option("--progress/--no-progress", default=None,
+              help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
+@json_option
+@user_errors
+def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+             objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
+             out_dir: Path | None, force: bool, progress: bool | None, as_json: bool) -> None:
+    """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
+
+    Prints the plan's strategy, throughput, MFU, stages and the solver's
+    certificate (OPTIMAL, or FEASIBLE with objective, bound and gap).  With
+    -o DIR writes plan.json and report.md.  Exits 1 with an explanation
+    (what does not fit where, and the smallest change that would) when
+    nothing fits.
+
+    \b
+    Examples:
+        planner compile llama3-8b dgx-h100:1 --batch 8 --seq-len 8192 -o out/llama3-8b
+        planner compile llama3-70b dgx-h100:8 -b 512 -s 4096 --time-limit 30 --json
+        planner compile llama3-8b dgx-h100:4 -b 64 -s 4096 --objective cost --max-step-time 2
+    """
+    if out_dir is not None:
+        check_output_dir(out_dir, force)  # before the search, not after it
+    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
+              precision=precision, flash_attention=flash_attention)
+    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit)
+    try:
+        result = compile_job(job, options, progress=_progress(progress))
+    except InfeasibleError as err:
+        raise Infeasible(str(err)) from None  # keeps the explanation's lines
+    plan = build_plan(job, result, options)
+    wall = result.certificate.wall_s
+    if as_json:
+        data = result.estimate.model_dump(mode="json")
+        cert = result.certificate
+        data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
+                          "wall_s": wall}
+        data["plan"] = plan.model_dump(mode="json")
+        _emit_json(data)
+    else:
+        click.echo(render.compile_summary(plan, wall))
+    if out_dir is not None:
+        write_outputs(out_dir, {"plan.json": plan_json(plan), "report.md": render_report(plan)}, force=force)
+        click.echo(f"wrote {out_dir / 'plan.json'} and {out_dir / 'report.md'} (search {wall:.2f} s)", err=True)
+    if targets:
+        click.echo(f"note: targets are written by a later release (asked for: {', '.join(targets)})", err=True)
+
+
+_SCHEMAS = {
+    "plan": plan_json_schema,
+    "model": ModelGraph.model_json_schema,
+    "cluster": ClusterFile.model_json_schema,
+}
+
+
+@click.command()
+@click.argument("what", type=click.Choice(sorted(_SCHEMAS)))
+@user_errors
+def schema(what: str) -> None:
+    """Print the JSON Schema of plan.json, of a raw model graph, or of a cluster file.
+
+    \b
+    Examples:
+        planner schema plan > plan.schema.json
+        planner schema model
+        planner schema cluster
+    """
+    _emit_json(_SCHEMAS[what]())

@@ -1,0 +1,151 @@
+"""Brute-force optimum over the compiler's strategy space: a test oracle for small instances.
+
+DESIGN.md principle 2 ("Exact, with a certificate"): on small spaces an
+exhaustive enumerator over the same `evaluate` must find the optimum the
+CP-SAT compiler certifies.  This module is that enumerator.  It shares only
+the space definition with the compiler (`planner.space.global_configs` and
+the offload fallback of `planner.solve`); it builds no cost tables and no
+program, it scores every complete strategy with `evaluate`:
+
+* every global configuration of `global_configs(job, space)`;
+* every split: each composition of the blocks into pp positive parts (only
+  the even split with vpp > 1; none with pp = 1);
+* with base recompute "none", every per-stage count of fully recomputed
+  blocks (0..blocks per chunk of that stage; all zeros is recompute=none);
+* on clusters of several pools, every capacity-respecting pool per stage.
+
+Offload is tried, as in `compile_job`, only when nothing fits without it.
+The work is exponential in pp: `limit` guards against calling it on a job
+it cannot finish.
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import comb
+from typing import Iterator, Literal
+
+from hardware import Catalog, load_catalog
+from planner.cost import evaluate
+from planner.job import Job
+from planner.space import SpaceOptions, global_configs
+from planner.strategy import Strategy
+
+DEFAULT_LIMIT = 200_000
+
+
+def offload_variants(config: Strategy) -> list[dict]:
+    """The offload settings the compiler retries with when nothing fits (solve._offload_variants)."""
+    variants = [{"offload": "optimizer", "offload_device": d} for d in ("cpu", "nvme")]
+    if config.zero == 3:
+        variants += [{"offload": "all", "offload_device": d} for d in ("cpu", "nvme")]
+    return variants
+
+
+def _splits(blocks: int, pp: int, vpp: int) -> Iterator[tuple[int, ...] | None]:
+    if pp == 1:
+        yield None
+    elif vpp > 1:
+        yield (blocks // pp,) * pp
+    else:  # compositions of `blocks` into pp positive parts: choose pp - 1 cut points
+        for cuts in itertools.combinations(range(1, blocks), pp - 1):
+            bounds = (0, *cuts, blocks)
+            yield tuple(bounds[i + 1] - bounds[i] for i in range(pp))
+
+
+def _recomputes(config: Strategy, per_stage: tuple[int, ...]) -> Iterator[tuple[int, ...] | None]:
+    if config.recompute != "none":
+        yield None  # selective (or full) everywhere: nothing per stage to choose
+        return
+    for vector in itertools.product(*(range(n // config.vpp + 1) for n in per_stage)):
+        yield vector if any(vector) else None
+
+
+def _pool_assignments(job: Job, config: Strategy) -> list[tuple[str, ...] | None]:
+    pools = job.cluster.pools
+    if len(pools) == 1:
+        return [None]
+    ranks = config.tp * config.cp * config.dp
+    cap = {p.name: p.gpus // ranks for p in pools}
+    return [names for names in itertools.product(*[[p.name for p in pools]] * config.pp)
+            if all(names.count(n) <= c for n, c in cap.items())]
+
+
+def _count(job: Job, config: Strategy) -> int:
+    """Candidates of one configuration, without listing them (compositions by dynamic programming)."""
+    blocks, pp, v = max(1, job.model.num_blocks), config.pp, config.vpp
+    weight = (lambda n: n // v + 1) if config.recompute == "none" else (lambda n: 1)
+    if pp == 1 or v > 1:
+        splits = weight(blocks // pp) ** pp
+    else:
+        ways = [1] + [0] * blocks  # ways[n]: weighted compositions of n blocks into the stages so far
+        for _ in range(pp):
+            ways = [sum(ways[n - k] * weight(k) for k in range(1, n + 1)) for n in range(blocks + 1)]
+        splits = ways[blocks]
+    pools = job.cluster.pools
+    if len(pools) == 1:
+        return splits
+    ranks = config.tp * config.cp * config.dp
+    assignments = [1] + [0] * pp  # assignments[n]: sequences of n stages over the pools so far
+    for pool in pools:
+        cap = pool.gpus // ranks
+        assignments = [sum(assignments[n - c] * comb(n, c) for c in range(min(cap, n) + 1)) for n in range(pp + 1)]
+    return splits * assignments[pp]
+
+
+def _candidates(job: Job, config: Strategy) -> Iterator[Strategy]:
+    blocks = max(1, job.model.num_blocks)
+    pools = _pool_assignments(job, config)
+    for split in _splits(blocks, config.pp, config.vpp):
+        per_stage = split or (blocks,)
+        for layers in _recomputes(config, per_stage):
+            update: dict = {"split": split}
+            if layers is not None:
+                update.update(recompute="full", recompute_layers=layers)
+            for stage_pools in pools:
+                yield config.model_copy(update={**update, "stage_pools": stage_pools})
+
+
+def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
+    ranks = strategy.tp * strategy.cp * strategy.dp
+    names = strategy.stage_pools or (job.cluster.pools[0].name,) * strategy.pp
+    return sum(ranks * catalog.device(job.cluster.pool(n).node.device).price_per_hour for n in names) / 3600.0
+
+
+def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog,
+          limit: int) -> tuple[Strategy, float] | None:
+    total = sum(_count(job, config) for config in configs)
+    if total > limit:
+        raise ValueError(f"exhaustive search would score {total} candidates, more than limit={limit}")
+    best: tuple[float, str, Strategy] | None = None
+    for config in configs:
+        for strategy in _candidates(job, config):
+            estimate = evaluate(job, strategy, catalog)
+            if not estimate.memory.fits:
+                continue
+            value = estimate.step_time_s
+            if objective == "cost":
+                value *= _price_per_second(job, strategy, catalog)
+            key = (value, strategy.spec(), strategy)
+            if best is None or key[:2] < best[:2]:
+                best = key
+    return None if best is None else (best[2], best[0])
+
+
+def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: Literal["time", "cost"] = "time",
+                       limit: int = DEFAULT_LIMIT, catalog: Catalog | None = None) -> tuple[Strategy, float] | None:
+    """The best fitting strategy of the compiler's space and its objective (seconds per step, or USD per
+    step with objective="cost"), by scoring every candidate with `evaluate`; None if nothing fits.
+
+    Ties go to the smaller `Strategy.spec()`.  Raises ValueError when more than `limit` candidates
+    would be scored.
+    """
+    if objective not in ("time", "cost"):
+        raise ValueError(f"objective must be 'time' or 'cost', not {objective!r}")
+    catalog = catalog or load_catalog()
+    configs = list(global_configs(job, space or SpaceOptions()))
+    found = _best(job, configs, objective, catalog, limit)
+    if found is None:  # nothing fits: offload trades time for memory
+        offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c)]
+        found = _best(job, offloaded, objective, catalog, limit)
+    return found

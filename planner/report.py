@@ -1,0 +1,201 @@
+"""report.md: a compiled plan explained for a person.
+
+`render_report(plan)` is a pure function of the Plan, so the same inputs give
+a byte-identical report (no wall time: the CLI prints that on stderr).
+Units on the page: GB = 1e9 bytes, ms, s.
+"""
+
+from __future__ import annotations
+
+from planner.plan import Plan, PlanStage
+
+GB = 1e9
+
+_TIME_TERMS = [
+    ("compute_s", "compute (fwd+bwd)"), ("recompute_s", "recompute"), ("tp_comm_s", "tensor-parallel comm"),
+    ("cp_comm_s", "context-parallel comm"), ("ep_comm_s", "expert-parallel comm"), ("pp_comm_s", "pipeline p2p"),
+    ("dp_comm_s", "data-parallel comm (exposed)"), ("bubble_s", "pipeline bubble"),
+    ("optimizer_s", "optimizer step"), ("offload_s", "offload (exposed)"),
+]
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:.1f}"
+
+
+def _md_table(headers: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
+    """A GitHub-flavoured Markdown table; columns in `right` are right-aligned."""
+    align = ["---:" if i in right else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _blocks(stage: PlanStage) -> str:
+    return f"{stage.blocks[0]}-{stage.blocks[-1]}" if stage.blocks else "-"
+
+
+def _ranks(stage: PlanStage) -> str:
+    r = stage.ranks
+    nodes = f"node {r.nodes[0]}" if r.nodes[0] == r.nodes[1] else f"nodes {r.nodes[0]}-{r.nodes[1]}"
+    return f"{r.first_rank}-{r.last_rank} ({nodes})"
+
+
+def _why(plan: Plan) -> str:
+    """One paragraph: what binds the plan (memory of which stage, compute, or a communication term)."""
+    t, br = plan.time, plan.time.breakdown
+    step = t.step_time_s or 1.0
+    binding = plan.stages[plan.memory.binding_stage]
+    hbm = binding.memory.hbm
+    use = hbm.peak_bytes / hbm.capacity_bytes
+    sentences = []
+    compute_share = (br.compute_s + br.recompute_s) / step
+    others = [(getattr(br, key) / step, label) for key, label in _TIME_TERMS if key not in ("compute_s", "recompute_s")]
+    share, label = max(others)
+    if compute_share >= 0.7:
+        sentences.append(f"The step is compute-bound: compute and recompute take {100 * compute_share:.0f}% of it "
+                         f"(MFU {100 * t.mfu:.1f}%); the largest other term is {label} at {100 * share:.1f}%.")
+    else:
+        sentences.append(f"Compute takes {100 * compute_share:.0f}% of the step; the largest other term is {label} "
+                         f"at {100 * share:.1f}%, and exposed communication is "
+                         f"{100 * br.exposed_comm_s / step:.1f}% in all.")
+    where = f"stage {binding.index}, the fullest," if len(plan.stages) > 1 else "each GPU"
+    usage = (f"{where} uses {_gb(hbm.peak_bytes)} of {_gb(hbm.capacity_bytes)} GB HBM ({100 * use:.0f}%, "
+             f"{_gb(hbm.capacity_bytes - hbm.peak_bytes)} GB to spare)")
+    if use >= 0.9:
+        sentences.append(f"Memory is the binding constraint: {usage}; strategies that keep more state or "
+                         "activations per GPU do not fit.")
+    else:
+        sentences.append(f"Memory is not binding: {usage}.")
+    s = plan.strategy
+    recomputed = sum(st.recompute_blocks for st in plan.stages)
+    if recomputed:
+        sentences.append(f"{recomputed} block(s) recompute their activations in backward, {br.recompute_s:.3f} s per "
+                         f"step ({100 * br.recompute_s / step:.1f}%) spent to save activation memory.")
+    if s["offload"] != "none":
+        sentences.append(f"State is offloaded ({s['offload']} to {s['offload_device']}): nothing in the space fits "
+                         "without it.")
+    if plan.runners_up:
+        r = plan.runners_up[0]
+        if r.worse_pct < 0.005:
+            sentences.append(f"The best runner-up ties with it (within 0.01%): `{r.strategy_spec}`.")
+        else:
+            sentences.append(f"The best runner-up, `{r.strategy_spec}`, is {r.worse_pct:.2f}% "
+                             f"{'slower' if plan.solver.objective_kind == 'time' else 'costlier'}.")
+    return " ".join(sentences)
+
+
+def _stages_table(plan: Plan) -> str:
+    rows = [
+        [str(st.index), _blocks(st), str(st.layers), ", ".join(st.pools) + f" / {st.device}", _ranks(st),
+         str(st.recompute_blocks), f"{_gb(st.memory.hbm.peak_bytes)} / {_gb(st.memory.hbm.capacity_bytes)}",
+         f"{1e3 * st.microbatch_time_s:.2f}"]
+        for st in plan.stages
+    ]
+    return _md_table(["stage", "blocks", "layers", "pool / device", "ranks", "recompute blocks", "HBM GB used / capacity",
+                      "micro-batch ms"], rows, right=(2, 5, 6, 7))
+
+
+def _memory_table(plan: Plan) -> str:
+    rows = []
+    for st in plan.stages:
+        h = st.memory.hbm
+        rows.append([str(st.index), _gb(h.weights_bytes), _gb(h.grads_bytes), _gb(h.optimizer_bytes),
+                     _gb(h.activations_bytes), _gb(h.buffers_bytes), _gb(h.reserve_bytes), _gb(h.peak_bytes),
+                     _gb(h.capacity_bytes), _gb(st.memory.host_dram_bytes), _gb(st.memory.nvme_bytes)])
+    return _md_table(["stage", "weights", "grads", "optimizer", "activations", "buffers", "reserve", "total",
+                      "capacity", "host DRAM", "NVMe"], rows, right=tuple(range(1, 11)))
+
+
+def _time_table(plan: Plan) -> str:
+    br, step = plan.time.breakdown, plan.time.step_time_s or 1.0
+    rows = [[label, f"{getattr(br, key):.4f}", f"{100 * getattr(br, key) / step:.1f}%"] for key, label in _TIME_TERMS]
+    rows.append(["**step**", f"**{plan.time.step_time_s:.4f}**", "100.0%"])
+    rows.append(["exposed communication (total)", f"{br.exposed_comm_s:.4f}", f"{100 * br.exposed_comm_s / step:.1f}%"])
+    rows.append(["data-parallel comm incl. hidden", f"{br.dp_comm_total_s:.4f}", ""])
+    return _md_table(["term", "seconds", "of step"], rows, right=(1, 2))
+
+
+def _solver(plan: Plan) -> list[str]:
+    s = plan.solver
+    unit = "s per step" if s.objective_kind == "time" else "USD per step"
+    lines = [
+        f"- status: **{s.status}**",
+        f"- objective ({s.objective_kind}): {s.objective:.6g} {unit}",
+        f"- bound: {s.bound:.6g} {unit} (no plan in the space does better)",
+        f"- gap: {100 * s.gap:.2f}%",
+        f"- configurations: {s.configurations} in the space, {s.solved} solved, {s.pruned} pruned by their bound",
+        f"- time limit: {s.time_limit_s:g} s",
+    ]
+    if s.max_step_time_s is not None:
+        lines.append(f"- step-time limit: {s.max_step_time_s:g} s")
+    return lines
+
+
+def _runners_up(plan: Plan) -> list[str]:
+    if not plan.runners_up:
+        return ["No other configuration was solved (the others were pruned by their bounds)."]
+    worse = "slower" if plan.solver.objective_kind == "time" else "costlier"
+    rows = [[str(i + 1), f"`{r.strategy_spec}`", f"{r.step_time_s:.4f}", f"{r.tokens_per_s:,.0f}",
+             f"{r.worse_pct:+.2f}%"] for i, r in enumerate(plan.runners_up)]
+    return [_md_table(["#", "strategy", "step s", "tokens/s", worse], rows, right=(0, 2, 3, 4))]
+
+
+def render_report(plan: Plan) -> str:
+    """report.md for a compiled plan."""
+    job, t = plan.job, plan.time
+    kernel = "" if job.flash_attention else ", no flash attention"
+    lines = [
+        f"# Training plan: {job.model} on {job.cluster}",
+        "",
+        f"{job.model} ({job.model_params:,} parameters) on {job.cluster_description}; "
+        f"global batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}; "
+        f"uses {job.num_gpus} of {job.cluster_gpus} GPUs.",
+        "",
+        "## Strategy",
+        "",
+        f"`{plan.strategy_spec}`",
+        "",
+        f"- step time: {t.step_time_s:.4f} s ({t.micro_batches} micro-batch{'' if t.micro_batches == 1 else 'es'} "
+        "per data-parallel replica)",
+        f"- throughput: {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU)",
+        f"- MFU: {100 * t.mfu:.1f}% (HFU {100 * t.hfu:.1f}%)",
+        "",
+        _why(plan),
+        "",
+        "## Stages",
+        "",
+        _stages_table(plan),
+        "",
+        f"Rank order {plan.layout.order}: {plan.layout.rank_formula}.",
+        "",
+        "## Memory per GPU (GB)",
+        "",
+        _memory_table(plan),
+        "",
+    ]
+    host = plan.memory.host
+    if host.dram_bytes or host.nvme_bytes:
+        lines += [f"Host per node: DRAM {_gb(host.dram_bytes)} of {_gb(host.dram_capacity_bytes)} GB, "
+                  f"NVMe {_gb(host.nvme_bytes)} of {_gb(host.nvme_capacity_bytes)} GB.", ""]
+    lines += [
+        "## Time per step (s, critical path of the slowest stage)",
+        "",
+        _time_table(plan),
+        "",
+        "## Solver certificate",
+        "",
+        *_solver(plan),
+        "",
+        "## Runners-up",
+        "",
+        *_runners_up(plan),
+        "",
+        "## Launch",
+        "",
+        "Launch files (DeepSpeed, torch, torchtitan, Megatron-LM, Slurm, Kubernetes) arrive with the emitter "
+        "targets; until then, plan.json holds everything they will be generated from.",
+        "",
+        f"<!-- inputs sha256 {plan.inputs_digest}; schema {plan.schema_version}; planner {plan.planner_version} -->",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,100 @@
+"""Smoke tests of the benchmarks in tests/bench: they import, run and render (no timing assertions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def solve_time():
+    return _load("solve_time")
+
+
+@pytest.fixture(scope="module")
+def published_runs():
+    return _load("published_runs")
+
+
+def test_solve_time_scenarios_are_the_issue_targets(solve_time):
+    targets = {s.key: s.target_s for s in solve_time.SCENARIOS}
+    assert targets == {"a": 10.0, "b": 3.0, "c": 30.0, "d": 30.0}
+    assert [s.key for s in solve_time.SCENARIOS if s.matches("175b")] == ["b"]
+    assert solve_time.SCENARIOS[2].build().model.num_blocks == 1000
+
+
+def test_solve_time_row_renders(solve_time):
+    scenario = next(s for s in solve_time.SCENARIOS if s.key == "b")  # the cheapest to compile
+    row = solve_time.run_scenario(scenario, repeat=1, time_limit=20)
+    assert row.error is None, row.error
+    assert row.gpus == 1024 and len(row.walls) == 1
+    cert = row.result.certificate
+    assert cert.status in ("OPTIMAL", "FEASIBLE") and cert.configurations > 0
+    assert row.result.estimate.memory.fits
+    out = io.StringIO()
+    solve_time.print_table([row], out=out)
+    text = out.getvalue()
+    assert "(b) gpt3-175b" in text and cert.status in text
+    assert text.rstrip().splitlines()[-1].startswith("all within target: ")
+
+
+def test_solve_time_error_is_a_row(solve_time):
+    def broken():
+        raise ValueError("no such model\nsecond line")
+
+    row = solve_time.run_scenario(solve_time.Scenario("x", "broken", 1.0, broken), repeat=1)
+    assert row.error == "ValueError: no such model"
+    assert "ERROR ValueError: no such model" in solve_time.format_row(row)
+    assert not row.within_target
+
+
+def test_compiled_plans_match_or_beat_published_strategies(published_runs):
+    # small rows whose published strategy lies inside the compiler's space
+    cases = [c for c in published_runs.load_cases("A") if c.row["id"] in ("63", "11")]
+    assert len(cases) == 2
+    rows = published_runs.compile_rows(cases, time_limit=60)
+    for row in rows:
+        assert row.error is None, row.error
+        assert row.compiled.memory.fits
+        assert row.ratio >= 0.999, (row.case.row["id"], row.ratio, row.result.strategy.spec())
+    out = io.StringIO()
+    published_runs.print_compile_table(rows, out=out)
+    assert out.getvalue().rstrip().splitlines()[-1].startswith("compiled >= published on every row: yes")
+
+
+@pytest.mark.xfail(reason="row 72 publishes mbs=6 (batch 48 over dp 8); the space tries power-of-two mbs only, "
+                          "so the best plan in it (mbs 2 or 4) is 0.7% slower under the cost model", strict=False)
+def test_compiled_plan_matches_published_mbs6_row(published_runs):
+    cases = [c for c in published_runs.load_cases("A") if c.row["id"] == "72"]
+    (row,) = published_runs.compile_rows(cases, time_limit=60)
+    assert row.error is None and row.compiled.memory.fits
+    assert row.ratio >= 0.999, (row.ratio, row.result.strategy.spec())
+
+
+def test_recompute_labels_normalise(published_runs):
+    from planner.strategy import Strategy
+
+    case = next(c for c in published_runs.load_cases("A") if c.row["id"] == "63")  # 32 blocks, pp 1
+    label = lambda **kw: published_runs._recompute_label(case.job, Strategy(tp=1, dp=8, **kw))  # noqa: E731
+    assert label(recompute="none") == "none"
+    assert label(recompute="full") == "full"
+    assert label(recompute="full", recompute_layers=(32,)) == "full"
+    assert label(recompute="full", recompute_layers=(0,)) == "none"
+    assert label(recompute="full", recompute_layers=(16,)) == "full:16"
