@@ -1,27 +1,25 @@
 """Brute-force optimum over the compiler's strategy space: a test oracle for small instances.
 
-DESIGN.md principle 2 ("Exact, with a certificate"): on small spaces an
-exhaustive enumerator over the same `evaluate` must find the optimum the
-CP-SAT compiler certifies.  This module is that enumerator.  It shares only
-the space definition with the compiler (`planner.space.global_configs` and
-the offload fallback of `planner.solve`); it builds no cost tables and no
-program, it scores every complete strategy with `evaluate`:
+DESIGN.md principle 2 ("Exact, with a certificate"): on small spaces an exhaustive enumerator over
+the same `evaluate` must find the optimum the CP-SAT compiler certifies.  This is that enumerator.
+It shares only the space with the compiler (`global_configs` and solve.py's offload fallback),
+builds no tables and no program, and scores every complete strategy with `evaluate`:
 
 * every global configuration of `global_configs(job, space)`;
-* every split: each composition of the blocks into pp positive parts (only
-  the even split with vpp > 1; none with pp = 1);
-* with base recompute "none", every per-stage count of fully recomputed
-  blocks (0..blocks per chunk of that stage; all zeros is recompute=none);
+* every split: each composition of the blocks into pp positive parts (only the even split with
+  vpp > 1; none with pp = 1);
+* with base recompute "none", every per-stage count of fully recomputed blocks (0..blocks per
+  chunk of that stage; all zeros is recompute=none);
 * on clusters of several pools, every capacity-respecting pool per stage.
 
-Offload is tried, as in `compile_job`, only when nothing fits without it.
-The work is exponential in pp: `limit` guards against calling it on a job
-it cannot finish.
+Offload is tried, as in `compile_job`, only when nothing fits without it.  The work is exponential
+in pp: `limit` guards against calling it on a job it cannot finish.
 """
 
 from __future__ import annotations
 
 import itertools
+from functools import lru_cache
 from math import comb
 from typing import Iterator, Literal
 
@@ -30,9 +28,6 @@ from planner.cost import evaluate
 from planner.job import Job
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
-
-DEFAULT_LIMIT = 200_000
-
 
 def offload_variants(config: Strategy) -> list[dict]:
     """The offload settings the compiler retries with when nothing fits (solve._offload_variants)."""
@@ -54,51 +49,51 @@ def _splits(blocks: int, pp: int, vpp: int) -> Iterator[tuple[int, ...] | None]:
 
 
 def _recomputes(config: Strategy, per_stage: tuple[int, ...]) -> Iterator[tuple[int, ...] | None]:
-    if config.recompute != "none":
-        yield None  # selective (or full) everywhere: nothing per stage to choose
-        return
-    for vector in itertools.product(*(range(n // config.vpp + 1) for n in per_stage)):
+    counts = [range(n // config.vpp + 1) if config.recompute == "none" else [0] for n in per_stage]
+    for vector in itertools.product(*counts):  # base selective: nothing per stage to choose
         yield vector if any(vector) else None
 
 
 def _pool_assignments(job: Job, config: Strategy) -> list[tuple[str, ...] | None]:
-    pools = job.cluster.pools
-    if len(pools) == 1:
+    if len(job.cluster.pools) == 1:
         return [None]
     ranks = config.tp * config.cp * config.dp
-    cap = {p.name: p.gpus // ranks for p in pools}
-    return [names for names in itertools.product(*[[p.name for p in pools]] * config.pp)
-            if all(names.count(n) <= c for n, c in cap.items())]
+    names = [pool.name for pool in job.cluster.pools]
+    cap = {pool.name: pool.gpus // ranks for pool in job.cluster.pools}
+    return [a for a in itertools.product(names, repeat=config.pp) if all(a.count(n) <= cap[n] for n in names)]
+
+
+@lru_cache(maxsize=None)
+def _split_count(blocks: int, pp: int, vpp: int, per_stage_recompute: bool) -> int:
+    """(split, recompute vector) pairs: compositions weighted by each part's recompute choices."""
+    weight = (lambda n: n // vpp + 1) if per_stage_recompute else (lambda n: 1)
+    if pp == 1 or vpp > 1:
+        return weight(blocks // pp) ** pp
+    ways = [1] + [0] * blocks  # ways[n]: weighted compositions of n blocks into the stages so far
+    for _ in range(pp):
+        ways = [sum(ways[n - k] * weight(k) for k in range(1, n + 1)) for n in range(blocks + 1)]
+    return ways[blocks]
 
 
 def _count(job: Job, config: Strategy) -> int:
-    """Candidates of one configuration, without listing them (compositions by dynamic programming)."""
-    blocks, pp, v = max(1, job.model.num_blocks), config.pp, config.vpp
-    weight = (lambda n: n // v + 1) if config.recompute == "none" else (lambda n: 1)
-    if pp == 1 or v > 1:
-        splits = weight(blocks // pp) ** pp
-    else:
-        ways = [1] + [0] * blocks  # ways[n]: weighted compositions of n blocks into the stages so far
-        for _ in range(pp):
-            ways = [sum(ways[n - k] * weight(k) for k in range(1, n + 1)) for n in range(blocks + 1)]
-        splits = ways[blocks]
-    pools = job.cluster.pools
+    """Candidates of one configuration, without listing them."""
+    pp, pools = config.pp, job.cluster.pools
+    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.recompute == "none")
     if len(pools) == 1:
         return splits
     ranks = config.tp * config.cp * config.dp
-    assignments = [1] + [0] * pp  # assignments[n]: sequences of n stages over the pools so far
+    ways = [1] + [0] * pp  # ways[n]: pool sequences of n stages over the pools so far
     for pool in pools:
         cap = pool.gpus // ranks
-        assignments = [sum(assignments[n - c] * comb(n, c) for c in range(min(cap, n) + 1)) for n in range(pp + 1)]
-    return splits * assignments[pp]
+        ways = [sum(ways[n - c] * comb(n, c) for c in range(min(cap, n) + 1)) for n in range(pp + 1)]
+    return splits * ways[pp]
 
 
 def _candidates(job: Job, config: Strategy) -> Iterator[Strategy]:
     blocks = max(1, job.model.num_blocks)
     pools = _pool_assignments(job, config)
     for split in _splits(blocks, config.pp, config.vpp):
-        per_stage = split or (blocks,)
-        for layers in _recomputes(config, per_stage):
+        for layers in _recomputes(config, split or (blocks,)):
             update: dict = {"split": split}
             if layers is not None:
                 update.update(recompute="full", recompute_layers=layers)
@@ -114,9 +109,11 @@ def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
 
 def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog,
           limit: int) -> tuple[Strategy, float] | None:
-    total = sum(_count(job, config) for config in configs)
-    if total > limit:
-        raise ValueError(f"exhaustive search would score {total} candidates, more than limit={limit}")
+    total = 0
+    for config in configs:  # the guard first: nothing is scored on a space over the limit
+        total += _count(job, config)
+        if total > limit:
+            raise ValueError(f"exhaustive search would score more than limit={limit} candidates")
     best: tuple[float, str, Strategy] | None = None
     for config in configs:
         for strategy in _candidates(job, config):
@@ -126,14 +123,13 @@ def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog,
             value = estimate.step_time_s
             if objective == "cost":
                 value *= _price_per_second(job, strategy, catalog)
-            key = (value, strategy.spec(), strategy)
-            if best is None or key[:2] < best[:2]:
-                best = key
+            if best is None or (value, strategy.spec()) < best[:2]:
+                best = (value, strategy.spec(), strategy)
     return None if best is None else (best[2], best[0])
 
 
 def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: Literal["time", "cost"] = "time",
-                       limit: int = DEFAULT_LIMIT, catalog: Catalog | None = None) -> tuple[Strategy, float] | None:
+                       limit: int = 200_000, catalog: Catalog | None = None) -> tuple[Strategy, float] | None:
     """The best fitting strategy of the compiler's space and its objective (seconds per step, or USD per
     step with objective="cost"), by scoring every candidate with `evaluate`; None if nothing fits.
 

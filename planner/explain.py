@@ -35,9 +35,9 @@ _HALVINGS = 6
 
 @dataclass(frozen=True)
 class _Scored:
-    """A candidate strategy and how far it is from fitting (1.0: exactly full)."""
+    """A candidate strategy and how far it is from fitting: need/capacity per tier, largest first."""
 
-    ratio: float
+    ratios: tuple[float, ...]
     spec: str
     estimate: Estimate
 
@@ -62,11 +62,11 @@ def _tp_choices(job: Job) -> list[int]:
 
 
 def _shapes(job: Job) -> list[tuple[int, int, int]]:
-    """(tp, pp, cp) of the memory-friendly candidates: largest tp with a legal (pp, cp); most and fewest stages."""
+    """(tp, pp, cp) of the memory-friendly candidates: every legal tp; most and fewest stages; least and most cp."""
     model, gpus = job.model, job.cluster.num_gpus
     blocks = model.num_blocks if model.family != "recsys" else 1
+    shapes: list[tuple[int, int, int]] = []
     for tp in _tp_choices(job):
-        shapes: list[tuple[int, int, int]] = []
         cps = [c for c in _powers_of_two(_MAX_CP)
                if c == 1 or (model.family != "recsys" and job.seq_len % (2 * c) == 0)]
         pps = [p for p in range(max(1, blocks), 0, -1) if (gpus // tp) % p == 0]
@@ -78,9 +78,7 @@ def _shapes(job: Job) -> list[tuple[int, int, int]]:
             for cp in sorted({legal[0], legal[-1]}) if legal else []:
                 if (tp, pp, cp) not in shapes:
                     shapes.append((tp, pp, cp))
-        if shapes:
-            return shapes
-    return []
+    return shapes
 
 
 def _candidates(job: Job) -> list[Strategy]:
@@ -110,15 +108,15 @@ def short_spec(strategy: dict) -> str:
     return ",".join(parts)
 
 
-def _ratio(estimate: Estimate) -> float:
-    """Largest need/capacity over HBM of every stage, host DRAM and NVMe."""
+def _ratios(estimate: Estimate) -> tuple[float, ...]:
+    """need/capacity of every tier in use (HBM of every stage, host DRAM, NVMe), largest first."""
     host = estimate.memory.host
     ratios = [r.peak_bytes / r.capacity_bytes for r in estimate.memory.per_stage]
     if host.dram_bytes:
         ratios.append(host.dram_bytes / host.dram_capacity_bytes if host.dram_capacity_bytes else float("inf"))
     if host.nvme_bytes:
         ratios.append(host.nvme_bytes / host.nvme_capacity_bytes if host.nvme_capacity_bytes else float("inf"))
-    return max(ratios)
+    return tuple(sorted(ratios, reverse=True))
 
 
 def _scored(job: Job, catalog: Catalog, offload: bool = True) -> list[_Scored]:
@@ -131,8 +129,9 @@ def _scored(job: Job, catalog: Catalog, offload: bool = True) -> list[_Scored]:
             estimate = evaluate(job, strategy, catalog)
         except PlannerInputError:
             continue
-        out.append(_Scored(ratio=_ratio(estimate), spec=short_spec(estimate.strategy), estimate=estimate))
-    return sorted(out, key=lambda s: (not s.estimate.memory.fits, s.ratio if not s.estimate.memory.fits else 0.0,
+        out.append(_Scored(ratios=_ratios(estimate), spec=short_spec(estimate.strategy), estimate=estimate))
+    # fitting ones first (without offload, then fastest); then the closest: smallest worst tier, next worst, ...
+    return sorted(out, key=lambda s: (not s.estimate.memory.fits, s.ratios if not s.estimate.memory.fits else (),
                                       s.estimate.strategy["offload"] != "none", s.estimate.step_time_s, s.spec))
 
 

@@ -343,7 +343,7 @@ def _recompute_blocks(strategy: Strategy, stage: int, blocks: tuple[int, ...]) -
     return sum(1 for b in blocks if strategy.layer_recompute(b, stage, blocks) == "full")
 
 
-def _stage(job: Job, strategy: Strategy, report: StageReport, layers: list, spans: list[RankSpan]) -> PlanStage:
+def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[RankSpan]) -> PlanStage:
     blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
     hbm = HbmUse(
         weights_bytes=report.weights_bytes, grads_bytes=report.grads_bytes, optimizer_bytes=report.optimizer_bytes,
@@ -386,7 +386,7 @@ def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan
     strategy = Strategy.model_validate(estimate.strategy)  # dp resolved
     spans = stage_spans(job.cluster, strategy)
     layers = stage_layers(job.model, strategy.pp, strategy.split)
-    stages = [_stage(job, strategy, report, stage_layers_, stage_spans_)
+    stages = [_stage(strategy, report, stage_layers_, stage_spans_)
               for report, stage_layers_, stage_spans_ in zip(estimate.memory.per_stage, layers, spans)]
     cert = result.certificate
     best = cert.objective

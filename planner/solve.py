@@ -95,6 +95,7 @@ class _Search:
     start: float = field(default_factory=clock.perf_counter)
     incumbent: float = float("inf")
     best: Strategy | None = None
+    best_peak: float = float("inf")  # peak HBM of the best plan (tie-break)
     solved: list[tuple[float, str, Strategy]] = field(default_factory=list)
     open_bounds: list[float] = field(default_factory=list)
     pruned: int = 0
@@ -103,6 +104,10 @@ class _Search:
         return clock.perf_counter() - self.start
 
     def remaining(self) -> float:
+        """Seconds left; the limit binds only once a first plan exists (a time limit returns the
+        best plan found, so the search always finds one if the space has one)."""
+        if self.best is None:
+            return max(1.0, self.options.time_limit - self.elapsed())
         return self.options.time_limit - self.elapsed()
 
     def say(self, message: str) -> None:
@@ -114,6 +119,11 @@ def _price_rate(job: Job, strategy: Strategy, catalog: Catalog) -> float:
     """USD per second of the GPUs a (resolved) strategy uses (cost objective)."""
     ranks = strategy.tp * strategy.cp * strategy.dp
     return sum(ranks * stage.device.price_per_hour for stage in place_stages(job, strategy, catalog)) / 3600.0
+
+
+def _chosen_options(program: Program, solver: cp_model.CpSolver) -> list:
+    """The table option each stage takes in the solution."""
+    return [rows.rows[solver.value(var)][2] for rows, var in zip(program.stage_rows, program.option)]
 
 
 def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
@@ -185,9 +195,12 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
         program_bound = solver.best_objective_bound * 1e-6 / PRICE_UNITS / 3600.0
     if status == cp_model.FEASIBLE:
         search.open_bounds.append(max(bound, program_bound))
+    peak = max(option.cost.memory.total for option in _chosen_options(program, solver))
     search.solved.append((value, strategy.spec(), strategy))
-    if value < search.incumbent:
-        search.incumbent, search.best = value, strategy
+    # equal objectives (e.g. ZeRO-1 vs ZeRO-2 with hidden traffic): keep the one using less memory
+    tied = abs(value - search.incumbent) <= 1e-9 * max(value, 1e-30)
+    if value < search.incumbent and not tied or tied and peak < search.best_peak:
+        search.incumbent, search.best, search.best_peak = min(value, search.incumbent), strategy, peak
         search.say(f"[{search.elapsed():6.2f}s] incumbent {value:.6g}  bound {bound:.6g}  {strategy.spec()}")
 
 
@@ -202,8 +215,6 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
         raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size divides "
                               f"the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs")
     _branch_and_bound(search, configs)
-    if search.best is None and search.remaining() <= 0:
-        raise InfeasibleError(f"no plan found within the time limit ({options.time_limit:g} s); raise --time-limit")
     if search.best is None:
         # nothing fits: retry with offload, which trades time for memory
         offload_space = options.space.model_copy(update={"fixed": dict(options.space.fixed)})
@@ -211,8 +222,6 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                    for upd in _offload_variants(c)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)
-    if search.best is None and search.remaining() <= 0:
-        raise InfeasibleError(f"no plan found within the time limit ({options.time_limit:g} s); raise --time-limit")
     if search.best is None:
         raise InfeasibleError(_explain_infeasible(job, catalog))
     return _result(search, len(configs))
@@ -233,17 +242,18 @@ def _bounded_configs(search: _Search, space: SpaceOptions) -> list[tuple[float, 
         pools = stage_pools_for(job, config) if len(job.cluster.pools) > 1 else list(job.cluster.pools)
         if not pools:
             continue
-        bound = search.builder.lower_bound(config, pools, m)
-        if search.options.objective == "cost":
-            bound *= min(catalog_rate(search, pool) for pool in pools) * config.tp * config.cp * config.dp * config.pp
+        bound = search.builder.lower_bound(config, pools, m) * _rate_floor(search, config, pools)
         out.append((bound, m, config))
     out.sort(key=lambda item: (item[0], item[2].spec()))
     return out
 
 
-def catalog_rate(search: _Search, pool) -> float:
-    """USD per GPU-second of a pool."""
-    return search.catalog.device(pool.node.device).price_per_hour / 3600.0
+def _rate_floor(search: _Search, config: Strategy, pools: list) -> float:
+    """1 for the time objective; for cost, the cheapest USD/s the configuration's GPUs can cost."""
+    if search.options.objective != "cost":
+        return 1.0
+    per_gpu = min(search.catalog.device(pool.node.device).price_per_hour for pool in pools) / 3600.0
+    return per_gpu * config.tp * config.cp * config.dp * config.pp
 
 
 def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]]) -> None:
@@ -254,6 +264,13 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
         if search.remaining() <= 0:
             search.open_bounds.extend(b for b, _, _ in configs[index:])
             return
+        if len(search.job.cluster.pools) > 1 and search.incumbent < float("inf"):
+            pools = stage_pools_for(search.job, config)
+            refined = search.builder.refined_bound(config, pools, m) * _rate_floor(search, config, pools)
+            if refined >= search.incumbent * (1 - 1e-9):
+                search.pruned += 1
+                continue
+            bound = max(bound, refined)
         _solve_config(search, config, m, bound)
 
 

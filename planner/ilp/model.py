@@ -67,6 +67,8 @@ def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
 def add_partition(model: cp_model.CpModel, tables: ConfigTables) -> tuple[list, dict]:
     """cut[s] and count[s, k]: contiguous, non-empty stages covering every block in order."""
     blocks, pp = tables.blocks, tables.strategy.pp
+    if not tables.segments:
+        return [], {}  # no transformer blocks (recsys): one stage holds every layer
     cut = [model.new_constant(0)]
     cut += [model.new_int_var(1, blocks - 1, f"cut[{s}]") for s in range(1, pp)]
     cut.append(model.new_constant(blocks))

@@ -15,12 +15,14 @@ choice (no symmetric per-block variables).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from functools import lru_cache
 
 from hardware import Catalog, Pool
 from models.graph import Layer, ModelGraph
 from planner.cost.layout import StageGroups, StageSite, make_site, stage_groups
+from planner.cost.comm import p2p_seconds
 from planner.cost.stage import StageCost, StageSums, compose_stage, sum_layers
 from planner.job import Job
 from planner.strategy import Strategy
@@ -112,7 +114,7 @@ class TableBuilder:
         self.before, self.after = fixed_layers(job.model)
         self._sums_cache: dict[tuple, StageSums] = {}
         self._groups_cache: dict[tuple, StageGroups] = {}
-        self._work_cache: dict[tuple, list[float]] = {}
+        self._work_cache: dict[tuple, object] = {}  # bound ingredients, by the fields they depend on
         self._site_cache: dict[tuple, StageSite] = {}
 
     def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
@@ -158,48 +160,140 @@ class TableBuilder:
     def lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
         """Seconds no split of this configuration beats.
 
-        Work is counted without recomputation or stage-level terms.  On one pool:
-        perfectly balanced stages.  On several: every layer runs at most rho_p
-        times faster on pool p than on the reference pool (rho_p the best
-        per-layer speed-up), so max_s t_s >= W / (sum of the pp largest rho over
-        the stage slots the pools offer) and sum_s t_s >= W / max rho.
+        The objective is (m - 1/v) max_s t_s + sum_s t_s / v.  A stage on pool
+        p holding n blocks takes at least n * w_p + c_p: w_p the cheapest
+        block's work there (no recomputation, no stage-level terms), c_p its
+        pipeline transfers.  The fixed layers (embedding, head) take at least
+        F_p wherever they land.  So max_s t_s <= T forces
+        sum over the stage slots of (T - c_s) / w_s >= B + min_p F_p / w_p:
+        the smallest such T (bisection over the pp best slots) bounds the
+        bottleneck, and sum_s t_s >= B min w + min F + pp min c.
         """
         p, v, m = strategy.pp, strategy.vpp, micro_batches
-        per_pool = [self._work_by_layer_group(strategy, pool) for pool in pools]
-        reference = per_pool[0]
-        total = sum(reference)
-        if len(pools) == 1:
-            return total * (m + (p - 1) / v) / p
-        rho = [max(ref / other for ref, other in zip(reference, work) if other > 0) for work in per_pool]
         ranks = strategy.tp * strategy.cp * strategy.dp
-        slots = sorted((r for pool, r in zip(pools, rho) for _ in range(pool.gpus // ranks)), reverse=True)
-        bottleneck = total / sum(slots[:p])
-        return (m - 1 / v) * bottleneck + total / (v * max(rho))
+        blocks = sum(seg.size for seg in self.segments)
+        per_pool = []
+        for pool in pools:
+            fixed, block = self._work_by_layer_group(strategy, pool)
+            slots = pool.gpus // ranks if len(pools) > 1 else p
+            per_pool.append((block, self._transfer(strategy, pool), fixed, slots))
+        if blocks == 0:
+            fixed = min(f for _, _, f, _ in per_pool)
+            return m * fixed  # one stage of fixed layers (recsys)
+        need = blocks + min(fixed / block for block, _, fixed, _ in per_pool)
 
-    def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> list[float]:
-        """Per-micro-batch seconds of the fixed layers and each segment on `pool` (linear part only)."""
+        if len(per_pool) == 1:
+            w, c, _, _ = per_pool[0]
+            lo = need * w / p + c  # balanced stages
+        else:
+            def capacity(limit: float) -> float:
+                """Blocks the pp best stage slots hold within `limit` seconds each."""
+                left, held = p, 0.0
+                for gain, slots in sorted((((limit - c) / w, k) for w, c, _, k in per_pool), reverse=True):
+                    take = min(left, slots)
+                    held += take * max(0.0, gain)
+                    left -= take
+                return held
+
+            hi = max(need * w + c for w, c, _, _ in per_pool)
+            lo = 0.0
+            for _ in range(50):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if capacity(mid) >= need else (mid, hi)
+        return (m - 1 / v) * lo + self._sum_term(strategy, pools) / v
+
+    def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
+        """A memory-aware bound for mixed clusters (inf when the blocks cannot be placed at all).
+
+        For each pool, time[n] is the fastest a stage of n blocks can run there:
+        the fewest recomputed blocks its HBM allows, at the pipeline position
+        with the least in flight, without embedding or head (each only makes a
+        stage slower).  The bottleneck is at least the smallest T at which the
+        pp best stage slots hold all B blocks within T each.
+        """
+        p, v, m = strategy.pp, strategy.vpp, micro_batches
+        ranks = strategy.tp * strategy.cp * strategy.dp
+        blocks = sum(seg.size for seg in self.segments)
+        profiles = [(self._slot_profile(strategy, pool, m), pool.gpus // ranks) for pool in pools]
+
+        def held(limit: float) -> int:
+            fits = sorted(((bisect.bisect_right(times, limit), slots) for times, slots in profiles), reverse=True)
+            left, total = p, 0
+            for most, slots in fits:
+                take = min(left, slots)
+                total += take * most
+                left -= take
+            return total
+
+        candidates = sorted({t for times, _ in profiles for t in times})
+        lo, hi = 0, len(candidates)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if held(candidates[mid]) >= blocks:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo == len(candidates):
+            return float("inf")
+        return (m - 1 / v) * candidates[lo] + self._sum_term(strategy, pools) / v
+
+    def _slot_profile(self, strategy: Strategy, pool: Pool, micro_batches: int) -> list[float]:
+        """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound)."""
+        key = ("profile", strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.mbs, strategy.zero,
+               strategy.shard, strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
+               strategy.pp if strategy.vpp > 1 else strategy.pp > 1, strategy.recompute, micro_batches, pool.name)
+        if key not in self._work_cache:
+            site = self.site(strategy.pp - 1, (pool,))
+            bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
+                           for seg in self.segments)
+            times: list[float] = []
+            for n in range(1, bounds[-1][1] + 1):
+                options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"),
+                                       with_fixed=False) for counts in stage_contents(bounds, n)]
+                fastest = min((o.cost.microbatch for o in options if o is not None), default=None)
+                if fastest is None:
+                    break  # n blocks do not fit even fully recomputed; more never will
+                times.append(max(fastest, times[-1] if times else 0.0))
+            self._work_cache[key] = times
+        return self._work_cache[key]
+
+    def _sum_term(self, strategy: Strategy, pools: list[Pool]) -> float:
+        """A lower bound on sum_s t_s: the cheapest pool's work plus pp of the cheapest transfers."""
+        blocks = sum(seg.size for seg in self.segments)
+        works = [self._work_by_layer_group(strategy, pool) for pool in pools]
+        transfers = [self._transfer(strategy, pool) for pool in pools]
+        return blocks * min(w for _, w in works) + min(f for f, _ in works) + strategy.pp * min(transfers)
+
+    def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> tuple[float, float]:
+        """(fixed layers' seconds, cheapest block's seconds) per micro-batch on `pool`, linear part only."""
         key = (strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel, strategy.tp_overlap,
                strategy.pp > 1, strategy.dp, strategy.shard, strategy.recompute, pool.name)
         if key not in self._work_cache:
-            self._work_cache[key] = self._work(strategy, pool)
+            site = self.site(0, (pool,))
+            fixed = self.fixed_sums(0, strategy, site)
+            if strategy.pp > 1:
+                fixed = fixed + self.fixed_sums(strategy.pp - 1, strategy, site)
+            blocks = [self.block_sums(k, strategy.recompute, strategy, site) for k in range(len(self.segments))]
+            self._work_cache[key] = (_busy(fixed), min((_busy(b) for b in blocks), default=0.0))
         return self._work_cache[key]
 
-    def _work(self, strategy: Strategy, pool: Pool) -> list[float]:
-        site = self.site(0, (pool,))
-        groups = [self.fixed_sums(0, strategy, site)]
-        if strategy.pp > 1:
-            groups.append(self.fixed_sums(strategy.pp - 1, strategy, site))
-        groups += [self.block_sums(k, strategy.recompute, strategy, site).times(seg.size)
-                   for k, seg in enumerate(self.segments)]
-        return [g.compute + g.recompute + g.tp + g.cp + g.ep for g in groups]
+    def _transfer(self, strategy: Strategy, pool: Pool) -> float:
+        """Pipeline transfer seconds per micro-batch of a stage on `pool`."""
+        key = ("p2p", strategy.tp, strategy.cp, strategy.dp, strategy.mbs, strategy.sequence_parallel, strategy.vpp,
+               strategy.pp > 1, pool.name)
+        if key not in self._work_cache:
+            site = self.site(0, (pool,))
+            groups = self.groups(strategy, site)
+            self._work_cache[key] = p2p_seconds(float(self.job.model.hidden), self.job, strategy, groups, self.catalog)
+        return self._work_cache[key]
 
     # ------------------------------------------------------------------ options
 
     def stage_sums(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy,
-                   site: StageSite) -> StageSums:
+                   site: StageSite, with_fixed: bool = True) -> StageSums:
         """Sums of a stage holding `counts` blocks per segment, the first `recompute` of them
-        (per chunk with vpp > 1) fully recomputed."""
-        total = self.fixed_sums(stage, strategy, site)
+        (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head."""
+        total = self.fixed_sums(stage, strategy, site) if with_fixed else StageSums()
         full_left = recompute * strategy.vpp
         for k, count in enumerate(counts):
             full = min(full_left, count)
@@ -212,7 +306,7 @@ class TableBuilder:
         return total
 
     def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
-               micro_batches: int, time_cap: float) -> StageOption | None:
+               micro_batches: int, time_cap: float, with_fixed: bool = True) -> StageOption | None:
         """The cheapest feasible recompute for this content, or None (does not fit, or slower than time_cap)."""
         groups = self.groups(strategy, site)
         blocks = sum(counts)
@@ -220,7 +314,7 @@ class TableBuilder:
         can_recompute = strategy.recompute == "none"
 
         def cost_at(r: int) -> StageCost:
-            sums = self.stage_sums(stage, counts, r, strategy, site)
+            sums = self.stage_sums(stage, counts, r, strategy, site, with_fixed)
             return compose_stage(self.job, strategy, site, groups, sums, micro_batches, self.catalog)
 
         cost = cost_at(0)
@@ -244,6 +338,11 @@ class TableBuilder:
         return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS),
                            dp_end=round(cost.dp_exposed_end * NS), optimizer=round(cost.optimizer * NS),
                            offload=round(cost.offload * NS), cost=cost)
+
+
+def _busy(sums: StageSums) -> float:
+    """Per-micro-batch seconds of the additive part of a stage's time."""
+    return sums.compute + sums.recompute + sums.tp + sums.cp + sums.ep
 
 
 @lru_cache(maxsize=None)
@@ -277,7 +376,9 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
     blocks = sum(seg.size for seg in segments)
     bounds = tuple((seg.start - segments[0].start, seg.end - segments[0].start) for seg in segments)
     pp = strategy.pp
-    if pp == 1:
+    if not segments:
+        lengths = [0]  # no transformer blocks: the single stage holds the fixed layers only
+    elif pp == 1:
         lengths = [blocks]
     elif strategy.vpp > 1:
         lengths = [blocks // pp]  # interleaved chunks stay even
@@ -291,7 +392,7 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
             found: dict[tuple[int, ...], StageOption] = {}
             for length in lengths:
                 fresh = 0
-                for counts in stage_contents(bounds, length):
+                for counts in (stage_contents(bounds, length) if segments else [()]):
                     option = builder.option(stage, counts, strategy, site, micro_batches, time_cap)
                     if option is not None:
                         found[counts] = option
