@@ -136,7 +136,7 @@ def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
     update: dict = {"split": split if base.pp > 1 else None}
     if any(recompute):
         update.update(recompute="full", recompute_layers=recompute)
-    if len(program.tables.pools) > 1:
+    if program.mixed_cluster:
         update["stage_pools"] = tuple(tables.pools[pool].name for _, pool, _ in chosen)
     return base.model_copy(update=update)
 
@@ -160,10 +160,10 @@ PRICE_UNITS = 1e4  # prices in the program: 1e-4 USD per GPU-hour
 
 
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float) -> None:
-    cap = search.incumbent / micro_batches if search.incumbent < float("inf") else float("inf")
+    # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay)
     mixed = len(search.job.cluster.pools) > 1
-    if search.options.objective == "cost" and mixed:
-        cap = float("inf")  # a slower plan on cheaper GPUs may still cost less
+    floor = _rate_floor(search, config, stage_pools_for(search.job, config) if mixed else list(search.job.cluster.pools))
+    cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
     tables = build_tables(search.builder, config, micro_batches, cap)
     if tables is None:
         return
@@ -171,7 +171,8 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     prices = None
     if search.options.objective == "cost" and mixed:
         prices = [round(search.catalog.device(pool.node.device).price_per_hour * PRICE_UNITS) for pool in tables.pools]
-    program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices)
+    program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
+                            mixed_cluster=mixed)
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):

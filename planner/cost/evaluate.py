@@ -45,22 +45,23 @@ def _stage_report(stage: StagePlacement, cost: StageCost) -> StageReport:
         weights_bytes=mem.weights, grads_bytes=mem.grads, optimizer_bytes=mem.optimizer,
         activations_bytes=mem.activations, buffers_bytes=mem.buffers, reserve_bytes=mem.reserve,
         peak_bytes=mem.total, capacity_bytes=mem.capacity, host_offload_bytes=mem.host_offload,
-        nvme_offload_bytes=mem.nvme_offload, fits=mem.fits, microbatch_time_s=cost.microbatch,
+        nvme_offload_bytes=mem.nvme_offload, fits=mem.fits_hbm, microbatch_time_s=cost.microbatch,
     )
 
 
-def _host_memory(stages: list[StagePlacement], costs: list[StageCost], catalog: Catalog) -> HostMemory:
-    usable = catalog.constant("host_memory_usable_fraction")
+def _host_memory(stages: list[StagePlacement], costs: list[StageCost]) -> HostMemory:
+    """Host tiers of the busiest node (every GPU of a node parks as much as its stage's ranks)."""
     dram = nvme = 0.0
     dram_cap = nvme_cap = float("inf")
     for stage, cost in zip(stages, costs):
-        node = stage.site.node
-        dram = max(dram, cost.memory.host_offload * node.gpus_per_node)
-        nvme = max(nvme, cost.memory.nvme_offload * node.gpus_per_node)
-        dram_cap = min(dram_cap, node.host_dram_bytes * usable)
-        nvme_cap = min(nvme_cap, node.nvme_bytes)
+        gpn = stage.site.node.gpus_per_node
+        mem = cost.memory
+        dram, nvme = max(dram, mem.host_offload * gpn), max(nvme, mem.nvme_offload * gpn)
+        dram_cap, nvme_cap = min(dram_cap, mem.host_capacity * gpn), min(nvme_cap, mem.nvme_capacity * gpn)
+    fits = all(c.memory.host_offload <= c.memory.host_capacity and c.memory.nvme_offload <= c.memory.nvme_capacity
+               for c in costs)
     return HostMemory(dram_bytes=dram, dram_capacity_bytes=dram_cap, nvme_bytes=nvme,
-                      nvme_capacity_bytes=nvme_cap, fits=dram <= dram_cap and nvme <= nvme_cap)
+                      nvme_capacity_bytes=nvme_cap, fits=fits)
 
 
 def _reasons(reports: list[StageReport], host: HostMemory) -> list[str]:
@@ -105,7 +106,7 @@ def evaluate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Es
     # recompute adds forward work; its share of compute time approximates its share of FLOPs
     recompute_share = sum(c.sums.recompute for c in costs) / max(1e-30, sum(c.sums.compute for c in costs))
     reports = [_stage_report(stage, cost) for stage, cost in zip(stages, costs)]
-    host = _host_memory(stages, costs, catalog)
+    host = _host_memory(stages, costs)
     worst = max(reports, key=lambda r: r.peak_bytes / r.capacity_bytes)
     b = bottleneck.sums
     comm_micro = b.tp + b.cp + b.ep + bottleneck.pp + bottleneck.dp_exposed_microbatch

@@ -46,6 +46,8 @@ class StageMemory:
     capacity: float
     host_offload: float  # bytes this rank parks in host DRAM
     nvme_offload: float  # bytes this rank parks on NVMe
+    host_capacity: float  # usable host DRAM per rank (the node's, shared by its GPUs)
+    nvme_capacity: float  # NVMe per rank
 
     @property
     def total(self) -> float:
@@ -53,9 +55,14 @@ class StageMemory:
         return self.weights + self.grads + self.optimizer + self.activations + self.buffers + self.reserve
 
     @property
-    def fits(self) -> bool:
+    def fits_hbm(self) -> bool:
         """Whether the peak fits the device's HBM."""
         return self.total <= self.capacity
+
+    @property
+    def fits(self) -> bool:
+        """Whether HBM, and the rank's share of host DRAM and NVMe, all hold what is placed there."""
+        return self.fits_hbm and self.host_offload <= self.host_capacity and self.nvme_offload <= self.nvme_capacity
 
 
 def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
@@ -103,7 +110,8 @@ def stage_memory(
     """Peak HBM and offloaded bytes of one rank of the stage at `site` holding `sums`."""
     s = strategy
     params = sums.params
-    shard = shard_degree(s, site.node.gpus_per_node)
+    gpn = site.node.gpus_per_node
+    shard = shard_degree(s, gpn)
     opt_shard = shard if s.zero >= 1 else 1
 
     weights = params * WEIGHT_BYTES / (shard if s.zero >= 3 else 1)
@@ -137,4 +145,6 @@ def stage_memory(
         stage=site.index, params=params, weights=weights, grads=grads, optimizer=optimizer,
         activations=activations, buffers=buffers, reserve=reserve, capacity=site.hbm_bytes,
         host_offload=host, nvme_offload=nvme,
+        host_capacity=site.node.host_dram_bytes * catalog.constant("host_memory_usable_fraction") / gpn,
+        nvme_capacity=site.node.nvme_bytes / gpn,
     )

@@ -7,8 +7,8 @@ family), objective, then reading the solution.  Tables come from
     cut[s]        block index where stage s starts (cut[0] = 0, cut[pp] = blocks)
     count[s, k]   blocks of segment k on stage s (overlap of [cut[s], cut[s+1]) with segment k)
     pool_is[s, p] 1 if stage s runs on pool p
-    pool[s]       pool of stage s (mixed clusters: nondecreasing, so each pool's stages are
-                  consecutive and the pipeline crosses each pool boundary once)
+    pool[s]       pool of stage s (mixed clusters: each pool's stages are consecutive, the pipeline
+                  crosses each pool boundary once; rank[p] orders the pools)
     option[s]     index of stage s's row in its flattened table (content x pool)
     time[s]       critical-path nanoseconds of one micro-batch on stage s
     bottleneck    max_s time[s]
@@ -51,6 +51,7 @@ class Program:
     objective: cp_model.LinearExpr  # step (time objective) or cost units (cost objective)
     step: cp_model.LinearExpr  # step time in nanoseconds x scale
     scale: int  # step units per nanosecond (= vpp)
+    mixed_cluster: bool  # the cluster has several pools: the plan names each stage's pool
 
 
 def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
@@ -112,10 +113,18 @@ def add_stage_choice(model: cp_model.CpModel, tables: ConfigTables, rows: list[S
     return option, pool, pool_is
 
 
-def add_pool_order(model: cp_model.CpModel, pool: list) -> None:
-    """Stages of one pool are consecutive, pools in the cluster file's order (no symmetric interleavings)."""
+def add_pool_order(model: cp_model.CpModel, pool: list, pools: int) -> None:
+    """Stages of one pool are consecutive (the pipeline crosses each pool boundary once), pools in any
+    order: rank[p] is pool p's position along the pipeline, and rank[pool[s]] never decreases."""
+    rank = [model.new_int_var(0, pools - 1, f"rank[{p}]") for p in range(pools)]
+    model.add_all_different(rank)
+    position = []
+    for s, pool_var in enumerate(pool):
+        var = model.new_int_var(0, pools - 1, f"position[{s}]")
+        model.add_element(pool_var, rank, var)
+        position.append(var)
     for s in range(len(pool) - 1):
-        model.add(pool[s] <= pool[s + 1])
+        model.add(position[s] <= position[s + 1])
 
 
 def add_pool_capacity(model: cp_model.CpModel, tables: ConfigTables, pool_is: dict) -> None:
@@ -162,7 +171,8 @@ def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: d
     return cost
 
 
-def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None) -> Program:
+def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None,
+                  mixed_cluster: bool = False) -> Program:
     """The CP-SAT model of `tables`: minimise step time, or with `prices` (per pool, 1e-4 USD per
     GPU-hour) the cost per step."""
     model = cp_model.CpModel()
@@ -173,7 +183,7 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
     option, pool, pool_is = add_stage_choice(model, tables, rows, count)
     if len(tables.pools) > 1:
         add_pool_capacity(model, tables, pool_is)
-        add_pool_order(model, pool)
+        add_pool_order(model, pool, len(tables.pools))
 
     # stage costs from the tables
     time = add_stage_costs(model, rows, option, "time")
@@ -194,4 +204,4 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
         objective = add_cost_objective(model, tables, pool_is, step, v, prices)
     model.minimize(objective)
     return Program(model=model, tables=tables, stage_rows=rows, option=option, objective=objective, step=step,
-                   scale=v)
+                   scale=v, mixed_cluster=mixed_cluster)

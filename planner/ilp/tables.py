@@ -294,15 +294,16 @@ class TableBuilder:
         """Sums of a stage holding `counts` blocks per segment, the first `recompute` of them
         (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head."""
         total = self.fixed_sums(stage, strategy, site) if with_fixed else StageSums()
-        full_left = recompute * strategy.vpp
+        # the positions Strategy.layer_recompute recomputes: the first `recompute` of each chunk
+        chunk = max(1, sum(counts) // strategy.vpp)
+        position = 0
         for k, count in enumerate(counts):
-            full = min(full_left, count)
-            full_left -= full
-            base = strategy.recompute
+            full = sum(1 for i in range(position, position + count) if i % chunk < recompute)
+            position += count
             if full:
                 total = total + self.block_sums(k, "full", strategy, site).times(full)
             if count - full:
-                total = total + self.block_sums(k, base, strategy, site).times(count - full)
+                total = total + self.block_sums(k, strategy.recompute, strategy, site).times(count - full)
         return total
 
     def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
