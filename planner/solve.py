@@ -265,8 +265,10 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
         if search.remaining() <= 0:
             search.open_bounds.extend(b for b, _, _ in configs[index:])
             return
-        if len(search.job.cluster.pools) > 1 and search.incumbent < float("inf"):
-            pools = stage_pools_for(search.job, config)
+        if search.incumbent < float("inf"):
+            # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps
+            pools = stage_pools_for(search.job, config) if len(search.job.cluster.pools) > 1 \
+                else list(search.job.cluster.pools)
             refined = search.builder.refined_bound(config, pools, m) * _rate_floor(search, config, pools)
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1

@@ -59,7 +59,7 @@ def _divisors(n: int) -> list[int]:
 def _allowed(options: SpaceOptions, key: str, values: list) -> list:
     if key in options.fixed:
         forced = options.fixed[key]
-        return [v for v in values if v == forced] or ([forced] if key in ("dp",) else [])
+        return [v for v in values if v == forced]
     return values
 
 
@@ -105,7 +105,7 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     eps = [e for e in _divisors(experts) if (dp * cp) % e == 0] if experts else [1]
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"
     recomputes = ["none"] if job.flash_attention else ["none", "selective"]
-    mbss = [b for b in _powers_of_two(options.max_mbs) if job.global_batch % (dp * b) == 0]
+    mbss = [b for b in range(1, options.max_mbs + 1) if job.global_batch % (dp * b) == 0]
     for ep in _allowed(options, "ep", eps):
         for mbs in _allowed(options, "mbs", mbss):
             micro = job.global_batch // (dp * mbs)

@@ -69,6 +69,8 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
         plain_rate = device.peak(job.compute_dtype) * device.efficiency(attn_flops / 2)
         if job.flash_attention:
             plain_rate *= catalog.constant("attention_relative_efficiency")
+        if strategy.cp > 1:
+            plain_rate *= catalog.constant("context_parallel_attention_efficiency")
         attn_s = attn_flops / plain_rate
 
     hbm_rate = device.hbm_bandwidth * catalog.constant("hbm_efficiency")

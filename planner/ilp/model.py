@@ -7,8 +7,8 @@ family), objective, then reading the solution.  Tables come from
     cut[s]        block index where stage s starts (cut[0] = 0, cut[pp] = blocks)
     count[s, k]   blocks of segment k on stage s (overlap of [cut[s], cut[s+1]) with segment k)
     pool_is[s, p] 1 if stage s runs on pool p
-    pool[s]       pool of stage s (mixed clusters: each pool's stages are consecutive, the pipeline
-                  crosses each pool boundary once; rank[p] orders the pools)
+    pool[s]       pool of stage s (mixed clusters; any order: the pipeline's ends hold the most
+                  in flight and the embedding/head, so which pool sits where matters)
     option[s]     index of stage s's row in its flattened table (content x pool)
     time[s]       critical-path nanoseconds of one micro-batch on stage s
     bottleneck    max_s time[s]
@@ -113,20 +113,6 @@ def add_stage_choice(model: cp_model.CpModel, tables: ConfigTables, rows: list[S
     return option, pool, pool_is
 
 
-def add_pool_order(model: cp_model.CpModel, pool: list, pools: int) -> None:
-    """Stages of one pool are consecutive (the pipeline crosses each pool boundary once), pools in any
-    order: rank[p] is pool p's position along the pipeline, and rank[pool[s]] never decreases."""
-    rank = [model.new_int_var(0, pools - 1, f"rank[{p}]") for p in range(pools)]
-    model.add_all_different(rank)
-    position = []
-    for s, pool_var in enumerate(pool):
-        var = model.new_int_var(0, pools - 1, f"position[{s}]")
-        model.add_element(pool_var, rank, var)
-        position.append(var)
-    for s in range(len(pool) - 1):
-        model.add(position[s] <= position[s + 1])
-
-
 def add_pool_capacity(model: cp_model.CpModel, tables: ConfigTables, pool_is: dict) -> None:
     """Each pool holds whole stages only as far as its GPUs go."""
     s_ = tables.strategy
@@ -183,7 +169,6 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
     option, pool, pool_is = add_stage_choice(model, tables, rows, count)
     if len(tables.pools) > 1:
         add_pool_capacity(model, tables, pool_is)
-        add_pool_order(model, pool, len(tables.pools))
 
     # stage costs from the tables
     time = add_stage_costs(model, rows, option, "time")

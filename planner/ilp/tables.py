@@ -203,7 +203,7 @@ class TableBuilder:
         return (m - 1 / v) * lo + self._sum_term(strategy, pools) / v
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
-        """A memory-aware bound for mixed clusters (inf when the blocks cannot be placed at all).
+        """A memory-aware bound (inf when the blocks cannot be placed at all).
 
         For each pool, time[n] is the fastest a stage of n blocks can run there:
         the fewest recomputed blocks its HBM allows, at the pipeline position
@@ -214,6 +214,10 @@ class TableBuilder:
         p, v, m = strategy.pp, strategy.vpp, micro_batches
         ranks = strategy.tp * strategy.cp * strategy.dp
         blocks = sum(seg.size for seg in self.segments)
+        if len(pools) == 1:
+            # one pool: some stage holds at least ceil(B / pp) blocks
+            fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p)) if blocks else 0.0
+            return (m - 1 / v) * fastest + self._sum_term(strategy, pools) / v
         profiles = [(self._slot_profile(strategy, pool, m), pool.gpus // ranks) for pool in pools]
 
         def held(limit: float) -> int:
@@ -236,6 +240,15 @@ class TableBuilder:
         if lo == len(candidates):
             return float("inf")
         return (m - 1 / v) * candidates[lo] + self._sum_term(strategy, pools) / v
+
+    def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int) -> float:
+        """Fastest seconds per micro-batch of any stage of `blocks` blocks on `pool` (inf if none fits)."""
+        site = self.site(strategy.pp - 1, (pool,))
+        bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
+                       for seg in self.segments)
+        options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"), with_fixed=False)
+                   for counts in stage_contents(bounds, blocks)]
+        return min((o.cost.microbatch for o in options if o is not None), default=float("inf"))
 
     def _slot_profile(self, strategy: Strategy, pool: Pool, micro_batches: int) -> list[float]:
         """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound)."""
