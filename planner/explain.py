@@ -24,6 +24,7 @@ from hardware import Catalog, Cluster, load_catalog
 from planner.cost import Estimate, evaluate
 from planner.errors import PlannerInputError
 from planner.job import Job
+from planner.space import powers_of_two
 from planner.strategy import Strategy
 
 GB = 1e9
@@ -42,21 +43,13 @@ class _Scored:
     estimate: Estimate
 
 
-def _powers_of_two(limit: int) -> list[int]:
-    out, value = [], 1
-    while value <= limit:
-        out.append(value)
-        value *= 2
-    return out
-
-
 def _tp_choices(job: Job) -> list[int]:
     """Legal tensor-parallel degrees up to a node's GPUs, largest first."""
     model = job.model
     if model.family == "recsys":
         return [1]
     gpn = min(pool.node.gpus_per_node for pool in job.cluster.pools)
-    legal = [t for t in _powers_of_two(gpn)
+    legal = [t for t in powers_of_two(gpn)
              if t == 1 or (model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0))]
     return [t for t in reversed(legal) if job.cluster.num_gpus % t == 0]
 
@@ -67,7 +60,7 @@ def _shapes(job: Job) -> list[tuple[int, int, int]]:
     blocks = model.num_blocks if model.family != "recsys" else 1
     shapes: list[tuple[int, int, int]] = []
     for tp in _tp_choices(job):
-        cps = [c for c in _powers_of_two(_MAX_CP)
+        cps = [c for c in powers_of_two(_MAX_CP)
                if c == 1 or (model.family != "recsys" and job.seq_len % (2 * c) == 0)]
         pps = [p for p in range(max(1, blocks), 0, -1) if (gpus // tp) % p == 0]
         # most stages; most stages that leave data parallelism to shard over; one stage

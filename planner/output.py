@@ -68,6 +68,8 @@ def write_outputs(out_dir: Path, files: dict[str, str | bytes], force: bool = Fa
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
+            if target.suffix == ".sh":
+                target.chmod(0o755)  # launch scripts run as they are
         _swap_in(staging, out_dir.absolute())
     except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)

@@ -44,7 +44,8 @@ class SpaceOptions(BaseModel):
     )
 
 
-def _powers_of_two(limit: int) -> list[int]:
+def powers_of_two(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit`."""
     out, value = [], 1
     while value <= limit:
         out.append(value)
@@ -78,9 +79,9 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
     blocks = max(1, model.num_blocks)
     is_sequence = model.family != "recsys"
 
-    tps = [t for t in _powers_of_two(gpn) if model.family != "recsys" or t == 1]
+    tps = [t for t in powers_of_two(gpn) if model.family != "recsys" or t == 1]
     tps = [t for t in tps if t == 1 or (model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0))]
-    cps = [c for c in _powers_of_two(options.max_cp) if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
+    cps = [c for c in powers_of_two(options.max_cp) if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
     experts = model.num_experts
     for tp in _allowed(options, "tp", tps):
         for cp in _allowed(options, "cp", cps):

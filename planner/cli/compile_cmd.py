@@ -26,9 +26,29 @@ from planner.job import Job
 from planner.output import check_output_dir, write_outputs
 from planner.plan import build_plan, plan_json, plan_json_schema
 from planner.report import render_report
+from planner.emit import DEFAULT_TARGETS, TARGETS, available_targets, emit_targets
 from planner.solve import CompileOptions, compile_job
+from planner.space import SpaceOptions
 
-TARGETS = ("deepspeed", "torch", "torchtitan", "megatron", "slurm", "k8s")
+_FIXABLE = ("tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "shard")
+
+
+def _parse_fixed(spec: str) -> dict[str, int | str]:
+    """--fix 'tp=2,pp=2': global keys the search must use."""
+    fixed: dict[str, int | str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, raw = item.partition("=")
+        if not sep or key not in _FIXABLE:
+            raise click.BadParameter(f"{item!r}: expected key=value with key in {', '.join(_FIXABLE)}",
+                                     param_hint="--fix")
+        if key == "shard":
+            fixed[key] = raw
+            continue
+        try:
+            fixed[key] = int(raw)
+        except ValueError:
+            raise click.BadParameter(f"{key}: expected an integer, got {raw!r}", param_hint="--fix") from None
+    return fixed
 
 
 def _emit_json(data: Any) -> None:
@@ -54,7 +74,9 @@ def _progress(enabled: bool | None):
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               metavar="SEC", help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap.")
 @click.option("--target", "targets", type=click.Choice(TARGETS), multiple=True,
-              help="Launch files to write (repeatable); emitters arrive in a later release.")
+              help="Launch files to write into DIR (repeatable; default: deepspeed and torch).")
+@click.option("--fix", "fixed", default="", metavar="SPEC",
+              help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               metavar="DIR", help="Write plan.json and report.md into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it exists and is not empty.")
@@ -64,7 +86,7 @@ def _progress(enabled: bool | None):
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
-             out_dir: Path | None, force: bool, progress: bool | None, as_json: bool) -> None:
+             fixed: str, out_dir: Path | None, force: bool, progress: bool | None, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -78,12 +100,18 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compile llama3-8b dgx-h100:1 --batch 8 --seq-len 8192 -o out/llama3-8b
         planner compile llama3-70b dgx-h100:8 -b 512 -s 4096 --time-limit 30 --json
         planner compile llama3-8b dgx-h100:4 -b 64 -s 4096 --objective cost --max-step-time 2
+        planner compile tiny-llama cpu:1 -b 8 -s 128 --fix pp=2,dp=2 -o out/tiny --target torch
     """
     if out_dir is not None:
         check_output_dir(out_dir, force)  # before the search, not after it
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
               precision=precision, flash_attention=flash_attention)
-    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit)
+    space = SpaceOptions(fixed=_parse_fixed(fixed))
+    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
+    targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
+    missing = [t for t in targets if t not in available_targets()]
+    if missing:
+        raise click.BadParameter(f"no emitter for {', '.join(missing)} in this build", param_hint="--target")
     try:
         result = compile_job(job, options, progress=_progress(progress))
     except InfeasibleError as err:
@@ -100,10 +128,10 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     else:
         click.echo(render.compile_summary(plan, wall))
     if out_dir is not None:
-        write_outputs(out_dir, {"plan.json": plan_json(plan), "report.md": render_report(plan)}, force=force)
-        click.echo(f"wrote {out_dir / 'plan.json'} and {out_dir / 'report.md'} (search {wall:.2f} s)", err=True)
-    if targets:
-        click.echo(f"note: targets are written by a later release (asked for: {', '.join(targets)})", err=True)
+        files = {"plan.json": plan_json(plan), "report.md": render_report(plan), **emit_targets(plan, job, targets)}
+        write_outputs(out_dir, files, force=force)
+        folders = "".join(f", {t}/" for t in targets)
+        click.echo(f"wrote {out_dir}: plan.json, report.md{folders} (search {wall:.2f} s)", err=True)
 
 
 _SCHEMAS = {

@@ -1,0 +1,49 @@
+"""Launch files: one module per target, each turning a Plan into files.
+
+Every emitter is a function `emit(plan: Plan, job: Job) -> dict[str, str]`
+returning paths relative to its own folder (e.g. "ds_config.json",
+"launch.sh") and their text.  Output is deterministic: sorted keys, no
+timestamps, no absolute paths.  `emit_targets` prefixes each path with the
+target's folder name, as `compile -o DIR` writes them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Callable
+
+from planner.job import Job
+from planner.plan import Plan
+
+TARGETS = ("deepspeed", "torch", "torchtitan", "megatron", "slurm", "k8s")
+DEFAULT_TARGETS = ("deepspeed", "torch")
+
+Emitter = Callable[[Plan, Job], dict[str, str]]
+
+
+def emitter(target: str) -> Emitter:
+    """The emit function of `target`."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
+    return import_module(f"planner.emit.{target}").emit
+
+
+def available_targets() -> tuple[str, ...]:
+    """Targets whose emitter module exists in this build."""
+    out = []
+    for target in TARGETS:
+        try:
+            import_module(f"planner.emit.{target}")
+        except ModuleNotFoundError:
+            continue
+        out.append(target)
+    return tuple(out)
+
+
+def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, str]:
+    """Files of every target, keyed by "target/relative/path"."""
+    files: dict[str, str] = {}
+    for target in targets:
+        for path, text in sorted(emitter(target)(plan, job).items()):
+            files[f"{target}/{path}"] = text
+    return files
