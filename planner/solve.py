@@ -32,7 +32,7 @@ from planner.cost import Estimate, evaluate
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.ilp.model import Program, build_program
-from planner.ilp.tables import NS, TableBuilder, build_tables, stage_pools_for
+from planner.ilp.tables import NS, TableBuilder, bottleneck_bound, build_tables, stage_pools_for
 from planner.job import Job
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
@@ -167,6 +167,11 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     tables = build_tables(search.builder, config, micro_batches, cap)
     if tables is None:
         return
+    table_bound = bottleneck_bound(tables) * floor
+    if table_bound >= search.incumbent * (1 - 1e-9):
+        search.pruned += 1  # its own tables prove it cannot beat the incumbent
+        return
+    bound = max(bound, table_bound)
     max_step = search.options.max_step_time
     prices = None
     if search.options.objective == "cost" and mixed:

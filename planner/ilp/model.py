@@ -132,6 +132,38 @@ def add_stage_costs(model: cp_model.CpModel, rows: list[StageRows], option: list
     return values
 
 
+def _lower_hull(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Vertices of the lower convex hull of (x, y) points sorted by x (monotone chain)."""
+    hull: list[tuple[int, int]] = []
+    for x, y in points:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (x2 - x1) * (y - y1) - (y2 - y1) * (x - x1) <= 0:  # hull[-1] is not below the chord
+                hull.pop()
+            else:
+                break
+        hull.append((x, y))
+    return hull
+
+
+def add_time_envelopes(model: cp_model.CpModel, tables: ConfigTables, rows: list[StageRows], count: dict,
+                       time: list) -> None:
+    """Redundant cuts for the LP relaxation: time[s] lies above every edge of the lower convex hull
+    of stage s's (blocks, time) table, so the relaxation knows what blocks cost wherever they go."""
+    if not tables.segments or len(tables.pools) > 1:
+        return
+    for s, stage_rows in enumerate(rows):
+        best: dict[int, int] = {}
+        for counts, _, option in stage_rows.rows:
+            n = sum(counts)
+            best[n] = min(best.get(n, option.time), option.time)
+        hull = _lower_hull(sorted(best.items()))
+        blocks = sum(count[s, k] for k in range(len(tables.segments)))
+        for (x1, y1), (x2, y2) in zip(hull, hull[1:]):
+            # y >= y1 + (y2 - y1) / (x2 - x1) * (n - x1), scaled by (x2 - x1) to stay integral
+            model.add((x2 - x1) * time[s] >= (x2 - x1) * y1 + (y2 - y1) * (blocks - x1))
+
+
 def add_max(model: cp_model.CpModel, values: list, name: str) -> cp_model.IntVar:
     """max over stages (the bottleneck stage, or the slowest step-end term)."""
     top = model.new_int_var(0, max(list(v.proto.domain)[-1] for v in values), name)
@@ -172,6 +204,7 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
 
     # stage costs from the tables
     time = add_stage_costs(model, rows, option, "time")
+    add_time_envelopes(model, tables, rows, count, time)
     tails = [add_max(model, add_stage_costs(model, rows, option, column), f"max_{column}")
              for column in ("dp_end", "optimizer", "offload")]
     bottleneck = add_max(model, time, "bottleneck")

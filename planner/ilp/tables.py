@@ -419,3 +419,31 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
         options.append(per_pool)
     return ConfigTables(strategy=strategy, micro_batches=micro_batches, segments=segments, pools=pools,
                         options=options)
+
+
+def bottleneck_bound(tables: ConfigTables) -> float:
+    """Seconds no split in these tables beats: the smallest T such that the stages, each holding
+    the most blocks it can within T (any pool), hold every block; then the pipeline formula with
+    each stage at its fastest entry for the sum."""
+    strategy = tables.strategy
+    p, v, m = strategy.pp, strategy.vpp, tables.micro_batches
+    entries = []  # per stage: (time, blocks) pairs
+    for per_pool in tables.options:
+        entries.append(sorted((o.time, sum(c)) for options in per_pool for c, o in options.items()))
+    blocks = tables.blocks
+
+    def held(limit: int) -> int:
+        return sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)
+
+    candidates = sorted({t for stage in entries for t, _ in stage})
+    lo, hi = 0, len(candidates)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if held(candidates[mid]) >= blocks:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo == len(candidates):
+        return float("inf")
+    fastest = sum(stage[0][0] for stage in entries)
+    return ((m - 1 / v) * candidates[lo] + fastest / v) / NS
