@@ -168,10 +168,12 @@ def test_compile_output_is_byte_identical(tmp_path, args):
     for _ in range(3):
         result = run("compile", *args, "-o", tmp_path / "out", "--force")
         assert result.exit_code == 0, result.output
-        texts.append(((tmp_path / "out" / "plan.json").read_bytes(), (tmp_path / "out" / "report.md").read_bytes()))
+        out = tmp_path / "out"
+        texts.append({str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
     assert texts[0] == texts[1] == texts[2]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["plan.json", "report.md"]
-    plan = Plan.model_validate_json(texts[0][0])
+    # plan, report and the default launch targets
+    assert {"plan.json", "report.md"} <= set(texts[0]) and any(name.startswith("deepspeed/") for name in texts[0])
+    plan = Plan.model_validate_json(texts[0]["plan.json"])
     assert plan.job.model == args[0]
 
 

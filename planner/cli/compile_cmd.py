@@ -21,12 +21,12 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.options import Infeasible, job_options, json_option, user_errors
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 from planner.output import check_output_dir, write_outputs
 from planner.plan import build_plan, plan_json, plan_json_schema
 from planner.report import render_report
-from planner.emit import DEFAULT_TARGETS, TARGETS, available_targets, emit_targets
+from planner.emit import DEFAULT_TARGETS, TARGETS, UnsupportedPlan, available_targets, emit_targets
 from planner.solve import CompileOptions, compile_job
 from planner.space import SpaceOptions
 
@@ -108,6 +108,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
               precision=precision, flash_attention=flash_attention)
     space = SpaceOptions(fixed=_parse_fixed(fixed))
     options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
+    explicit_targets = bool(targets)
     targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in targets if t not in available_targets()]
     if missing:
@@ -128,7 +129,15 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     else:
         click.echo(render.compile_summary(plan, wall))
     if out_dir is not None:
-        files = {"plan.json": plan_json(plan), "report.md": render_report(plan), **emit_targets(plan, job, targets)}
+        files = {"plan.json": plan_json(plan), "report.md": render_report(plan)}
+        for target in targets:
+            try:
+                files.update(emit_targets(plan, job, (target,)))
+            except UnsupportedPlan as err:
+                if explicit_targets:
+                    raise PlannerInputError(f"--target {target}: {err}") from None
+                click.echo(f"note: no {target}/ files: {err}", err=True)  # a default target that does not apply
+                targets = tuple(t for t in targets if t != target)
         write_outputs(out_dir, files, force=force)
         folders = "".join(f", {t}/" for t in targets)
         click.echo(f"wrote {out_dir}: plan.json, report.md{folders} (search {wall:.2f} s)", err=True)

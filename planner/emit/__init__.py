@@ -15,6 +15,11 @@ from typing import Callable
 from planner.job import Job
 from planner.plan import Plan
 
+
+class UnsupportedPlan(ValueError):
+    """A target cannot express this plan's model (e.g. a recommendation model for Megatron)."""
+
+
 TARGETS = ("deepspeed", "torch", "torchtitan", "megatron", "slurm", "k8s")
 DEFAULT_TARGETS = ("deepspeed", "torch")
 
