@@ -1,0 +1,136 @@
+"""torch target: `launch.sh` (torchrun on each node) for the plan runtime, and a README.
+
+`launch.sh` runs, from its own folder,
+
+    torchrun --nnodes N --nproc_per_node G --rdzv_backend c10d \\
+        --rdzv_endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-planner}" \\
+        -m planner.runtime.train --plan ../plan.json "$@"
+
+once per node (c10d rendezvous hands out node ranks, so every node runs the
+same command).  `planner.runtime.train` rebuilds the reference model, applies
+the plan (pipeline split, tensor parallel, activation checkpointing, FSDP2;
+planner/runtime/parallelize.py) and trains on synthetic data; extra
+arguments (`--steps`, `--lr`, `--report FILE`) pass through.
+
+The runtime builds Llama-style zoo models (TransformerConfig: SwiGLU,
+RMSNorm, RoPE, untied head, dense) and runs cp = vpp = ep = 1; other plans get
+`UnsupportedPlan` (a default target then writes no torch/ folder, with a note).
+`runtime_problem` is that check; the runtime itself calls it too.
+"""
+
+from __future__ import annotations
+
+from models.transformer import TransformerConfig
+from models.zoo import ZOO
+from planner.emit import UnsupportedPlan
+from planner.job import Job
+from planner.plan import Plan
+
+_LLAMA_STYLE = {  # TransformerConfig field -> the value the reference model needs
+    "activation": "swiglu", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "bias": False,
+    "qkv_bias": False, "tied_embeddings": False, "moe": None, "mla": None, "causal": True, "type_vocab": 0,
+    "encoder_heads": False,
+}
+
+
+def config_problem(cfg: TransformerConfig) -> str | None:
+    """Why the reference runtime model cannot build `cfg` (naming the field), or None."""
+    for name, want in _LLAMA_STYLE.items():
+        if getattr(cfg, name) != want:
+            return f"{cfg.name}: {name} must be {want!r} for the torch runtime model (got {getattr(cfg, name)!r})"
+    return None
+
+
+def strategy_problem(strategy: dict) -> str | None:
+    """Why the torch runtime cannot run this resolved strategy, or None."""
+    for key in ("cp", "vpp", "ep"):
+        if strategy.get(key, 1) != 1:
+            return f"{key}={strategy[key]}: not supported by the planner torch runtime yet (needs {key}=1)"
+    if strategy.get("schedule", "1f1b") not in ("1f1b", "gpipe"):
+        return f"schedule={strategy['schedule']}: not supported by the planner torch runtime (1f1b or gpipe)"
+    if strategy.get("offload", "none") != "none" and strategy.get("offload_device") == "nvme":
+        return "offload_device=nvme: not supported by the planner torch runtime (cpu only)"
+    return None
+
+
+def runtime_problem(plan: Plan) -> str | None:
+    """Why `python -m planner.runtime.train` cannot run `plan`, or None."""
+    entry = ZOO.get(plan.job.model)
+    if entry is None or not isinstance(entry.config, TransformerConfig):
+        return (f"model {plan.job.model}: the torch runtime builds zoo transformer models only "
+                "(e.g. tiny-llama, llama3-8b)")
+    return config_problem(entry.config) or strategy_problem(plan.strategy)
+
+
+def launch_shape(plan: Plan) -> tuple[int, int]:
+    """(nodes, processes per node) of the plan: torchrun's --nnodes and --nproc_per_node."""
+    nodes: set[int] = set()
+    gpn = 0
+    for stage in plan.stages:
+        for span in stage.ranks.spans:
+            nodes.update(range(span.first_node, span.last_node + 1))
+            gpn = max(gpn, span.gpus_per_node)
+    nproc = min(gpn, plan.job.num_gpus) if gpn else plan.job.num_gpus
+    nnodes = max(len(nodes), -(-plan.job.num_gpus // max(nproc, 1)))
+    return nnodes, nproc
+
+
+def _launch(plan: Plan) -> str:
+    nnodes, nproc = launch_shape(plan)
+    return f"""#!/usr/bin/env bash
+# {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}
+# {plan.job.num_gpus} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
+# (same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere); extra arguments go to planner.runtime.train,
+# e.g. ./launch.sh --steps 100 --lr 3e-4 --report report.json
+set -euo pipefail
+cd "$(dirname "$0")"
+exec torchrun --nnodes {nnodes} --nproc_per_node {nproc} --rdzv_backend c10d \\
+    --rdzv_endpoint "${{MASTER_ADDR:-localhost}}:${{MASTER_PORT:-29500}}" --rdzv_id "${{RUN_ID:-planner}}" \\
+    -m planner.runtime.train --plan ../plan.json "$@"
+"""
+
+
+def _readme(plan: Plan) -> str:
+    nnodes, nproc = launch_shape(plan)
+    s = plan.strategy
+    return f"""# torch launch files
+
+Plan: {plan.job.model} on {plan.job.cluster}, `{plan.strategy_spec}`
+({plan.job.num_gpus} ranks: {nnodes} node(s) x {nproc} processes).
+
+`launch.sh` starts `torchrun` with c10d rendezvous, which runs
+`python -m planner.runtime.train --plan ../plan.json` in each process.
+Run it on every node with the same rendezvous settings:
+
+```
+MASTER_ADDR=<first node> MASTER_PORT=29500 RUN_ID=myrun ./launch.sh --steps 100
+```
+
+- `MASTER_ADDR` / `MASTER_PORT` (default `localhost:29500`): the c10d
+  rendezvous endpoint (any node's address); `RUN_ID` (default `planner`)
+  names the run. Node ranks are assigned by the rendezvous.
+- Arguments after `launch.sh` go to the trainer: `--steps N`, `--lr X`,
+  `--seed S`, `--report FILE` (JSON with the losses and each rank's
+  parameter bytes).
+- The nodes need this planner installed with its runtime extra
+  (`pip install 'planner[runtime]'`, i.e. torch); `plan.json` stays one
+  folder up, where `planner compile -o DIR` wrote it.
+
+What the runtime does with this plan (planner/runtime/parallelize.py):
+device mesh over pp={s['pp']}, dp={s['dp']} (shard={s['shard']}), cp={s['cp']}, tp={s['tp']};
+then (1) pipeline split over the plan's stages with the `{s.get('schedule', '1f1b')}` schedule and
+{plan.time.micro_batches} micro-batch(es) per step, (2) DTensor tensor parallel (vocab-parallel
+embedding and head{', sequence parallel' if s.get('sp') else ''}), (3) activation checkpointing
+(recompute={s['recompute']}), (4) data parallel for zero={s['zero']} (zero 3: FSDP2 `fully_shard`
+resharding after forward; zero 1/2: FSDP2 without resharding after forward; zero 0: replicated,
+gradients all-reduced). It trains the reference Llama model on synthetic data in fp32 (NCCL on GPUs, gloo on
+CPU) and prints `step <i> loss <x>` and `param_bytes <rank> <bytes>`. Not supported yet: cp > 1, vpp > 1, ep > 1.
+"""
+
+
+def emit(plan: Plan, job: Job) -> dict[str, str]:
+    """launch.sh and README.md of the plan; UnsupportedPlan when the runtime cannot run it."""
+    problem = runtime_problem(plan)
+    if problem is not None:
+        raise UnsupportedPlan(problem)
+    return {"README.md": _readme(plan), "launch.sh": _launch(plan)}

@@ -1,0 +1,144 @@
+"""A small reference Llama-style model built from a `TransformerConfig`.
+
+The layout follows torchtitan's llama3 model so its parallelisation plans
+read the same way: `tok_embeddings`, `layers` (an `nn.ModuleDict` keyed by
+the block index as a string, so a pipeline stage keeps only its own blocks),
+`norm` and an untied `output` head.  Each block is
+
+    h = x + attention(attention_norm(x))      # GQA, RoPE, causal
+    out = h + feed_forward(ffn_norm(h))       # SwiGLU: w2(silu(w1 h) * w3 h)
+
+Parameters match `models.transformer.build_transformer` exactly (an RMSNorm
+in front of each attention and MLP, a final norm, no biases), which
+tests/test_runtime.py asserts for tiny-llama.  Dropping stage pieces sets
+them to None (embedding, norm, head) or deletes them from `layers`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.transformer import TransformerConfig
+from planner.emit.torch import config_problem
+
+
+def supported(cfg: TransformerConfig) -> None:
+    """ValueError naming the field when `cfg` is not a Llama-style decoder this model builds."""
+    problem = config_problem(cfg)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def rope_tables(head_dim: int, max_positions: int, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, (max_positions, head_dim // 2) each."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[..., ::2], x[..., 1::2]) of x (batch, seq, heads, head_dim)."""
+    seq = x.shape[1]
+    cos, sin = cos[:seq, None, :].to(x.dtype), sin[:seq, None, :].to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention; head counts are read from the (possibly TP-sharded) weights."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        h, d = cfg.hidden, cfg.head_dim
+        self.head_dim = d
+        self.wq = nn.Linear(h, cfg.heads * d, bias=False)
+        self.wk = nn.Linear(h, cfg.kv_heads * d, bias=False)
+        self.wv = nn.Linear(h, cfg.kv_heads * d, bias=False)
+        self.wo = nn.Linear(cfg.heads * d, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        d = self.head_dim
+        q = self.wq(x).view(b, s, -1, d)  # -1: local heads under tensor parallelism
+        k = self.wk(x).view(b, s, -1, d)
+        v = self.wv(x).view(b, s, -1, d)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        repeat = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w1 gate, w3 up, w2 down."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w3 = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.w2 = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: attention then feed-forward, each with its own RMSNorm."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(cfg.hidden, eps=1e-5)
+        self.attention = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.hidden, eps=1e-5)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """Embedding, blocks keyed by index, final norm, untied head; any piece may be dropped (None)."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        supported(cfg)
+        self.config = cfg
+        self.tok_embeddings: nn.Module | None = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
+        self.norm: nn.Module | None = nn.RMSNorm(cfg.hidden, eps=1e-5)
+        self.output: nn.Module | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_positions)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, 0.02) weights, unit norms (deterministic under torch.manual_seed)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def keep_blocks(self, first: int, last: int, *, first_stage: bool, last_stage: bool) -> None:
+        """Keep blocks first..last (inclusive; last < first keeps none), the embedding only on
+        the first stage and the norm and head only on the last."""
+        for key in list(self.layers.keys()):
+            if not first <= int(key) <= last:
+                del self.layers[key]
+        if not first_stage:
+            self.tok_embeddings = None
+        if not last_stage:
+            self.norm = None
+            self.output = None
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (first stage) or hidden states (later stages) -> hidden states or logits."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for block in self.layers.values():
+            h = block(h, self.rope_cos, self.rope_sin)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h

@@ -1,0 +1,289 @@
+"""Apply a compiled Plan to the reference model: mesh, then PP, TP, AC and FSDP passes.
+
+`apply_plan(model, plan)` reads the plan's resolved strategy and stages and
+applies, in this order (torchtitan's `models/llama3/parallelize.py` order):
+
+1. pipeline split: keep this rank's stage's blocks (the plan's uneven split),
+   the embedding on the first stage and norm + head on the last, and wrap the
+   stage in `torch.distributed.pipelining.PipelineStage` with a schedule
+   (1f1b: Schedule1F1B, gpipe: ScheduleGPipe) over the plan's micro-batches;
+2. tensor parallel (DTensor `parallelize_module`): vocab-parallel embedding
+   (RowwiseParallel) and head (ColwiseParallel), as the cost model splits them;
+   ColwiseParallel for wq/wk/wv and w1/w3, RowwiseParallel for wo and w2;
+   SequenceParallel on the norms when the plan has sp;
+3. activation checkpointing (`checkpoint_wrapper`) on the stage's first
+   `recompute_blocks` blocks when recompute=full;
+4. data parallel: FSDP2 `fully_shard` per block, then the stage root, when
+   zero >= 1; zero 0 replicates (DDP semantics: gradients all-reduced over dp).
+
+ZeRO -> FSDP2 mapping.  FSDP2 always keeps parameters sharded at rest; what
+ZeRO stage changes is whether the gathered weights are freed after forward:
+zero 3 -> `reshard_after_forward=True`; zero 1/2 -> `reshard_after_forward=False`
+(gathered weights stay through backward, as ZeRO-1/2 keep full weights; the
+sharded fp32 parameters are the sharded master copy of ZeRO-1/2).  So with
+zero >= 1 each rank holds params / dp_shard parameters between steps.
+shard=node is HSDP: dp = dp_replicate x dp_shard with dp_shard the data-parallel
+ranks inside one node.  offload of params/optimizer to cpu uses
+`CPUOffloadPolicy` (only on CUDA; on a CPU run everything already is in host memory).
+
+Not supported yet (clear ValueError): cp > 1, vpp > 1 (interleaved stages),
+ep > 1, offload to nvme.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from planner.emit.torch import strategy_problem
+from planner.plan import Plan
+from planner.runtime.model import Transformer
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass
+class Parallelized:
+    """What `apply_plan` returns: this rank's module and how to run a step with it."""
+
+    model: nn.Module = field(metadata={"doc": "This rank's module: its stage, TP-, AC- and FSDP-wrapped."})
+    mesh: DeviceMesh = field(metadata={"doc": "The device mesh (dims of MESH_DIMS with size > 1)."})
+    stage_index: int = 0
+    num_stages: int = 1
+    micro_batches: int = 1
+    stage: object | None = None  # PipelineStage when pp > 1
+    schedule: object | None = None  # its schedule
+    replicate_group: dist.ProcessGroup | None = None  # zero 0 with dp > 1: all-reduce gradients here
+    dp_size: int = 1
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def train_step(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """Forward + backward of this data-parallel replica's batch; the mean loss on the last stage, else None."""
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            if self.is_first:
+                self.schedule.step(tokens, target=labels if self.is_last else None, losses=losses)
+            elif self.is_last:
+                self.schedule.step(target=labels, losses=losses)
+            else:
+                self.schedule.step()
+            loss = torch.stack([x.detach() for x in losses]).mean() if self.is_last else None
+        else:
+            total = torch.zeros(())
+            for tok, lab in zip(tokens.chunk(self.micro_batches), labels.chunk(self.micro_batches)):
+                micro = loss_fn(self.model(tok), lab) / self.micro_batches
+                micro.backward()
+                total += micro.detach()
+            loss = total
+        self._sync_replicated_grads()
+        return loss
+
+    def _sync_replicated_grads(self) -> None:
+        # zero 0: DDP semantics without buckets: average every gradient over dp.
+        if self.replicate_group is None:
+            return
+        for param in self.model.parameters():
+            if param.grad is None:
+                continue
+            grad = param.grad._local_tensor if isinstance(param.grad, DTensor) else param.grad
+            dist.all_reduce(grad, group=self.replicate_group)
+            grad.div_(self.dp_size)
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+# ---------------------------------------------------------------- mesh
+
+
+def mesh_shape(plan: Plan) -> dict[str, int]:
+    """Mesh dims and sizes (order of MESH_DIMS, every size, 1 included) of the plan.
+
+    shard=node (HSDP): dp_shard is the data-parallel ranks inside one node,
+    dp_replicate the rest; zero 0 replicates over all of dp.
+    """
+    s = plan.strategy
+    tp, cp, dp, pp = s["tp"], s["cp"], s["dp"], s["pp"]
+    if s["zero"] == 0:
+        replicate, shard = dp, 1
+    elif s["shard"] == "node":
+        per_node = plan.stages[0].ranks.spans[0].gpus_per_node
+        shard = max(1, min(dp, per_node // (tp * cp)))
+        if dp % shard:
+            raise ValueError(f"shard=node: dp ({dp}) is not a multiple of the data-parallel ranks per node ({shard})")
+        replicate = dp // shard
+    else:
+        replicate, shard = 1, dp
+    return {"pp": pp, "dp_replicate": replicate, "dp_shard": shard, "cp": cp, "tp": tp}
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """DeviceMesh over every rank of the plan: dims of size > 1 in the order pp, dp_replicate, dp_shard, cp, tp.
+
+    Row-major order of these dims is the plan's rank order (tp fastest, then cp, dp, pp).
+    """
+    shape = {name: size for name, size in mesh_shape(plan).items() if size > 1} or {"dp_shard": 1}
+    world = dist.get_world_size()
+    total = 1
+    for size in shape.values():
+        total *= size
+    if total != world:
+        factors = " * ".join(f"{name}({size})" for name, size in shape.items())
+        raise ValueError(f"{factors} != world_size({world}): launch with the plan's {plan.job.num_gpus} ranks")
+    return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
+
+
+def _sub(mesh: DeviceMesh, *names: str) -> DeviceMesh | None:
+    present = tuple(n for n in names if n in (mesh.mesh_dim_names or ()))
+    if not present:
+        return None
+    return mesh[present[0]] if len(present) == 1 else mesh[present]
+
+
+def _check_supported(plan: Plan) -> None:
+    problem = strategy_problem(plan.strategy)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+# ---------------------------------------------------------------- passes
+
+
+def split_pipeline(model: Transformer, plan: Plan, *, stage_index: int) -> None:
+    """Keep the blocks of `stage_index` (plan.stages[i].blocks, [] for none), embedding first, norm + head last."""
+    blocks = plan.stages[stage_index].blocks
+    first, last = (blocks[0], blocks[1]) if blocks else (0, -1)
+    model.keep_blocks(first, last, first_stage=stage_index == 0, last_stage=stage_index == len(plan.stages) - 1)
+
+
+def build_schedule(stage_module: nn.Module, plan: Plan, *, stage_index: int, pp_mesh: DeviceMesh,
+                   device: torch.device):
+    """PipelineStage and its schedule (1f1b or gpipe) over the plan's micro-batches."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage = PipelineStage(stage_module, stage_index, len(plan.stages), device, group=pp_mesh.get_group())
+    kind = plan.strategy.get("schedule", "1f1b")
+    schedule_cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}.get(kind)
+    if schedule_cls is None:
+        raise ValueError(f"schedule={kind}: not supported by the planner torch runtime (1f1b or gpipe)")
+    return stage, schedule_cls(stage, n_microbatches=plan.time.micro_batches, loss_fn=loss_fn)
+
+
+def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron-style tensor parallel with vocab-parallel embedding and head (torchtitan's llama3 plan)."""
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    seq = Shard(1) if sequence_parallel else Replicate()
+    root: dict = {}
+    if model.tok_embeddings is not None:
+        root["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if model.output is not None:
+        root["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    if model.norm is not None and sequence_parallel:
+        root["norm"] = SequenceParallel()
+    if root:
+        parallelize_module(model, tp_mesh, root)
+    for block in model.layers.values():
+        plan = {
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq),
+        }
+        if sequence_parallel:
+            plan.update({
+                "attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, plan)
+
+
+def apply_ac(model: Transformer, *, blocks: int) -> None:
+    """Full activation checkpointing of the first `blocks` blocks of the stage (Megatron's block method)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for key in list(model.layers.keys())[:blocks]:
+        model.layers[key] = checkpoint_wrapper(model.layers[key], preserve_rng_state=False)
+
+
+def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, reshard_after_forward: bool, offload: bool) -> None:
+    """FSDP2 `fully_shard` on each block, then on the stage root."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy)
+
+
+# ---------------------------------------------------------------- entry
+
+
+def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None = None,
+               device: torch.device | None = None) -> Parallelized:
+    """Parallelize `model` (the whole reference model, same init on every rank) for this rank as `plan` says."""
+    _check_supported(plan)
+    s = plan.strategy
+    device = device or torch.device("cpu")
+    mesh = device_mesh or build_mesh(plan, device.type)
+    rank = dist.get_rank()
+    stage_index = rank // (s["tp"] * s["cp"] * s["dp"])
+    out = Parallelized(model=model, mesh=mesh, stage_index=stage_index, num_stages=len(plan.stages),
+                       micro_batches=plan.time.micro_batches, dp_size=s["dp"])
+
+    # (1) pipeline split: this rank's stage only, in a PipelineStage with its schedule.
+    if s["pp"] > 1:
+        split_pipeline(model, plan, stage_index=stage_index)
+        out.stage, out.schedule = build_schedule(model, plan, stage_index=stage_index, pp_mesh=mesh["pp"],
+                                                 device=device)
+
+    # (2) tensor parallel (sequence parallel on the norms when sp).
+    if s["tp"] > 1:
+        apply_tp(model, tp_mesh=mesh["tp"], sequence_parallel=bool(s.get("sp")))
+
+    # (3) activation checkpointing on the stage's first recompute_blocks blocks.
+    if s["recompute"] == "full":
+        apply_ac(model, blocks=plan.stages[stage_index].recompute_blocks or len(model.layers))
+    # recompute=selective: SDPA already does not keep the attention scores, which is
+    # all selective recomputation (Korthikanti et al. 2022) recomputes.
+
+    # (4) data parallel: FSDP2 for zero >= 1 (HSDP with shard=node), replicate for zero 0.
+    shape = mesh_shape(plan)
+    if s["zero"] >= 1 and shape["dp_shard"] > 1:
+        offload = s.get("offload", "none") != "none" and device.type == "cuda"
+        apply_fsdp(model, dp_mesh=_sub(mesh, "dp_replicate", "dp_shard"), reshard_after_forward=s["zero"] == 3,
+                   offload=offload)
+    elif shape["dp_replicate"] > 1:
+        out.replicate_group = mesh["dp_replicate"].get_group()
+    return out
+
+
+def local_param_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters this rank holds (the local shard of DTensor / FSDP2 parameters)."""
+    total = 0
+    seen: set[int] = set()
+    for param in model.parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        local = param.to_local() if isinstance(param, DTensor) else param
+        total += local.numel() * local.element_size()
+    return total

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Megatron-LM launch for llama3-8b on dgx-h100:2: tp=1,pp=1,dp=16,cp=1,ep=1,mbs=1,vpp=1,sp=off,zero=2,shard=full,recompute=none,offload=none,offload_device=cpu,schedule=1f1b,tp_overlap=off
+# Run on every node from the Megatron-LM checkout (MEGATRON_DIR), with NODE_RANK set per node.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+MEGATRON_DIR=${MEGATRON_DIR:-.}
+NNODES=${NNODES:-2}
+NPROC_PER_NODE=${NPROC_PER_NODE:-8}
+NODE_RANK=${NODE_RANK:-0}
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-29500}
+# Data and schedule are not part of the plan: mock data and a short run by default.
+DATA_ARGS=${DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size 128256}
+TRAIN_ARGS=${TRAIN_ARGS:---train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine}
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+# shellcheck disable=SC2046,SC2086
+exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "$NODE_RANK" \
+    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
+    "$MEGATRON_DIR/pretrain_gpt.py" $(cat "$HERE/args.txt") $DATA_ARGS $TRAIN_ARGS

@@ -1,0 +1,337 @@
+"""Launch files of the torchtitan, megatron, slurm and k8s targets, and golden files of every target."""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hardware import load_cluster
+from models import load_model
+from planner.emit import available_targets, emitter
+from planner.emit.megatron import megatron_args
+from planner.emit.megatron_check import check_megatron_args
+from planner.job import Job
+from planner.plan import build_plan
+from planner.solve import CompileOptions, compile_job
+from planner.space import SpaceOptions
+
+GOLDEN = Path(__file__).parent / "golden"
+REGEN = "python tests/golden/regenerate.py"
+
+
+def _compile(model: str, cluster: str, batch: int, seq: int, fixed: dict, precision: str = "bf16"):
+    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq,
+              precision=precision)
+    options = CompileOptions(time_limit=20, space=SpaceOptions(fixed=fixed))
+    return build_plan(job, compile_job(job, options), options), job
+
+
+def _with(plan, **strategy):
+    """The plan with some strategy fields replaced (emitters read plan.strategy)."""
+    return plan.model_copy(update={"strategy": {**plan.strategy, **strategy}})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _compile("tiny-llama", "cpu:2", 8, 128, {"tp": 2, "pp": 2})
+
+
+@pytest.fixture(scope="module")
+def big():
+    """llama3-70b on 64 H100s, tp=8 pp=4: the solver's split is 19/21/21/19."""
+    return _compile("llama3-70b", "dgx-h100:8", 512, 4096, {"tp": 8, "pp": 4, "mbs": 1, "zero": 1})
+
+
+@pytest.fixture(scope="module")
+def interleaved():
+    return _compile("llama3-70b", "dgx-h100:8", 512, 4096, {"tp": 8, "pp": 4, "mbs": 1, "vpp": 2, "zero": 1})
+
+
+def _args(text: str) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    for line in text.splitlines():
+        flag, _, value = line.partition(" ")
+        assert flag.startswith("--") and flag[2:] not in out, line
+        out[flag[2:]] = value or True
+    return out
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+def test_torchtitan_tiny(tiny):
+    plan, job = tiny
+    files = emitter("torchtitan")(plan, job)
+    assert sorted(files) == ["README.md", "launch.sh", "train.toml"]
+    cfg = tomllib.loads(files["train.toml"])
+    p = cfg["parallelism"]
+    assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == (2, 2, 1)
+    assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan.strategy["dp"] == 2
+    assert p["pipeline_parallel_schedule"] == "1F1B"
+    assert p["pipeline_parallel_split_points"] == ["layers.1"]
+    assert p["pipeline_parallel_microbatch_size"] == plan.strategy["mbs"]
+    assert cfg["training"]["global_batch_size"] == 8 and cfg["training"]["seq_len"] == 128
+    assert cfg["training"]["local_batch_size"] == 8 // 2  # all micro-batches of a replica go through the pipeline
+    assert cfg["training"]["mixed_precision_param"] == "bfloat16"
+    assert "float8" not in cfg and "converters" not in cfg["model"]
+    assert "-m torchtitan.train --job.config_file ./train.toml" in files["launch.sh"]
+    assert "--nproc-per-node \"$NPROC_PER_NODE\"" in files["launch.sh"]
+    assert "torchtitan v0.1.0" in files["README.md"]
+
+
+def test_torchtitan_dp_degrees(tiny):
+    plan, job = tiny
+
+    def degrees(**strategy):
+        p = tomllib.loads(emitter("torchtitan")(_with(plan, **strategy), job)["train.toml"])["parallelism"]
+        return p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"], p["fsdp_reshard_after_forward"]
+
+    assert degrees(zero=0) == (2, 1, "default")
+    assert degrees(zero=3, shard="full") == (1, 2, "default")
+    assert degrees(zero=1, shard="full") == (1, 2, "never")
+    assert degrees(zero=3, shard="node") == (1, 2, "default")  # both dp ranks sit in one 4-GPU node with tp=2
+
+
+def test_torchtitan_hsdp_split(big):
+    plan, job = big
+    wide = _with(plan, tp=1, cp=1, pp=1, dp=64, zero=3, shard="node")
+    wide = wide.model_copy(update={"stages": plan.stages[:1]})
+    p = tomllib.loads(emitter("torchtitan")(wide, job)["train.toml"])["parallelism"]
+    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (8, 8)
+
+
+def test_torchtitan_big(big):
+    plan, job = big
+    files = emitter("torchtitan")(plan, job)
+    cfg = tomllib.loads(files["train.toml"])
+    p = cfg["parallelism"]
+    assert cfg["model"]["flavor"] == "70B"
+    assert p["pipeline_parallel_split_points"] == ["layers.19", "layers.40", "layers.61"]
+    assert cfg["training"]["local_batch_size"] == 512 // plan.strategy["dp"]
+
+
+def test_torchtitan_interleaved(interleaved):
+    plan, job = interleaved
+    p = tomllib.loads(emitter("torchtitan")(plan, job)["train.toml"])["parallelism"]
+    assert p["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert p["pipeline_parallel_split_points"] == [f"layers.{10 * k}" for k in range(1, 8)]
+
+
+def test_torchtitan_recompute_fp8_offload(tiny, big):
+    plan, job = big
+
+    def ac(**strategy):
+        files = emitter("torchtitan")(_with(plan, **strategy), job)
+        return tomllib.loads(files["train.toml"])["activation_checkpoint"], files["README.md"]
+
+    assert ac(recompute="none")[0] == {"mode": "none"}
+    assert ac(recompute="selective")[0] == {"mode": "selective", "selective_ac_option": "op"}
+    assert ac(recompute="full", recompute_layers=None)[0] == {"mode": "full"}
+    section, readme = ac(recompute="full", recompute_layers=[2, 0, 0, 0])
+    assert section == {"mode": "selective", "selective_ac_option": "9"}  # 19 // 2: every 9th block
+    assert "2/0/0/0" in readme
+    fp8_job = job.model_copy(update={"precision": "fp8"})
+    cfg = tomllib.loads(emitter("torchtitan")(plan, fp8_job)["train.toml"])
+    assert cfg["model"]["converters"] == ["float8"] and cfg["float8"]["enable_fsdp_float8_all_gather"] is True
+    files = emitter("torchtitan")(_with(plan, zero=3, offload="params", offload_device="nvme"), job)
+    assert tomllib.loads(files["train.toml"])["training"]["enable_cpu_offload"] is False
+    assert "offload=params to nvme" in files["README.md"]
+    files = emitter("torchtitan")(_with(plan, zero=3, offload="all"), job)
+    assert tomllib.loads(files["train.toml"])["training"]["enable_cpu_offload"] is True
+    files = emitter("torchtitan")(_with(plan, tp_overlap=True), job)
+    cfg = tomllib.loads(files["train.toml"])
+    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True and cfg["training"]["compile"] is True
+
+
+# ---------------------------------------------------------------- megatron
+
+
+def test_megatron_tiny(tiny):
+    plan, job = tiny
+    files = emitter("megatron")(plan, job)
+    args = _args(files["args.txt"])
+    assert args["tensor-model-parallel-size"] == "2" and args["pipeline-model-parallel-size"] == "2"
+    assert args["sequence-parallel"] is True and args["use-distributed-optimizer"] is True
+    assert args["micro-batch-size"] == str(plan.strategy["mbs"]) and args["global-batch-size"] == "8"
+    assert (args["num-layers"], args["hidden-size"], args["num-attention-heads"]) == ("2", "64", "4")
+    assert args["num-query-groups"] == "2" and args["ffn-hidden-size"] == "128" and args["bf16"] is True
+    assert "decoder-first-pipeline-num-layers" not in args
+    assert "pretrain_gpt.py\" $(cat \"$HERE/args.txt\")" in files["launch.sh"]
+    assert check_megatron_args(args, 8) == []
+
+
+def test_megatron_big(big):
+    plan, job = big
+    files = emitter("megatron")(plan, job)
+    args = _args(files["args.txt"])
+    assert args["decoder-first-pipeline-num-layers"] == "19" and args["decoder-last-pipeline-num-layers"] == "19"
+    assert args["num-layers"] == "80" and args["ffn-hidden-size"] == "28672" and args["swiglu"] is True
+    assert "recompute-granularity" not in args and "num-layers-per-virtual-pipeline-stage" not in args
+    # the whole line is one shell word list
+    assert shlex.split(files["args.txt"])[0] == "--tensor-model-parallel-size"
+
+
+def test_megatron_interleaved_recompute_precision(interleaved, big):
+    plan, job = interleaved
+    args = _args(emitter("megatron")(plan, job)["args.txt"])
+    assert args["num-layers-per-virtual-pipeline-stage"] == "10"
+    plan, job = big
+    recomputing = _with(plan, recompute="full", recompute_layers=[1, 0, 3, 0])
+    files = emitter("megatron")(recomputing, job)
+    args = _args(files["args.txt"])
+    assert (args["recompute-granularity"], args["recompute-method"], args["recompute-num-layers"]) == \
+        ("full", "block", "3")
+    assert "1/0/3/0" in files["README.md"] and "maximum (3)" in files["README.md"]
+    args = _args(emitter("megatron")(_with(plan, recompute="selective"), job)["args.txt"])
+    assert args["recompute-granularity"] == "selective" and "recompute-method" not in args
+    args = _args(emitter("megatron")(plan, job.model_copy(update={"precision": "fp8"}))["args.txt"])
+    assert args["bf16"] is True and args["fp8-format"] == "hybrid"
+    args = _args(emitter("megatron")(plan, job.model_copy(update={"precision": "fp16"}))["args.txt"])
+    assert args["fp16"] is True and "bf16" not in args
+    args = _args(emitter("megatron")(_with(plan, tp=1, sp=False, dp=16), job)["args.txt"])
+    assert "sequence-parallel" not in args
+
+
+def test_megatron_unexpressible_split(big):
+    plan, job = big
+    stages = [s.model_copy(update={"blocks": list(b)}) for s, b in
+              zip(plan.stages, [(0, 19), (20, 37), (38, 59), (60, 79)])]  # 20/18/22/20
+    files = emitter("megatron")(plan.model_copy(update={"stages": stages}), job)
+    args = _args(files["args.txt"])
+    assert "decoder-first-pipeline-num-layers" not in args
+    assert "20/18/22/20" in files["README.md"] and "20 layers on every stage" in files["README.md"]
+
+
+def test_megatron_emitter_fails_loudly(tiny):
+    plan, job = tiny
+    with pytest.raises(ValueError, match="num-attention-heads \\(4\\) is not divisible"):
+        emitter("megatron")(_with(plan, tp=8, pp=1, dp=1), job)
+
+
+GOOD = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 2, "context-parallel-size": 1,
+        "expert-model-parallel-size": 1, "micro-batch-size": 1, "global-batch-size": 8, "num-layers": 8,
+        "num-attention-heads": 8, "num-query-groups": 2, "seq-length": 128, "sequence-parallel": True}
+
+
+@pytest.mark.parametrize("change, world, message", [
+    ({}, 6, "world size (6) is not divisible by tensor-model-parallel-size (2) x pipeline-model-parallel-size (2)"),
+    ({"global-batch-size": 7}, 8, "global-batch-size (7) is not divisible by micro-batch-size (1) x data-parallel"),
+    ({"tensor-model-parallel-size": 1, "pipeline-model-parallel-size": 4}, 8, "--sequence-parallel needs"),
+    ({"num-layers-per-virtual-pipeline-stage": 3}, 8, "num-layers (8) is not divisible by pipeline-model-parallel"),
+    ({"num-layers-per-virtual-pipeline-stage": 2, "pipeline-model-parallel-size": 1,
+      "tensor-model-parallel-size": 4}, 8, "--num-layers-per-virtual-pipeline-stage needs pipeline"),
+    ({"num-layers": 7}, 8, "num-layers (7) is not divisible by pipeline-model-parallel-size (2)"),
+    ({"pipeline-model-parallel-size": 4, "tensor-model-parallel-size": 1, "sequence-parallel": False,
+      "num-layers": 11, "decoder-first-pipeline-num-layers": 1, "global-batch-size": 2}, 4,
+     "does not divide evenly over the other 3 stages"),
+    ({"num-experts": 6, "expert-model-parallel-size": 4}, 8, "num-experts (6) is not divisible by expert-model"),
+    ({"recompute-granularity": "full", "recompute-method": "block", "recompute-num-layers": 5}, 8,
+     "recompute-num-layers (5) exceeds the layers per pipeline stage (4)"),
+    ({"recompute-granularity": "selective", "recompute-method": "block"}, 8, "needs --recompute-granularity full"),
+    ({"num-attention-heads": 5}, 8, "num-attention-heads (5) is not divisible by tensor-model-parallel-size (2)"),
+    ({"num-query-groups": 1}, 8, "num-query-groups (1) is not divisible"),
+    ({"context-parallel-size": 2, "seq-length": 130}, 8, "seq-length (130) is not divisible by 2 x context"),
+    ({"num-layers-per-virtual-pipeline-stage": 2, "decoder-first-pipeline-num-layers": 2}, 8, "cannot be combined"),
+])
+def test_megatron_check_rules(change, world, message):
+    assert check_megatron_args(GOOD, 8) == []
+    errors = check_megatron_args({**GOOD, **change}, world)
+    assert any(message in e for e in errors), errors
+
+
+def test_megatron_check_uneven_ok():
+    args = {**GOOD, "pipeline-model-parallel-size": 4, "tensor-model-parallel-size": 1, "sequence-parallel": False,
+            "num-layers": 10, "decoder-first-pipeline-num-layers": 1, "decoder-last-pipeline-num-layers": 3,
+            "global-batch-size": 2}
+    assert check_megatron_args(args, 4) == []
+    assert check_megatron_args({**args, "recompute-granularity": "full", "recompute-method": "block",
+                                "recompute-num-layers": 4}, 4) == [
+        "recompute-num-layers (4) exceeds the layers per pipeline stage (3)"]
+
+
+def test_megatron_args_dict_matches_file(big):
+    plan, job = big
+    args, _ = megatron_args(plan, job)
+    assert {k: (True if v is True else str(v)) for k, v in args.items()} == \
+        _args(emitter("megatron")(plan, job)["args.txt"])
+
+
+# ---------------------------------------------------------------- slurm and k8s
+
+
+def test_slurm(big, tiny):
+    plan, job = big
+    text = emitter("slurm")(plan, job)["job.sbatch"]
+    for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --cpus-per-task=64", "#SBATCH --job-name=planner-llama3-70b", "#SBATCH --time="):
+        assert line in text
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
+    assert "LAUNCHER=${LAUNCHER:-../torch/launch.sh}" in text and "srun " in text and "deepspeed" in text.lower()
+    assert "NODE_RANK=$SLURM_NODEID" in text
+    # directives come before the first command
+    lines = text.splitlines()
+    first_cmd = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    assert all(i < first_cmd for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+    assert "#SBATCH --nodes=2" in emitter("slurm")(*tiny)["job.sbatch"]
+
+
+def test_k8s(big, tiny):
+    plan, job = big
+    text = emitter("k8s")(plan, job)["pytorchjob.yaml"]
+    assert "apiVersion kubeflow.org/v1" in text.splitlines()[0]
+    doc = yaml.safe_load(text)
+    assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "PyTorchJob"
+    assert doc["spec"]["nprocPerNode"] == "8"
+    specs = doc["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 7
+    container = specs["Worker"]["template"]["spec"]["containers"][0]
+    assert container["name"] == "pytorch"
+    assert container["command"] == ["torchrun", "-m", "planner.runtime.train", "--plan", "/plan/plan.json"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    # one node (the first stage's first 8 ranks only): no Worker replicas
+    stage = plan.stages[0]
+    span = stage.ranks.spans[0].model_copy(update={"first_node": 0, "last_node": 0})
+    stage = stage.model_copy(update={"ranks": stage.ranks.model_copy(update={"spans": [span]})})
+    single = plan.model_copy(update={"job": plan.job.model_copy(update={"num_gpus": 8}), "stages": [stage]})
+    doc = yaml.safe_load(emitter("k8s")(single, job)["pytorchjob.yaml"])
+    assert list(doc["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    doc = yaml.safe_load(emitter("k8s")(*tiny)["pytorchjob.yaml"])
+    assert doc["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+
+
+# ---------------------------------------------------------------- determinism and goldens
+
+
+def test_deterministic(tiny):
+    plan, job = tiny
+    for target in ("torchtitan", "megatron", "slurm", "k8s"):
+        assert emitter(target)(plan, job) == emitter(target)(plan, job)
+
+
+def _regen():
+    spec = importlib.util.spec_from_file_location("golden_regenerate", GOLDEN / "regenerate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REGEN_MODULE = _regen()
+
+
+@pytest.mark.parametrize("case", sorted(REGEN_MODULE.CASES))
+def test_golden(case):
+    produced = REGEN_MODULE.case_files(case)
+    assert set(produced) == set(available_targets())
+    for target, files in produced.items():
+        folder = GOLDEN / case / target
+        assert folder.is_dir(), f"no golden files for {case}/{target}: run `{REGEN}`"
+        stored = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        assert sorted(stored) == sorted(files), f"{case}/{target}: file set changed; run `{REGEN}`"
+        for path, text in files.items():
+            assert text.encode("utf-8") == stored[path], \
+                f"{case}/{target}/{path} differs from its golden file; if intended, run `{REGEN}`"
