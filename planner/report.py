@@ -141,8 +141,19 @@ def _runners_up(plan: Plan) -> list[str]:
     return [_md_table(["#", "strategy", "step s", "tokens/s", worse], rows, right=(0, 2, 3, 4))]
 
 
-def render_report(plan: Plan) -> str:
-    """report.md for a compiled plan."""
+# How each target folder is launched, from the output directory (see its README.md for details)
+LAUNCH_COMMANDS = {
+    "deepspeed": "bash deepspeed/launch.sh            # DeepSpeed launcher over deepspeed/hostfile",
+    "torch": "bash torch/launch.sh                # on every node: torchrun + planner.runtime.train",
+    "torchtitan": "bash torchtitan/launch.sh           # on every node: torchrun -m torchtitan.train",
+    "megatron": "bash megatron/launch.sh             # on every node: torchrun pretrain_gpt.py $(cat args.txt)",
+    "slurm": "sbatch slurm/job.sbatch             # srun of torch/launch.sh on the allocated nodes",
+    "k8s": "kubectl apply -f k8s/pytorchjob.yaml # Kubeflow PyTorchJob",
+}
+
+
+def render_report(plan: Plan, targets: tuple[str, ...] = ()) -> str:
+    """report.md for a compiled plan; `targets` are the launch folders written beside it."""
     job, t = plan.job, plan.time
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [
@@ -193,8 +204,9 @@ def render_report(plan: Plan) -> str:
         "",
         "## Launch",
         "",
-        "Launch files (DeepSpeed, torch, torchtitan, Megatron-LM, Slurm, Kubernetes) arrive with the emitter "
-        "targets; until then, plan.json holds everything they will be generated from.",
+        *(["From this directory:", "", "```", *(LAUNCH_COMMANDS[t] for t in targets if t in LAUNCH_COMMANDS),
+           "```"] if targets else
+          ["No launch folders were written; `planner compile ... -o DIR --target T` writes them."]),
         "",
         f"<!-- inputs sha256 {plan.inputs_digest}; schema {plan.schema_version}; planner {plan.planner_version} -->",
     ]

@@ -239,3 +239,12 @@ def test_schema(what, key):
 
 def test_schema_unknown_kind_exits_2():
     assert run("schema", "strategy").exit_code == 2
+
+
+def test_report_lists_the_launch_command_of_every_target_written(tmp_path):
+    result = run("compile", *TINY, "-o", tmp_path / "out", "--target", "deepspeed", "--target", "slurm")
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "bash deepspeed/launch.sh" in report and "sbatch slurm/job.sbatch" in report
+    assert "torch/launch.sh  " not in report  # not written, not listed
+    assert (tmp_path / "out" / "deepspeed" / "launch.sh").stat().st_mode & 0o111  # executable

@@ -129,15 +129,18 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     else:
         click.echo(render.compile_summary(plan, wall))
     if out_dir is not None:
-        files = {"plan.json": plan_json(plan), "report.md": render_report(plan)}
+        files = {"plan.json": plan_json(plan)}
+        written = []
         for target in targets:
             try:
                 files.update(emit_targets(plan, job, (target,)))
+                written.append(target)
             except UnsupportedPlan as err:
                 if explicit_targets:
                     raise PlannerInputError(f"--target {target}: {err}") from None
                 click.echo(f"note: no {target}/ files: {err}", err=True)  # a default target that does not apply
-                targets = tuple(t for t in targets if t != target)
+        targets = tuple(written)
+        files["report.md"] = render_report(plan, targets)
         write_outputs(out_dir, files, force=force)
         folders = "".join(f", {t}/" for t in targets)
         click.echo(f"wrote {out_dir}: plan.json, report.md{folders} (search {wall:.2f} s)", err=True)
