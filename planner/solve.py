@@ -290,8 +290,13 @@ def _explain_infeasible(job: Job, catalog: Catalog) -> str:
 
 def _result(search: _Search, configurations: int) -> CompileResult:
     best = search.best
-    estimate = evaluate(search.job, best, search.catalog)
+    estimate = evaluate(search.job, best, search.catalog)  # the re-check every plan gets
     objective = search.incumbent
+    step = objective / _price_rate(search.job, best, search.catalog) if search.options.objective == "cost" else objective
+    if not estimate.memory.fits or abs(estimate.step_time_s - step) > 0.005 * step:
+        # the tables are built from evaluate's own functions: a disagreement is a bug, not an input error
+        raise RuntimeError(f"plan {best.spec()} re-evaluates to {estimate.step_time_s:.6g} s "
+                           f"(fits: {estimate.memory.fits}) against the program's {step:.6g} s")
     bound = min([objective, *search.open_bounds])
     gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
     certificate = Certificate(
