@@ -101,6 +101,11 @@ class Layer(BaseModel):
     active_params: int | None = Field(
         None, ge=0, description="Parameters touched per token (MoE); defaults to params."
     )
+    tp_replicated_params: int = Field(
+        0, ge=0,
+        description="Parameters every tensor-parallel rank keeps whole (norm weights, row-parallel biases, "
+        "position tables, MoE routers); the rest of a tp_splittable layer is split.",
+    )
     tied_params: int = Field(
         0, ge=0,
         description="Parameters counted in another layer but held again here when the two sit on "

@@ -171,6 +171,7 @@ def _embedding(cfg: TransformerConfig) -> Layer:
         params += _norm_params(cfg)
     return Layer(
         name="embedding", kind=LayerKind.EMBEDDING, params=params, hidden=h, flops_per_token=0.0,
+        tp_replicated_params=params - cfg.vocab * h,  # only the token table is vocab-parallel
         act_replicated=float(_dropout_bytes(cfg)), tp_splittable=True,
     )
 
@@ -185,6 +186,7 @@ def _attention(cfg: TransformerConfig, i: int) -> Layer:
     return Layer(
         name=f"block.{i}.attention", kind=LayerKind.ATTENTION, block=i,
         params=weights + biases + _norm_params(cfg), hidden=h,
+        tp_replicated_params=_norm_params(cfg) + (h if cfg.bias else 0),  # norm, output-projection bias
         flops_per_token=2.0 * weights, flops_per_token_per_seq=4.0 * a * d,
         # norm input 2h + QKV input 2h (+ dropout mask after the output projection)
         act_replicated=float(4 * h + _dropout_bytes(cfg)),
@@ -247,6 +249,7 @@ def _mlp(cfg: TransformerConfig, i: int) -> Layer:
     return Layer(
         name=f"block.{i}.mlp", kind=LayerKind.MLP, block=i,
         params=weights + biases + _norm_params(cfg), hidden=h, flops_per_token=2.0 * weights,
+        tp_replicated_params=_norm_params(cfg) + (h if cfg.bias else 0),  # norm, down-projection bias
         act_replicated=float(4 * h + _dropout_bytes(cfg)),  # norm input 2h + fc1 input 2h (+ mask)
         act_tp_split=float(_ffn_act_split(cfg, cfg.ffn)), tp_splittable=True,
     )
@@ -262,6 +265,7 @@ def _moe(cfg: TransformerConfig, i: int) -> Layer:
     return Layer(
         name=f"block.{i}.moe", kind=LayerKind.MOE, block=i,
         params=(m.num_experts + m.shared_experts) * expert + router + norm,
+        tp_replicated_params=router + norm,
         active_params=used * expert + router + norm, hidden=h,
         flops_per_token=2.0 * (used * weights + router),
         act_replicated=float(4 * h + _dropout_bytes(cfg)),

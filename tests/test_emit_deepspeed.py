@@ -316,3 +316,42 @@ def test_engine_trains_zero3_plan_on_cpu(tmp_path):
     assert losses["gradient_accumulation_steps"] == plan.time.micro_batches
     assert len(losses["losses"]) == 3
     assert losses["losses"][-1] < losses["losses"][0]
+
+
+@pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
+def test_pipeline_engine_trains_pp2_plan_on_cpu(tmp_path):
+    """DeepSpeed's PipelineEngine runs a pp=2 plan split at pipeline.json's `parts` (not DeepSpeed's own split)."""
+    cluster = tmp_path / "cpu-2.yaml"  # one node of 2 CPU "GPUs": a pp=2 plan for 2 processes
+    cluster.write_text("name: cpu-2\npools:\n  - name: cpu\n    preset: cpu\n    nodes: 1\n"
+                       "    overrides: {gpus_per_node: 2}\n")
+    job, plan = compiled("tiny-llama", str(cluster), 8, 128, {"pp": 2, "tp": 1, "dp": 1, "cp": 1})
+    assert (plan.strategy["pp"], plan.strategy["dp"], plan.job.num_gpus) == (2, 1, 2)
+    files = emit(plan, job)
+    for name in ("ds_config.json", "pipeline.json"):
+        (tmp_path / name).write_text(files[name])
+    pipe = json.loads(files["pipeline.json"])
+    out = tmp_path / "out"
+    out.mkdir()
+    script = ROOT / "tests" / "e2e" / "ds_pipe_train.py"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+         str(script), str(tmp_path / "ds_config.json"), str(tmp_path / "pipeline.json"), str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    ranks = {r: json.loads((out / f"rank{r}.json").read_text()) for r in range(2)}
+    specs, parts = pipe["layers"], pipe["parts"]
+    for i, stage in enumerate(plan.stages):
+        for r in range(stage.ranks.first_rank, stage.ranks.last_rank + 1):
+            got = ranks[r]
+            assert got["stage"] == i and got["num_stages"] == 2 and got["parts"] == parts
+            assert (got["start"], got["stop"]) == (parts[i], parts[i + 1])
+            assert got["layers"] == specs[parts[i]:parts[i + 1]]  # the layers each rank built
+            blocks = [int(name.split(".")[1]) for name in got["layers"] if name.startswith("block.")]
+            assert blocks == (list(range(stage.blocks[0], stage.blocks[1] + 1)) if stage.blocks else [])
+            assert got["micro_batches"] == got["gradient_accumulation_steps"] == plan.time.micro_batches
+    last = [got for got in ranks.values() if got["is_last_stage"]]
+    assert len(last) == 1 and last[0]["stage"] == 1
+    losses = last[0]["losses"]
+    assert len(losses) == 3 and losses[-1] < losses[0]

@@ -66,14 +66,16 @@ class StageMemory:
 
 
 def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
-    """Parameters of `layer` one rank holds before ZeRO sharding (tp split; experts also by ep)."""
+    """Parameters of `layer` one rank holds before ZeRO sharding: tensor parallelism splits all but
+    the replicated ones (norms, row-parallel biases, routers); routed experts are also split by ep."""
     tp = tp_divisor(layer, strategy.tp)
+    replicated = layer.tp_replicated_params if tp > 1 else 0
     if layer.kind == LayerKind.MOE and layer.moe is not None:
         per_expert = (layer.params - layer.touched_params) / max(1, layer.moe.num_experts - layer.moe.top_k)
         routed = per_expert * layer.moe.num_experts
-        dense = layer.params - routed
-        return dense / tp + routed / (tp * strategy.ep)
-    return layer.params / tp
+        dense = layer.params - routed - replicated
+        return dense / tp + routed / (tp * strategy.ep) + replicated
+    return (layer.params - replicated) / tp + replicated
 
 
 def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -> float:
