@@ -23,6 +23,7 @@ from __future__ import annotations
 from models.transformer import TransformerConfig
 from models.zoo import ZOO
 from planner.emit import UnsupportedPlan
+from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan import Plan
 
@@ -62,21 +63,9 @@ def runtime_problem(plan: Plan) -> str | None:
     return config_problem(entry.config) or strategy_problem(plan.strategy)
 
 
-def launch_shape(plan: Plan) -> tuple[int, int]:
-    """(nodes, processes per node) of the plan: torchrun's --nnodes and --nproc_per_node."""
-    nodes: set[int] = set()
-    gpn = 0
-    for stage in plan.stages:
-        for span in stage.ranks.spans:
-            nodes.update(range(span.first_node, span.last_node + 1))
-            gpn = max(gpn, span.gpus_per_node)
-    nproc = min(gpn, plan.job.num_gpus) if gpn else plan.job.num_gpus
-    nnodes = max(len(nodes), -(-plan.job.num_gpus // max(nproc, 1)))
-    return nnodes, nproc
-
-
 def _launch(plan: Plan) -> str:
-    nnodes, nproc = launch_shape(plan)
+    shape = launch_shape(plan)
+    nnodes, nproc = shape["nnodes"], shape["nproc_per_node"]
     return f"""#!/usr/bin/env bash
 # {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}
 # {plan.job.num_gpus} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
@@ -91,7 +80,8 @@ exec torchrun --nnodes {nnodes} --nproc_per_node {nproc} --rdzv_backend c10d \\
 
 
 def _readme(plan: Plan) -> str:
-    nnodes, nproc = launch_shape(plan)
+    shape = launch_shape(plan)
+    nnodes, nproc = shape["nnodes"], shape["nproc_per_node"]
     s = plan.strategy
     return f"""# torch launch files
 

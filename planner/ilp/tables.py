@@ -229,17 +229,8 @@ class TableBuilder:
                 left -= take
             return total
 
-        candidates = sorted({t for times, _ in profiles for t in times})
-        lo, hi = 0, len(candidates)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if held(candidates[mid]) >= blocks:
-                hi = mid
-            else:
-                lo = mid + 1
-        if lo == len(candidates):
-            return float("inf")
-        return (m - 1 / v) * candidates[lo] + self._sum_term(strategy, pools) / v
+        limit = smallest_sufficient(sorted({t for times, _ in profiles for t in times}), held, blocks)
+        return (m - 1 / v) * limit + self._sum_term(strategy, pools) / v
 
     def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int) -> float:
         """Fastest seconds per micro-batch of any stage of `blocks` blocks on `pool` (inf if none fits)."""
@@ -435,15 +426,19 @@ def bottleneck_bound(tables: ConfigTables) -> float:
     def held(limit: int) -> int:
         return sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)
 
-    candidates = sorted({t for stage in entries for t, _ in stage})
+    limit = smallest_sufficient(sorted({t for stage in entries for t, _ in stage}), held, blocks)
+    fastest = sum(stage[0][0] for stage in entries)
+    return ((m - 1 / v) * limit + fastest / v) / NS
+
+
+def smallest_sufficient(candidates: list, held, need: int) -> float:
+    """The smallest candidate time limit at which `held(limit)` blocks reach `need` (inf if none),
+    by bisection: held only grows with the limit."""
     lo, hi = 0, len(candidates)
     while lo < hi:
         mid = (lo + hi) // 2
-        if held(candidates[mid]) >= blocks:
+        if held(candidates[mid]) >= need:
             hi = mid
         else:
             lo = mid + 1
-    if lo == len(candidates):
-        return float("inf")
-    fastest = sum(stage[0][0] for stage in entries)
-    return ((m - 1 / v) * candidates[lo] + fastest / v) / NS
+    return candidates[lo] if lo < len(candidates) else float("inf")
