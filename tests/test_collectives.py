@@ -43,7 +43,6 @@ def test_more_ranks_per_node_use_more_nics_and_hierarchy_never_loses():
     flat = coll.all_reduce(S, group(64, 1), CATALOG)
     packed = coll.all_reduce(S, group(64, 8), CATALOG)
     assert packed < flat
-    g = group(64, 8)
     ring_only = 2 * 63 / 64 * S / min(NVLINK, 8 * NIC) + 2 * 63 * 5e-6
     assert packed <= ring_only + 1e-12
 

@@ -417,7 +417,7 @@ def bottleneck_bound(tables: ConfigTables) -> float:
     the most blocks it can within T (any pool), hold every block; then the pipeline formula with
     each stage at its fastest entry for the sum."""
     strategy = tables.strategy
-    p, v, m = strategy.pp, strategy.vpp, tables.micro_batches
+    v, m = strategy.vpp, tables.micro_batches
     entries = []  # per stage: (time, blocks) pairs
     for per_pool in tables.options:
         entries.append(sorted((o.time, sum(c)) for options in per_pool for c, o in options.items()))
