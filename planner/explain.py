@@ -190,22 +190,15 @@ def _more_nodes(job: Job, catalog: Catalog) -> str | None:
 
 def _smaller_job(job: Job, catalog: Catalog) -> str | None:
     """A smaller global batch, else a shorter sequence, that fits on this cluster."""
-    for step in range(1, _HALVINGS + 1):
-        batch = job.global_batch >> step
-        if batch < 1:
-            break
-        fit = _first_fit(job.model_copy(update={"global_batch": batch}), catalog)
-        if fit is not None:
-            return f"fits with --batch {batch} (e.g. {fit.spec})"
-    if job.model.family == "recsys":
-        return None
-    for step in range(1, _HALVINGS + 1):
-        seq_len = job.seq_len >> step
-        if seq_len < 1:
-            break
-        fit = _first_fit(job.model_copy(update={"seq_len": seq_len}), catalog)
-        if fit is not None:
-            return f"fits with --seq-len {seq_len} (e.g. {fit.spec})"
+    sizes = [("global_batch", "--batch")] + ([] if job.model.family == "recsys" else [("seq_len", "--seq-len")])
+    for field, flag in sizes:
+        for step in range(1, _HALVINGS + 1):
+            value = getattr(job, field) >> step
+            if value < 1:
+                break
+            fit = _first_fit(job.model_copy(update={field: value}), catalog)
+            if fit is not None:
+                return f"fits with {flag} {value} (e.g. {fit.spec})"
     return None
 
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Cluster
 from planner import __version__
-from planner.cost.estimate import Breakdown, Estimate, HostMemory, StageReport
+from planner.cost.estimate import Breakdown, Estimate, HbmBreakdown, HostMemory, StageReport
 from planner.cost.evaluate import evaluate
 from planner.cost.layout import stage_layers
 from planner.job import Job
@@ -98,26 +98,11 @@ class StageRanks(BaseModel):
     )
 
 
-class HbmUse(BaseModel):
-    """HBM per GPU of a stage at its peak (bytes)."""
-
-    model_config = _FIELD
-    weights_bytes: float = Field(description="Weights.")
-    grads_bytes: float = Field(description="Gradients.")
-    optimizer_bytes: float = Field(description="Optimizer states.")
-    activations_bytes: float = Field(description="Saved activations at the peak.")
-    buffers_bytes: float = Field(description="Gathered-weight and communication buffers.")
-    reserve_bytes: float = Field(description="Framework reserve and fragmentation.")
-    peak_bytes: float = Field(description="Sum of the above.")
-    capacity_bytes: float = Field(description="HBM of the device.")
-    fits: bool = Field(description="peak_bytes <= capacity_bytes.")
-
-
 class StageMemory(BaseModel):
     """Memory of one GPU of a stage, per tier."""
 
     model_config = _FIELD
-    hbm: HbmUse = Field(description="GPU memory breakdown.")
+    hbm: HbmBreakdown = Field(description="GPU memory breakdown.")
     host_dram_bytes: float = Field(description="Bytes this GPU's rank parks in host DRAM (offload).")
     nvme_bytes: float = Field(description="Bytes this GPU's rank parks on NVMe (offload).")
 
@@ -345,12 +330,7 @@ def _recompute_blocks(strategy: Strategy, stage: int, blocks: tuple[int, ...]) -
 
 def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[RankSpan]) -> PlanStage:
     blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
-    hbm = HbmUse(
-        weights_bytes=report.weights_bytes, grads_bytes=report.grads_bytes, optimizer_bytes=report.optimizer_bytes,
-        activations_bytes=report.activations_bytes, buffers_bytes=report.buffers_bytes,
-        reserve_bytes=report.reserve_bytes, peak_bytes=report.peak_bytes, capacity_bytes=report.capacity_bytes,
-        fits=report.fits,
-    )
+    hbm = HbmBreakdown(**report.model_dump(include=set(HbmBreakdown.model_fields)))
     return PlanStage(
         index=report.stage, blocks=list(report.blocks), layers=len(layers),
         first_layer=layers[0].name if layers else "", last_layer=layers[-1].name if layers else "",

@@ -223,8 +223,7 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     _branch_and_bound(search, configs)
     if search.best is None:
         # nothing fits: retry with offload, which trades time for memory
-        offload_space = options.space.model_copy(update={"fixed": dict(options.space.fixed)})
-        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, offload_space)
+        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, options.space)
                    for upd in _offload_variants(c)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)

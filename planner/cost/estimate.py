@@ -25,15 +25,10 @@ class Breakdown(BaseModel):
     dp_comm_total_s: float = Field(description="Data-parallel communication including the hidden part.")
 
 
-class StageReport(BaseModel):
-    """Memory and time of one pipeline stage (per GPU)."""
+class HbmBreakdown(BaseModel):
+    """HBM per GPU of a stage at its peak (bytes); also the plan's per-stage HBM record."""
 
     model_config = _FIELD
-    stage: int = Field(description="Stage index.")
-    blocks: list[int] = Field(description="First and last transformer block of the stage ([] if none).")
-    layers: int = Field(description="Layers on the stage.")
-    device: str = Field(description="Device type of the stage's GPUs.")
-    params: float = Field(description="Parameters per GPU before ZeRO sharding.")
     weights_bytes: float = Field(description="Weights in HBM.")
     grads_bytes: float = Field(description="Gradients in HBM.")
     optimizer_bytes: float = Field(description="Optimizer states in HBM.")
@@ -42,9 +37,19 @@ class StageReport(BaseModel):
     reserve_bytes: float = Field(description="Framework reserve and fragmentation.")
     peak_bytes: float = Field(description="Total HBM at the peak.")
     capacity_bytes: float = Field(description="HBM of the device.")
+    fits: bool = Field(description="peak_bytes <= capacity_bytes.")
+
+
+class StageReport(HbmBreakdown):
+    """Memory and time of one pipeline stage (per GPU)."""
+
+    stage: int = Field(description="Stage index.")
+    blocks: list[int] = Field(description="First and last transformer block of the stage ([] if none).")
+    layers: int = Field(description="Layers on the stage.")
+    device: str = Field(description="Device type of the stage's GPUs.")
+    params: float = Field(description="Parameters per GPU before ZeRO sharding.")
     host_offload_bytes: float = Field(description="Bytes parked in host DRAM.")
     nvme_offload_bytes: float = Field(description="Bytes parked on NVMe.")
-    fits: bool = Field(description="peak_bytes <= capacity_bytes.")
     microbatch_time_s: float = Field(description="One micro-batch forward+backward on this stage.")
 
 
