@@ -39,7 +39,7 @@ from planner.job import Job
 from planner.solve import CompileOptions, CompileResult
 from planner.strategy import Strategy, parse_strategy
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _FIELD = ConfigDict(extra="forbid")
 
@@ -112,7 +112,14 @@ class PlanStage(BaseModel):
 
     model_config = _FIELD
     index: int = Field(description="Stage index, 0-based.")
-    blocks: list[int] = Field(description="[first, last] transformer block (inclusive); [] when it has none.")
+    blocks: list[int] = Field(
+        description="[first, last] transformer block (inclusive) the cost model charges to the stage; [] when it "
+        "has none.  With vpp > 1 the stage holds the same number of blocks, as `chunks`."
+    )
+    chunks: list[list[int]] = Field(
+        description="[first, last] block of each model chunk the stage runs, in schedule order: [blocks] when "
+        "vpp = 1; with vpp > 1 chunk j of stage i is model chunk j * pp + i (Megatron's interleaved layout)."
+    )
     layers: int = Field(description="Layers on the stage (embedding, blocks' attention/MLP, norm, head).")
     first_layer: str = Field(description="Name of the stage's first layer.")
     last_layer: str = Field(description="Name of the stage's last layer.")
@@ -201,7 +208,7 @@ class Plan(BaseModel):
     """A compiled training plan (plan.json)."""
 
     model_config = _FIELD
-    schema_version: Literal["1"] = Field(SCHEMA_VERSION, description="Version of this schema.")
+    schema_version: Literal["2"] = Field(SCHEMA_VERSION, description="Version of this schema.")
     planner_version: str = Field(description="Version of the planner that wrote the plan.")
     inputs_digest: str = Field(
         description="sha256 (hex) of the canonical JSON of the model, cluster, job parameters and compile options."
@@ -328,11 +335,21 @@ def _recompute_blocks(strategy: Strategy, stage: int, blocks: tuple[int, ...]) -
     return sum(1 for b in blocks if strategy.layer_recompute(b, stage, blocks) == "full")
 
 
+def stage_chunks(strategy: Strategy, stage: int, stage_blocks: list[int]) -> list[list[int]]:
+    """[first, last] block of each chunk of `stage` (see PlanStage.chunks); stage_blocks is its [first, last]."""
+    if strategy.vpp == 1 or not stage_blocks:
+        return [list(stage_blocks)] if stage_blocks else []
+    size = (stage_blocks[1] - stage_blocks[0] + 1) // strategy.vpp  # interleaved chunks are even
+    starts = [(j * strategy.pp + stage) * size for j in range(strategy.vpp)]
+    return [[start, start + size - 1] for start in starts]
+
+
 def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[RankSpan]) -> PlanStage:
     blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
     hbm = HbmBreakdown(**report.model_dump(include=set(HbmBreakdown.model_fields)))
     return PlanStage(
-        index=report.stage, blocks=list(report.blocks), layers=len(layers),
+        index=report.stage, blocks=list(report.blocks), chunks=stage_chunks(strategy, report.stage, list(report.blocks)),
+        layers=len(layers),
         first_layer=layers[0].name if layers else "", last_layer=layers[-1].name if layers else "",
         pools=[span.pool for span in spans], device=report.device,
         ranks=_stage_ranks(strategy, report.stage, spans),

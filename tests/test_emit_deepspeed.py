@@ -26,6 +26,7 @@ deepspeed = pytest.importorskip("deepspeed")
 ds_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 
 from hardware import load_cluster  # noqa: E402
+from ports import free_port  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.cli import cli  # noqa: E402
 from planner.cost.evaluate import evaluate  # noqa: E402
@@ -306,7 +307,7 @@ def test_engine_trains_zero3_plan_on_cpu(tmp_path):
     script = ROOT / "tests" / "e2e" / "ds_train.py"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
          str(script), str(tmp_path / "ds_config.json"), str(tmp_path / "losses.json")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -335,7 +336,7 @@ def test_pipeline_engine_trains_pp2_plan_on_cpu(tmp_path):
     script = ROOT / "tests" / "e2e" / "ds_pipe_train.py"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
          str(script), str(tmp_path / "ds_config.json"), str(tmp_path / "pipeline.json"), str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )

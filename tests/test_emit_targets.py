@@ -38,7 +38,7 @@ def _with(plan, **strategy):
 
 @pytest.fixture(scope="module")
 def tiny():
-    return _compile("tiny-llama", "cpu:2", 8, 128, {"tp": 2, "pp": 2})
+    return _compile("tiny-llama", "cpu:2", 8, 128, {"tp": 2, "pp": 2, "vpp": 1})
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_torchtitan_tiny(tiny):
     assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == (2, 2, 1)
     assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan.strategy["dp"] == 2
     assert p["pipeline_parallel_schedule"] == "1F1B"
-    assert p["pipeline_parallel_split_points"] == ["layers.1"]
+    assert p["pipeline_parallel_split_points"] == ["layers.2"]
     assert p["pipeline_parallel_microbatch_size"] == plan.strategy["mbs"]
     assert cfg["training"]["global_batch_size"] == 8 and cfg["training"]["seq_len"] == 128
     assert cfg["training"]["local_batch_size"] == 8 // 2  # all micro-batches of a replica go through the pipeline
@@ -158,7 +158,7 @@ def test_megatron_tiny(tiny):
     assert args["tensor-model-parallel-size"] == "2" and args["pipeline-model-parallel-size"] == "2"
     assert args["sequence-parallel"] is True and args["use-distributed-optimizer"] is True
     assert args["micro-batch-size"] == str(plan.strategy["mbs"]) and args["global-batch-size"] == "8"
-    assert (args["num-layers"], args["hidden-size"], args["num-attention-heads"]) == ("2", "64", "4")
+    assert (args["num-layers"], args["hidden-size"], args["num-attention-heads"]) == ("4", "64", "4")
     assert args["num-query-groups"] == "2" and args["ffn-hidden-size"] == "128" and args["bf16"] is True
     assert "decoder-first-pipeline-num-layers" not in args
     assert "pretrain_gpt.py\" $(cat \"$HERE/args.txt\")" in files["launch.sh"]

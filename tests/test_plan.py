@@ -60,7 +60,7 @@ def test_plan_round_trips_and_matches_schema_keys(case):
     schema = plan_json_schema()
     data = json.loads(text)
     assert set(data) == set(schema["properties"]) and set(schema["required"]) <= set(data)
-    assert data["schema_version"] == "1" and len(data["inputs_digest"]) == 64
+    assert data["schema_version"] == "2" and len(data["inputs_digest"]) == 64
     assert "wall_s" not in text
 
 

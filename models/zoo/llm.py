@@ -139,10 +139,10 @@ ENTRIES: list[ZooEntry] = [
     ),
     ZooEntry(
         "tiny-llama",
-        llama(name="tiny-llama", num_layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
+        llama(name="tiny-llama", num_layers=4, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
               max_positions=256, source="planner test model: small enough to run on CPU"),
-        # 2 x (attention 12,352 + mlp 24,640) + embedding 16,384 + norm 64 + head 16,384
-        published_params=106_816,
+        # 4 x (attention 12,352 + mlp 24,640) + embedding 16,384 + norm 64 + head 16,384
+        published_params=180_800,
         source="exact count of the planner's CPU test model (Llama layout)",
     ),
 ]

@@ -17,6 +17,7 @@ them to None (embedding, norm, head) or deletes them from `layers`.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -38,16 +39,39 @@ def rope_tables(head_dim: int, max_positions: int, theta: float = 10000.0) -> tu
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., ::2], x[..., 1::2]) of x (batch, seq, heads, head_dim)."""
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotate pairs (x[..., ::2], x[..., 1::2]) of x (batch, seq, heads, head_dim) at positions offset.."""
     seq = x.shape[1]
-    cos, sin = cos[:seq, None, :].to(x.dtype), sin[:seq, None, :].to(x.dtype)
+    cos, sin = cos[offset:offset + seq, None, :].to(x.dtype), sin[offset:offset + seq, None, :].to(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along the sequence dim (1) over a group; backward sums the gradient and keeps the
+    local slice (an all-reduce, since gloo has no reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group, ctx.rank, ctx.size = group, dist.get_rank(group), dist.get_world_size(group)
+        parts = [torch.empty_like(x) for _ in range(ctx.size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad.chunk(ctx.size, dim=1)[ctx.rank], None
+
+
 class Attention(nn.Module):
-    """Grouped-query attention; head counts are read from the (possibly TP-sharded) weights."""
+    """Grouped-query attention; head counts are read from the (possibly TP-sharded) weights.
+
+    Context parallel (cp_group set by the runtime): each rank holds one contiguous chunk of the
+    sequence, all-gathers K and V over the group (Llama 3's all-gather CP; the same bytes as a
+    ring) and attends its queries, at their global positions, to the whole causal prefix.
+    """
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -57,17 +81,25 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, cfg.kv_heads * d, bias=False)
         self.wv = nn.Linear(h, cfg.kv_heads * d, bias=False)
         self.wo = nn.Linear(cfg.heads * d, h, bias=False)
+        self.cp_group: dist.ProcessGroup | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         d = self.head_dim
+        offset = s * dist.get_rank(self.cp_group) if self.cp_group is not None else 0
         q = self.wq(x).view(b, s, -1, d)  # -1: local heads under tensor parallelism
         k = self.wk(x).view(b, s, -1, d)
         v = self.wv(x).view(b, s, -1, d)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, offset), apply_rope(k, cos, sin, offset)
+        mask = None
+        if self.cp_group is not None:
+            k, v = _GatherSequence.apply(k, self.cp_group), _GatherSequence.apply(v, self.cp_group)
+            positions = torch.arange(k.shape[1], device=x.device)
+            mask = positions[None, :] <= positions[offset:offset + s, None]
         repeat = q.shape[2] // k.shape[2]
         k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask, is_causal=mask is None)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 

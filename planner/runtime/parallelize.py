@@ -1,4 +1,4 @@
-"""Apply a compiled Plan to the reference model: mesh, then PP, TP, AC and FSDP passes.
+"""Apply a compiled Plan to the reference model: mesh, then PP, TP, CP, AC and FSDP passes.
 
 `apply_plan(model, plan)` reads the plan's resolved strategy and stages and
 applies, in this order (torchtitan's `models/llama3/parallelize.py` order):
@@ -7,31 +7,40 @@ applies, in this order (torchtitan's `models/llama3/parallelize.py` order):
    the embedding on the first stage and norm + head on the last, and wrap the
    stage in `torch.distributed.pipelining.PipelineStage` with a schedule
    (1f1b: Schedule1F1B, gpipe: ScheduleGPipe) over the plan's micro-batches;
+   with vpp > 1 the rank builds one module per chunk of `stage.chunks`
+   (model chunk j * pp + i, Megatron's interleaved layout) and runs them with
+   ScheduleInterleaved1F1B;
 2. tensor parallel (DTensor `parallelize_module`): vocab-parallel embedding
    (RowwiseParallel) and head (ColwiseParallel), as the cost model splits them;
    ColwiseParallel for wq/wk/wv and w1/w3, RowwiseParallel for wo and w2;
    SequenceParallel on the norms when the plan has sp;
-3. activation checkpointing (`checkpoint_wrapper`) on the stage's first
-   `recompute_blocks` blocks when recompute=full;
-4. data parallel: FSDP2 `fully_shard` per block, then the stage root, when
-   zero >= 1; zero 0 replicates (DDP semantics: gradients all-reduced over dp).
+3. context parallel: each cp rank takes one contiguous chunk of every
+   sequence and its attention all-gathers K and V over the cp group
+   (planner/runtime/model.py); gradients then reduce over dp x cp, as the
+   cost model charges them (torchtitan's dp_shard_cp);
+4. activation checkpointing (`checkpoint_wrapper`) on the first
+   `recompute_blocks / vpp` blocks of each chunk when recompute=full;
+5. data parallel: FSDP2 `fully_shard` per block, then the chunk root, when
+   zero >= 1, over dp_shard x cp; zero 0 replicates (DDP semantics: gradients
+   all-reduced over dp x cp).
 
 ZeRO -> FSDP2 mapping.  FSDP2 always keeps parameters sharded at rest; what
 ZeRO stage changes is whether the gathered weights are freed after forward:
 zero 3 -> `reshard_after_forward=True`; zero 1/2 -> `reshard_after_forward=False`
 (gathered weights stay through backward, as ZeRO-1/2 keep full weights; the
 sharded fp32 parameters are the sharded master copy of ZeRO-1/2).  So with
-zero >= 1 each rank holds params / dp_shard parameters between steps.
+zero >= 1 each rank holds params / (dp_shard x cp) parameters between steps.
 shard=node is HSDP: dp = dp_replicate x dp_shard with dp_shard the data-parallel
 ranks inside one node.  offload of params/optimizer to cpu uses
 `CPUOffloadPolicy` (only on CUDA; on a CPU run everything already is in host memory).
 
-Not supported yet (clear ValueError): cp > 1, vpp > 1 (interleaved stages),
-ep > 1, offload to nvme.
+Not supported (clear ValueError): ep > 1 (the reference model is dense) and
+offload to nvme (FSDP2 offloads to CPU only).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -52,15 +61,16 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 class Parallelized:
     """What `apply_plan` returns: this rank's module and how to run a step with it."""
 
-    model: nn.Module = field(metadata={"doc": "This rank's module: its stage, TP-, AC- and FSDP-wrapped."})
+    model: nn.Module = field(metadata={"doc": "This rank's module: its stage (an nn.ModuleList of chunks when "
+                                              "vpp > 1), TP-, CP-, AC- and FSDP-wrapped."})
     mesh: DeviceMesh = field(metadata={"doc": "The device mesh (dims of MESH_DIMS with size > 1)."})
     stage_index: int = 0
     num_stages: int = 1
     micro_batches: int = 1
-    stage: object | None = None  # PipelineStage when pp > 1
-    schedule: object | None = None  # its schedule
-    replicate_group: dist.ProcessGroup | None = None  # zero 0 with dp > 1: all-reduce gradients here
-    dp_size: int = 1
+    stages: list = field(default_factory=list)  # PipelineStage per chunk when pp > 1
+    schedule: object | None = None  # their schedule
+    replicate_group: dist.ProcessGroup | None = None  # zero 0 with dp x cp > 1: all-reduce gradients here
+    replicate_size: int = 1
 
     @property
     def is_first(self) -> bool:
@@ -70,8 +80,12 @@ class Parallelized:
     def is_last(self) -> bool:
         return self.stage_index == self.num_stages - 1
 
+    def chunks(self) -> list[nn.Module]:
+        """The model chunks this rank runs (one unless vpp > 1)."""
+        return list(self.model) if isinstance(self.model, nn.ModuleList) else [self.model]
+
     def train_step(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
-        """Forward + backward of this data-parallel replica's batch; the mean loss on the last stage, else None."""
+        """Forward + backward of this rank's share of the batch; the mean loss on the last stage, else None."""
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             if self.is_first:
@@ -92,7 +106,7 @@ class Parallelized:
         return loss
 
     def _sync_replicated_grads(self) -> None:
-        # zero 0: DDP semantics without buckets: average every gradient over dp.
+        # zero 0: DDP semantics without buckets: average every gradient over dp x cp.
         if self.replicate_group is None:
             return
         for param in self.model.parameters():
@@ -100,7 +114,7 @@ class Parallelized:
                 continue
             grad = param.grad._local_tensor if isinstance(param.grad, DTensor) else param.grad
             dist.all_reduce(grad, group=self.replicate_group)
-            grad.div_(self.dp_size)
+            grad.div_(self.replicate_size)
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -164,24 +178,34 @@ def _check_supported(plan: Plan) -> None:
 # ---------------------------------------------------------------- passes
 
 
-def split_pipeline(model: Transformer, plan: Plan, *, stage_index: int) -> None:
-    """Keep the blocks of `stage_index` (plan.stages[i].blocks, [] for none), embedding first, norm + head last."""
-    blocks = plan.stages[stage_index].blocks
-    first, last = (blocks[0], blocks[1]) if blocks else (0, -1)
-    model.keep_blocks(first, last, first_stage=stage_index == 0, last_stage=stage_index == len(plan.stages) - 1)
+def stage_chunks(model: Transformer, plan: Plan, *, stage_index: int) -> list[Transformer]:
+    """One copy of `model` per chunk of the stage, each keeping its blocks; the embedding stays on
+    model chunk 0 (stage 0's first) and norm + head on the last model chunk (stage pp-1's last)."""
+    chunks = plan.stages[stage_index].chunks or [[0, -1]]
+    pp, out = len(plan.stages), []
+    for j, (first, last) in enumerate(chunks):
+        piece = model if j == len(chunks) - 1 else copy.deepcopy(model)
+        model_chunk = j * pp + stage_index
+        piece.keep_blocks(first, last, first_stage=model_chunk == 0, last_stage=model_chunk == pp * len(chunks) - 1)
+        out.append(piece)
+    return out
 
 
-def build_schedule(stage_module: nn.Module, plan: Plan, *, stage_index: int, pp_mesh: DeviceMesh,
+def build_schedule(chunks: list[nn.Module], plan: Plan, *, stage_index: int, pp_mesh: DeviceMesh,
                    device: torch.device):
-    """PipelineStage and its schedule (1f1b or gpipe) over the plan's micro-batches."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    """PipelineStage per chunk and their schedule (1f1b, gpipe or interleaved) over the plan's micro-batches."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    stage = PipelineStage(stage_module, stage_index, len(plan.stages), device, group=pp_mesh.get_group())
-    kind = plan.strategy.get("schedule", "1f1b")
+    pp, kind = len(plan.stages), plan.strategy.get("schedule", "1f1b")
+    stages = [PipelineStage(chunk, j * pp + stage_index, pp * len(chunks), device, group=pp_mesh.get_group())
+              for j, chunk in enumerate(chunks)]
+    m = plan.time.micro_batches
+    if kind == "interleaved":
+        return stages, ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
     schedule_cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}.get(kind)
     if schedule_cls is None:
-        raise ValueError(f"schedule={kind}: not supported by the planner torch runtime (1f1b or gpipe)")
-    return stage, schedule_cls(stage, n_microbatches=plan.time.micro_batches, loss_fn=loss_fn)
+        raise ValueError(f"schedule={kind}: not supported by the planner torch runtime (1f1b, gpipe, interleaved)")
+    return stages, schedule_cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
 
 
 def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -216,8 +240,14 @@ def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool
         parallelize_module(block, tp_mesh, plan)
 
 
+def apply_cp(model: Transformer, *, cp_mesh: DeviceMesh) -> None:
+    """Context parallel attention: every block all-gathers K and V over the cp group."""
+    for block in model.layers.values():
+        block.attention.cp_group = cp_mesh.get_group()
+
+
 def apply_ac(model: Transformer, *, blocks: int) -> None:
-    """Full activation checkpointing of the first `blocks` blocks of the stage (Megatron's block method)."""
+    """Full activation checkpointing of the first `blocks` blocks of the chunk (Megatron's block method)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for key in list(model.layers.keys())[:blocks]:
@@ -237,6 +267,15 @@ def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, reshard_after_forward
 # ---------------------------------------------------------------- entry
 
 
+def _data_parallel_mesh(mesh: DeviceMesh, shape: dict[str, int]) -> DeviceMesh:
+    """FSDP2's mesh: dp_shard x cp flattened (the cost model's shard group), behind dp_replicate for HSDP."""
+    names = [n for n in ("dp_shard", "cp") if shape[n] > 1]
+    shard = mesh[tuple(names)]._flatten("dp_shard_cp") if len(names) > 1 else mesh[names[0]]
+    if shape["dp_replicate"] == 1:
+        return shard
+    return mesh["dp_replicate", shard.mesh_dim_names[0]]
+
+
 def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None = None,
                device: torch.device | None = None) -> Parallelized:
     """Parallelize `model` (the whole reference model, same init on every rank) for this rank as `plan` says."""
@@ -247,32 +286,39 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
     rank = dist.get_rank()
     stage_index = rank // (s["tp"] * s["cp"] * s["dp"])
     out = Parallelized(model=model, mesh=mesh, stage_index=stage_index, num_stages=len(plan.stages),
-                       micro_batches=plan.time.micro_batches, dp_size=s["dp"])
+                       micro_batches=plan.time.micro_batches)
 
-    # (1) pipeline split: this rank's stage only, in a PipelineStage with its schedule.
-    if s["pp"] > 1:
-        split_pipeline(model, plan, stage_index=stage_index)
-        out.stage, out.schedule = build_schedule(model, plan, stage_index=stage_index, pp_mesh=mesh["pp"],
-                                                 device=device)
-
-    # (2) tensor parallel (sequence parallel on the norms when sp).
-    if s["tp"] > 1:
-        apply_tp(model, tp_mesh=mesh["tp"], sequence_parallel=bool(s.get("sp")))
-
-    # (3) activation checkpointing on the stage's first recompute_blocks blocks.
-    if s["recompute"] == "full":
-        apply_ac(model, blocks=plan.stages[stage_index].recompute_blocks or len(model.layers))
-    # recompute=selective: SDPA already does not keep the attention scores, which is
-    # all selective recomputation (Korthikanti et al. 2022) recomputes.
-
-    # (4) data parallel: FSDP2 for zero >= 1 (HSDP with shard=node), replicate for zero 0.
+    # (1) pipeline split: this rank's stage (its chunks when vpp > 1).
+    chunks = stage_chunks(model, plan, stage_index=stage_index) if s["pp"] > 1 else [model]
+    out.model = chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)
+    recompute_per_chunk = plan.stages[stage_index].recompute_blocks // len(chunks)  # the plan counts every block
     shape = mesh_shape(plan)
-    if s["zero"] >= 1 and shape["dp_shard"] > 1:
-        offload = s.get("offload", "none") != "none" and device.type == "cuda"
-        apply_fsdp(model, dp_mesh=_sub(mesh, "dp_replicate", "dp_shard"), reshard_after_forward=s["zero"] == 3,
-                   offload=offload)
-    elif shape["dp_replicate"] > 1:
-        out.replicate_group = mesh["dp_replicate"].get_group()
+    fsdp = s["zero"] >= 1 and shape["dp_shard"] * shape["cp"] > 1
+    dp_mesh = _data_parallel_mesh(mesh, shape) if fsdp else None
+    for chunk in chunks:
+        # (2) tensor parallel (sequence parallel on the norms when sp).
+        if s["tp"] > 1:
+            apply_tp(chunk, tp_mesh=mesh["tp"], sequence_parallel=bool(s.get("sp")))
+        # (3) context parallel attention.
+        if s["cp"] > 1:
+            apply_cp(chunk, cp_mesh=mesh["cp"])
+        # (4) activation checkpointing on the chunk's first recompute_blocks / vpp blocks.  recompute=selective:
+        # SDPA already does not keep the attention scores, which is all selective recomputation
+        # (Korthikanti et al. 2022) recomputes.
+        if s["recompute"] == "full":
+            apply_ac(chunk, blocks=recompute_per_chunk)
+        # (5) data parallel: FSDP2 over dp_shard x cp for zero >= 1 (HSDP with shard=node).
+        if dp_mesh is not None:
+            offload = s.get("offload", "none") != "none" and device.type == "cuda"
+            apply_fsdp(chunk, dp_mesh=dp_mesh, reshard_after_forward=s["zero"] == 3, offload=offload)
+    if s["pp"] > 1:
+        out.stages, out.schedule = build_schedule(chunks, plan, stage_index=stage_index, pp_mesh=mesh["pp"],
+                                                  device=device)
+    # Without FSDP (zero 0, or one shard per replica) gradients are all-reduced over dp x cp by hand.
+    replicate = [] if fsdp else [n for n in ("dp_replicate", "cp") if shape[n] > 1]
+    if replicate:
+        group_mesh = mesh[tuple(replicate)]._flatten("replicate_cp") if len(replicate) > 1 else mesh[replicate[0]]
+        out.replicate_group, out.replicate_size = group_mesh.get_group(), group_mesh.size()
     return out
 
 

@@ -83,27 +83,33 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(args.seed)
         model = Transformer(model_config(plan)).to(device)
         par = apply_plan(model, plan, device=device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        optimizer = torch.optim.AdamW(par.model.parameters(), lr=args.lr)
         dp_index = (rank // (s["tp"] * s["cp"])) % s["dp"]
+        cp_index = (rank // s["tp"]) % s["cp"]
         per_replica = plan.job.global_batch // s["dp"]
+        per_cp_rank = plan.job.seq_len // s["cp"]
         last_stage_ranks = s["tp"] * s["cp"] * s["dp"]
         losses = []
         for step in range(args.steps):
             tokens, labels = synthetic_batch(step, batch=plan.job.global_batch, seq_len=plan.job.seq_len,
                                              vocab=model_config(plan).vocab, seed=args.seed)
+            # this replica's sequences; under cp this rank's contiguous chunk of each
             rows = slice(dp_index * per_replica, (dp_index + 1) * per_replica)
+            cols = slice(cp_index * per_cp_rank, (cp_index + 1) * per_cp_rank)
             optimizer.zero_grad()
-            loss = par.train_step(tokens[rows].to(device), labels[rows].to(device))
+            loss = par.train_step(tokens[rows, cols].to(device), labels[rows, cols].to(device))
             optimizer.step()
-            # The loss lives on the last stage: average it over that stage's ranks onto every rank.
+            # The loss lives on the last stage: average it over that stage's ranks (their dp replicas and
+        # cp chunks, equal in size) onto every rank.
             total = torch.zeros((), device=device) if loss is None else loss.detach().float().to(device)
             dist.all_reduce(total)
             losses.append(total.item() / last_stage_ranks)
             if rank == 0:
                 _say(f"step {step} loss {losses[-1]:.6f}")
-        if hasattr(model, "reshard"):  # FSDP2: parameters back to their shards before measuring
-            model.reshard()
-        mine = local_param_bytes(model)
+        for chunk in par.chunks():
+            if hasattr(chunk, "reshard"):  # FSDP2: parameters back to their shards before measuring
+                chunk.reshard()
+        mine = local_param_bytes(par.model)
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
         _say(f"param_bytes {rank} {mine}")

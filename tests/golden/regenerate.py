@@ -26,7 +26,7 @@ from planner.space import SpaceOptions  # noqa: E402
 
 # case -> (model, cluster, global batch, seq len, fixed keys)
 CASES: dict[str, tuple[str, str, int, int, dict]] = {
-    "tiny-llama-cpu2-tp2-pp2": ("tiny-llama", "cpu:2", 8, 128, {"tp": 2, "pp": 2}),
+    "tiny-llama-cpu2-tp2-pp2": ("tiny-llama", "cpu:2", 8, 128, {"tp": 2, "pp": 2, "vpp": 1}),
     "llama3-8b-dgx-h100-2": ("llama3-8b", "dgx-h100:2", 64, 8192, {}),
 }
 
