@@ -74,7 +74,7 @@ def _shapes(job: Job) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def _candidates(job: Job) -> list[Strategy]:
+def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
     out = []
     gpus = job.cluster.num_gpus
     for tp, pp, cp in _shapes(job):
@@ -83,7 +83,7 @@ def _candidates(job: Job) -> list[Strategy]:
         experts = job.model.num_experts
         ep = max((e for e in range(1, experts + 1) if experts % e == 0 and (dp * cp) % e == 0), default=1)
         for offload, device in _OFFLOADS:
-            if offload == "all" and zero != 3:
+            if offload == "all" and zero != 3 or offload != "none" and device not in devices:
                 continue
             out.append(Strategy(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, mbs=1, zero=zero, recompute="full",
                                 offload=offload, offload_device=device))
@@ -112,10 +112,10 @@ def _ratios(estimate: Estimate) -> tuple[float, ...]:
     return tuple(sorted(ratios, reverse=True))
 
 
-def _scored(job: Job, catalog: Catalog, offload: bool = True) -> list[_Scored]:
+def _scored(job: Job, catalog: Catalog, devices: tuple[str, ...], offload: bool = True) -> list[_Scored]:
     """Candidates with their ratios, closest to fitting first (no-offload first among those that fit)."""
     out = []
-    for strategy in _candidates(job):
+    for strategy in _candidates(job, devices):
         if not offload and strategy.offload != "none":
             continue
         try:
@@ -128,8 +128,8 @@ def _scored(job: Job, catalog: Catalog, offload: bool = True) -> list[_Scored]:
                                       s.estimate.strategy["offload"] != "none", s.estimate.step_time_s, s.spec))
 
 
-def _first_fit(job: Job, catalog: Catalog) -> _Scored | None:
-    scored = _scored(job, catalog)
+def _first_fit(job: Job, catalog: Catalog, devices: tuple[str, ...]) -> _Scored | None:
+    scored = _scored(job, catalog, devices)
     return scored[0] if scored and scored[0].estimate.memory.fits else None
 
 
@@ -177,10 +177,10 @@ def _activations_bound(best: _Scored) -> bool:
     return all(r.peak_bytes - r.activations_bytes <= r.capacity_bytes for r in memory.per_stage)
 
 
-def _more_nodes(job: Job, catalog: Catalog) -> str | None:
+def _more_nodes(job: Job, catalog: Catalog, devices: tuple[str, ...]) -> str | None:
     for factor in _SCALES:
         cluster = _scaled(job.cluster, factor)
-        fit = _first_fit(job.model_copy(update={"cluster": cluster}), catalog)
+        fit = _first_fit(job.model_copy(update={"cluster": cluster}), catalog, devices)
         if fit is not None:
             nodes = cluster.num_nodes
             return (f"would fit on {nodes} node{'s' if nodes != 1 else ''} ({cluster.name}, {cluster.num_gpus} GPUs), "
@@ -188,7 +188,7 @@ def _more_nodes(job: Job, catalog: Catalog) -> str | None:
     return None
 
 
-def _smaller_job(job: Job, catalog: Catalog) -> str | None:
+def _smaller_job(job: Job, catalog: Catalog, devices: tuple[str, ...]) -> str | None:
     """A smaller global batch, else a shorter sequence, that fits on this cluster."""
     sizes = [("global_batch", "--batch")] + ([] if job.model.family == "recsys" else [("seq_len", "--seq-len")])
     for field, flag in sizes:
@@ -196,18 +196,23 @@ def _smaller_job(job: Job, catalog: Catalog) -> str | None:
             value = getattr(job, field) >> step
             if value < 1:
                 break
-            fit = _first_fit(job.model_copy(update={field: value}), catalog)
+            fit = _first_fit(job.model_copy(update={field: value}), catalog, devices)
             if fit is not None:
                 return f"fits with {flag} {value} (e.g. {fit.spec})"
     return None
 
 
-def explain_infeasible(job: Job, catalog: Catalog | None = None) -> str:
-    """A few lines: what does not fit where and by how much, and the smallest change that would fit."""
+def explain_infeasible(job: Job, catalog: Catalog | None = None,
+                       offload_devices: tuple[str, ...] = ("cpu", "nvme")) -> str:
+    """A few lines: what does not fit where and by how much, and the smallest change that would fit.
+
+    offload_devices: where the search could offload (the named launch targets may exclude NVMe)."""
     catalog = catalog or load_catalog()
+    devices = tuple(offload_devices)
+    where = "" if set(devices) >= {"cpu", "nvme"} else f" to {' or '.join(devices) or 'nowhere'} (the --target's limit)"
     head = (f"does not fit: no strategy for {job.model.name} (batch {job.global_batch} x {job.seq_len} tokens, "
-            f"{job.precision}) fits {job.cluster.describe()}, even with full recompute and offload.")
-    scored = _scored(job, catalog)
+            f"{job.precision}) fits {job.cluster.describe()}, even with full recompute and offload{where}.")
+    scored = _scored(job, catalog, devices)
     if not scored:
         return head + " No memory-friendly strategy has legal degrees on this cluster."
     best = scored[0]
@@ -215,9 +220,9 @@ def explain_infeasible(job: Job, catalog: Catalog | None = None) -> str:
         return (f"{head} Yet {best.spec} fits under the cost model: the search stopped at its limits "
                 "(raise --time-limit, or relax --max-step-time).")
     lines = [head, f"Closest: {best.spec}: {_overage(best)}."]
-    changes = [c for c in (_more_nodes(job, catalog),) if c]
+    changes = [c for c in (_more_nodes(job, catalog, devices),) if c]
     if _activations_bound(best):
-        smaller = _smaller_job(job, catalog)
+        smaller = _smaller_job(job, catalog, devices)
         if smaller:
             changes.append(smaller)
     if changes:

@@ -224,18 +224,18 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     if search.best is None:
         # nothing fits: retry with offload, which trades time for memory
         configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, options.space)
-                   for upd in _offload_variants(c)]
+                   for upd in _offload_variants(c, options.space.offload_devices)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)
     if search.best is None:
-        raise InfeasibleError(_explain_infeasible(job, catalog))
+        raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
     return _result(search, len(configs))
 
 
-def _offload_variants(config: Strategy) -> list[dict]:
-    variants = [{"offload": "optimizer", "offload_device": d} for d in ("cpu", "nvme")]
+def _offload_variants(config: Strategy, devices: tuple[str, ...]) -> list[dict]:
+    variants = [{"offload": "optimizer", "offload_device": d} for d in devices]
     if config.zero == 3:
-        variants += [{"offload": "all", "offload_device": d} for d in ("cpu", "nvme")]
+        variants += [{"offload": "all", "offload_device": d} for d in devices]
     return variants
 
 
@@ -281,10 +281,10 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
         _solve_config(search, config, m, bound)
 
 
-def _explain_infeasible(job: Job, catalog: Catalog) -> str:
+def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, ...]) -> str:
     from planner.explain import explain_infeasible  # explain evaluates strategies; imported when needed
 
-    return explain_infeasible(job, catalog)
+    return explain_infeasible(job, catalog, offload_devices)
 
 
 def _result(search: _Search, configurations: int) -> CompileResult:

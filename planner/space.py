@@ -38,6 +38,9 @@ class SpaceOptions(BaseModel):
     allow_zero_with_pp: bool = Field(
         True, description="Allow ZeRO-2/3 together with pipeline parallelism (DeepSpeed refuses it)."
     )
+    offload_devices: tuple[Literal["cpu", "nvme"], ...] = Field(
+        ("cpu", "nvme"), description="Where offloaded optimizer states and parameters may go."
+    )
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
     fixed: dict[str, int | str] = Field(
         default_factory=dict, description="Global keys forced to a value (tp, pp, dp, cp, ep, mbs, vpp, zero, ...)."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shlex
 import tomllib
 from pathlib import Path
@@ -12,7 +13,7 @@ import yaml
 
 from hardware import load_cluster
 from models import load_model
-from planner.emit import available_targets, emitter
+from planner.emit import available_targets, emitter, space_limits
 from planner.emit.megatron import megatron_args
 from planner.emit.megatron_check import check_megatron_args
 from planner.job import Job
@@ -335,3 +336,45 @@ def test_golden(case):
         for path, text in files.items():
             assert text.encode("utf-8") == stored[path], \
                 f"{case}/{target}/{path} differs from its golden file; if intended, run `{REGEN}`"
+
+
+# ---------------------------------------------------------------- targets narrow the search
+
+
+def test_space_limits_combine_targets():
+    assert space_limits(()) == {}
+    assert space_limits(("torch",)) == {"offload_devices": ("cpu",)}
+    assert space_limits(("deepspeed",)) == {"allow_zero_with_pp": False, "max_vpp": 1}
+    assert space_limits(("deepspeed", "torch", "megatron")) == {"allow_zero_with_pp": False, "max_vpp": 1,
+                                                               "offload_devices": ("cpu",)}
+
+
+def _cli_compile(*args: str):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    return CliRunner().invoke(cli, ["compile", *args], catch_exceptions=False)
+
+
+def test_target_deepspeed_keeps_zero_below_2_under_pipeline(tmp_path):
+    common = ["tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix", "pp=2,dp=2", "--json"]
+    free = json.loads(_cli_compile(*common).output)
+    assert free["plan"]["strategy"]["zero"] >= 2  # faster, but DeepSpeed's PipelineEngine refuses it
+    result = _cli_compile(*common, "-o", str(tmp_path / "ds"), "--target", "deepspeed")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((tmp_path / "ds" / "plan.json").read_text())
+    assert plan["strategy"]["zero"] <= 1 and plan["strategy"]["pp"] == 2 and plan["strategy"]["vpp"] == 1
+    readme = (tmp_path / "ds" / "deepspeed" / "README.md").read_text()
+    assert "->" not in readme  # nothing substituted: DeepSpeed runs the plan as compiled
+
+
+def test_target_torch_never_offloads_to_nvme():
+    # llama3-70b fits 16 L4s only with the optimizer on NVMe; the torch runtime (FSDP2) offloads to CPU only
+    common = ["llama3-70b", "pcie-l4:2", "-b", "16", "-s", "4096", "--time-limit", "20"]
+    free = _cli_compile(*common, "--json")
+    assert free.exit_code == 0 and json.loads(free.stdout)["plan"]["strategy"]["offload_device"] == "nvme"
+    torch_only = _cli_compile(*common, "--target", "torch", "--json")
+    assert torch_only.exit_code == 1
+    assert "offload to cpu (the --target's limit)" in torch_only.output
+    assert "would fit on 4 nodes" in torch_only.output

@@ -26,7 +26,7 @@ from planner.job import Job
 from planner.output import check_output_dir, write_outputs
 from planner.plan import build_plan, plan_json, plan_json_schema
 from planner.report import render_report
-from planner.emit import DEFAULT_TARGETS, TARGETS, UnsupportedPlan, available_targets, emit_targets
+from planner.emit import DEFAULT_TARGETS, TARGETS, UnsupportedPlan, available_targets, emit_targets, space_limits
 from planner.solve import CompileOptions, compile_job
 from planner.space import SpaceOptions
 
@@ -106,9 +106,11 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         check_output_dir(out_dir, force)  # before the search, not after it
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
               precision=precision, flash_attention=flash_attention)
-    space = SpaceOptions(fixed=_parse_fixed(fixed))
-    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
     explicit_targets = bool(targets)
+    # named targets narrow the search to plans they all run; default targets do not
+    limits = space_limits(targets) if explicit_targets else {}
+    space = SpaceOptions(fixed=_parse_fixed(fixed), **limits)
+    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
     targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in targets if t not in available_targets()]
     if missing:

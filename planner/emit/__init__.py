@@ -5,6 +5,11 @@ returning paths relative to its own folder (e.g. "ds_config.json",
 "launch.sh") and their text.  Output is deterministic: sorted keys, no
 timestamps, no absolute paths.  `emit_targets` prefixes each path with the
 target's folder name, as `compile -o DIR` writes them.
+
+A module may also declare `SPACE_LIMITS`: SpaceOptions fields that keep the
+search to plans the target can run.  `compile --target T` applies them (the
+compiler then never picks what T refuses); default targets do not narrow the
+search, and a target that cannot run the plan is skipped with a note.
 """
 
 from __future__ import annotations
@@ -52,3 +57,16 @@ def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, st
         for path, text in sorted(emitter(target)(plan, job).items()):
             files[f"{target}/{path}"] = text
     return files
+
+
+def space_limits(targets: tuple[str, ...]) -> dict:
+    """SpaceOptions updates under which every plan runs on all of `targets` (their SPACE_LIMITS combined)."""
+    limits: dict = {}
+    for target in targets:
+        for key, value in getattr(import_module(f"planner.emit.{target}"), "SPACE_LIMITS", {}).items():
+            if key in limits:  # the narrower of two limits: fewer devices, a smaller maximum, False over True
+                old = limits[key]
+                value = (tuple(v for v in old if v in value) if isinstance(value, tuple)
+                         else value and old if isinstance(value, bool) else min(old, value))
+            limits[key] = value
+    return limits

@@ -37,6 +37,10 @@ def _json(data: dict) -> str:
 
 # ---------------------------------------------------------------- decisions
 
+# `--target deepspeed` keeps the search off what the PipelineEngine refuses (ZeRO-2/3) or cannot run
+# (interleaved chunks).
+SPACE_LIMITS = {"allow_zero_with_pp": False, "max_vpp": 1}
+
 
 class _Decisions:
     """The DeepSpeed settings for a plan, and the notes on what was substituted."""
@@ -60,7 +64,8 @@ class _Decisions:
                 f"ZeRO stage {planned} -> 1: DeepSpeed's PipelineEngine (pp={self.pp}) refuses ZeRO-2/3, so "
                 "ds_config.json uses stage 1 (optimizer states sharded; gradients and weights replicated over "
                 "the data-parallel group). Per-GPU memory is higher than the plan's estimate; to get a plan "
-                f"whose memory holds under DeepSpeed, compile again with `--fix zero=1` (or pp=1)."
+                f"whose memory holds under DeepSpeed, compile with `--target deepspeed` (the search then skips "
+                "ZeRO-2/3 with pipeline parallelism)."
             )
             return 1
         return planned

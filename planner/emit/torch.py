@@ -28,6 +28,9 @@ from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan import Plan
 
+# `--target torch` searches only what the runtime runs: FSDP2 offloads to CPU, never NVMe.
+SPACE_LIMITS = {"offload_devices": ("cpu",)}
+
 _LLAMA_STYLE = {  # TransformerConfig field -> the value the reference model needs
     "activation": "swiglu", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "bias": False,
     "qkv_bias": False, "tied_embeddings": False, "moe": None, "mla": None, "causal": True, "type_vocab": 0,
