@@ -29,11 +29,11 @@ from planner.job import Job
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
 
-def offload_variants(config: Strategy) -> list[dict]:
+def offload_variants(config: Strategy, devices: tuple[str, ...] = ("cpu", "nvme")) -> list[dict]:
     """The offload settings the compiler retries with when nothing fits (solve._offload_variants)."""
-    variants = [{"offload": "optimizer", "offload_device": d} for d in ("cpu", "nvme")]
+    variants = [{"offload": "optimizer", "offload_device": d} for d in devices]
     if config.zero == 3:
-        variants += [{"offload": "all", "offload_device": d} for d in ("cpu", "nvme")]
+        variants += [{"offload": "all", "offload_device": d} for d in devices]
     return variants
 
 
@@ -139,9 +139,10 @@ def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: L
     if objective not in ("time", "cost"):
         raise ValueError(f"objective must be 'time' or 'cost', not {objective!r}")
     catalog = catalog or load_catalog()
-    configs = list(global_configs(job, space or SpaceOptions()))
+    space = space or SpaceOptions()
+    configs = list(global_configs(job, space))
     found = _best(job, configs, objective, catalog, limit)
     if found is None:  # nothing fits: offload trades time for memory
-        offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c)]
+        offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c, space.offload_devices)]
         found = _best(job, offloaded, objective, catalog, limit)
     return found

@@ -275,7 +275,8 @@ def test_oracle_counts_what_it_enumerates():
 def test_oracle_offload_variants_mirror_the_compiler():
     job = _job(_model(4, 64, 4, 2, 192, 256), CPU4, 8, 128)
     for config in global_configs(job, SpaceOptions(**SMALL)):
-        assert offload_variants(config) == _offload_variants(config)
+        for devices in (("cpu", "nvme"), ("cpu",)):
+            assert offload_variants(config, devices) == _offload_variants(config, devices)
 
 
 def test_oracle_refuses_spaces_over_its_limit():

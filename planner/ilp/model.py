@@ -190,9 +190,11 @@ def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: d
 
 
 def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None,
-                  mixed_cluster: bool = False) -> Program:
+                  mixed_cluster: bool = False, cutoff_ns: int | None = None) -> Program:
     """The CP-SAT model of `tables`: minimise step time, or with `prices` (per pool, 1e-4 USD per
-    GPU-hour) the cost per step."""
+    GPU-hour) the cost per step.  `cutoff_ns`: only plans with a step time at most this (the
+    incumbent's), so a configuration that cannot beat it ends INFEASIBLE, usually long before
+    its own optimum would be proved."""
     model = cp_model.CpModel()
     rows = [_stage_rows(tables, s) for s in range(tables.strategy.pp)]
 
@@ -214,6 +216,8 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
     step = v * m * bottleneck + sum(time) - bottleneck + v * sum(tails)
     if max_step_ns is not None:
         model.add(step <= v * max_step_ns)
+    if cutoff_ns is not None:
+        model.add(step <= v * cutoff_ns)
 
     # objective
     if prices is None:

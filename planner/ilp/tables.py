@@ -16,6 +16,7 @@ choice (no symmetric per-block variables).
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -169,6 +170,15 @@ class TableBuilder:
         the smallest such T (bisection over the pp best slots) bounds the
         bottleneck, and sum_s t_s >= B min w + min F + pp min c.
         """
+        # ZeRO stage does not enter any term here: configurations differing only in it share the bound
+        key = ("lower", strategy.tp, strategy.cp, strategy.dp, strategy.pp, strategy.vpp, strategy.ep, strategy.mbs,
+               strategy.shard, strategy.sequence_parallel, strategy.tp_overlap, strategy.recompute, micro_batches,
+               tuple(pool.name for pool in pools))
+        if key not in self._work_cache:
+            self._work_cache[key] = self._lower_bound(strategy, pools, micro_batches)
+        return self._work_cache[key]
+
+    def _lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
         p, v, m = strategy.pp, strategy.vpp, micro_batches
         ranks = strategy.tp * strategy.cp * strategy.dp
         blocks = sum(seg.size for seg in self.segments)
@@ -186,20 +196,7 @@ class TableBuilder:
             w, c, _, _ = per_pool[0]
             lo = need * w / p + c  # balanced stages
         else:
-            def capacity(limit: float) -> float:
-                """Blocks the pp best stage slots hold within `limit` seconds each."""
-                left, held = p, 0.0
-                for gain, slots in sorted((((limit - c) / w, k) for w, c, _, k in per_pool), reverse=True):
-                    take = min(left, slots)
-                    held += take * max(0.0, gain)
-                    left -= take
-                return held
-
-            hi = max(need * w + c for w, c, _, _ in per_pool)
-            lo = 0.0
-            for _ in range(50):
-                mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if capacity(mid) >= need else (mid, hi)
+            lo = slots_limit([(w, c, k) for w, c, _, k in per_pool], p, need)
         return (m - 1 / v) * lo + self._sum_term(strategy, pools) / v
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
@@ -251,13 +248,17 @@ class TableBuilder:
             bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
                            for seg in self.segments)
             times: list[float] = []
+            # one kind of block: a stage of n blocks recomputes at least what one of n - 1 needed
+            floor = 0
             for n in range(1, bounds[-1][1] + 1):
                 options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"),
-                                       with_fixed=False) for counts in stage_contents(bounds, n)]
-                fastest = min((o.cost.microbatch for o in options if o is not None), default=None)
-                if fastest is None:
+                                       with_fixed=False, min_recompute=floor) for counts in stage_contents(bounds, n)]
+                fits = [o for o in options if o is not None]
+                if not fits:
                     break  # n blocks do not fit even fully recomputed; more never will
-                times.append(max(fastest, times[-1] if times else 0.0))
+                if len(bounds) == 1:
+                    floor = fits[0].recompute
+                times.append(max(min(o.cost.microbatch for o in fits), times[-1] if times else 0.0))
             self._work_cache[key] = times
         return self._work_cache[key]
 
@@ -311,8 +312,12 @@ class TableBuilder:
         return total
 
     def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
-               micro_batches: int, time_cap: float, with_fixed: bool = True) -> StageOption | None:
-        """The cheapest feasible recompute for this content, or None (does not fit, or slower than time_cap)."""
+               micro_batches: int, time_cap: float, with_fixed: bool = True,
+               min_recompute: int = 0) -> StageOption | None:
+        """The cheapest feasible recompute for this content, or None (does not fit, or slower than time_cap).
+
+        min_recompute: a known lower bound on the fewest recomputed blocks that fit (e.g. what a
+        stage of one block fewer of the same kind needed), where the search starts."""
         groups = self.groups(strategy, site)
         blocks = sum(counts)
         chunk = blocks // strategy.vpp
@@ -322,15 +327,15 @@ class TableBuilder:
             sums = self.stage_sums(stage, counts, r, strategy, site, with_fixed)
             return compose_stage(self.job, strategy, site, groups, sums, micro_batches, self.catalog)
 
-        cost = cost_at(0)
-        recompute = 0
+        recompute = min(min_recompute, chunk) if can_recompute else 0
+        cost = cost_at(recompute)
         if not cost.memory.fits:
             if not can_recompute or chunk == 0:
                 return None
-            # memory falls as more blocks recompute (r >= 1): the fewest that fit, by bisection
+            # memory falls as more blocks recompute: the fewest that fit, by bisection
             if not cost_at(chunk).memory.fits:
                 return None
-            lo, hi = 1, chunk
+            lo, hi = recompute + 1, chunk
             while lo < hi:
                 mid = (lo + hi) // 2
                 if cost_at(mid).memory.fits:
@@ -429,6 +434,48 @@ def bottleneck_bound(tables: ConfigTables) -> float:
     limit = smallest_sufficient(sorted({t for stage in entries for t, _ in stage}), held, blocks)
     fastest = sum(stage[0][0] for stage in entries)
     return ((m - 1 / v) * limit + fastest / v) / NS
+
+
+def slots_limit(pools: list[tuple[float, float, int]], stages: int, need: float) -> float:
+    """Smallest T at which `stages` stage slots hold `need` blocks within T seconds each.
+
+    A slot of pool (w, c, k) holds max(0, (T - c) / w) blocks and the pool has k slots.  The best
+    slots at T are taken greedily by that gain, so capacity(T) is the largest, over the orders of
+    the pools, of filling the slots in that order: T = min over orders of the T solving that
+    order's piecewise-linear equation (exact; bisection beyond 6 pools).
+    """
+    if len(pools) > 6:
+        def capacity(limit: float) -> float:
+            left, held = stages, 0.0
+            for gain, slots in sorted((((limit - c) / w, k) for w, c, k in pools), reverse=True):
+                take = min(left, slots)
+                held += take * max(0.0, gain)
+                left -= take
+            return held
+
+        lo, hi = 0.0, max(need * w + c for w, c, _ in pools)
+        for _ in range(48):  # lo stays a valid bound at any precision
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if capacity(mid) >= need else (mid, hi)
+        return lo
+    best = float("inf")
+    for order in itertools.permutations(range(len(pools))):
+        left, rates = stages, []
+        for i in order:
+            w, c, k = pools[i]
+            take = min(left, k)
+            if take:
+                rates.append((c, take / w))
+            left -= take
+        rates.sort()
+        slope = offset = 0.0  # held(T) = slope * T - offset between consecutive transfer costs
+        for j, (c, rate) in enumerate(rates):
+            slope, offset = slope + rate, offset + rate * c
+            limit = (need + offset) / slope
+            if j + 1 == len(rates) or limit <= rates[j + 1][0]:
+                best = min(best, limit)
+                break
+    return best
 
 
 def smallest_sufficient(candidates: list, held, need: int) -> float:
