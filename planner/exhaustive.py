@@ -25,7 +25,9 @@ from typing import Iterator, Literal
 
 from hardware import Catalog, load_catalog
 from planner.cost import evaluate
+from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
+from planner.solve_groups import share_grid
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
 
@@ -129,7 +131,8 @@ def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog,
 
 
 def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: Literal["time", "cost"] = "time",
-                       limit: int = 200_000, catalog: Catalog | None = None) -> tuple[Strategy, float] | None:
+                       limit: int = 200_000, catalog: Catalog | None = None,
+                       offload_fallback: bool = True) -> tuple[Strategy, float] | None:
     """The best fitting strategy of the compiler's space and its objective (seconds per step, or USD per
     step with objective="cost"), by scoring every candidate with `evaluate`; None if nothing fits.
 
@@ -142,7 +145,47 @@ def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: L
     space = space or SpaceOptions()
     configs = list(global_configs(job, space))
     found = _best(job, configs, objective, catalog, limit)
-    if found is None:  # nothing fits: offload trades time for memory
+    if found is None and offload_fallback:  # nothing fits: offload trades time for memory
         offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c, space.offload_devices)]
         found = _best(job, offloaded, objective, catalog, limit)
     return found
+
+
+def batch_splits(pools: int, shares: int) -> Iterator[tuple[int, ...]]:
+    """Every way to give `shares` batch shares to `pools` pools (n_p >= 0, sum = shares)."""
+    for cuts in itertools.combinations(range(shares + pools - 1), pools - 1):
+        edges = (-1,) + cuts + (shares + pools - 1,)
+        yield tuple(edges[i + 1] - edges[i] - 1 for i in range(pools))
+
+
+def exhaustive_groups(job: Job, space: SpaceOptions | None = None, limit: int = 200_000,
+                      catalog: Catalog | None = None) -> tuple[list[ReplicaGroup], float] | None:
+    """The best replica-group plan (planner.solve_groups' space) by brute force: every split of the batch
+    into shares over the pools, each active pool scored by `exhaustive_optimum` of its sub-job under
+    the grain rule, step = slowest group + sync.  None if no split fits."""
+    catalog = catalog or load_catalog()
+    space = space or SpaceOptions()
+    shares = share_grid(job.global_batch)
+    grain = job.global_batch // shares
+    sub_space = space.model_copy(update={"batch_grain": grain})
+    pools = [p.name for p in job.cluster.pools]
+    per_share: dict[tuple[str, int], tuple[Strategy, float] | None] = {}
+    best: tuple[float, list[ReplicaGroup]] | None = None
+    for split in batch_splits(len(pools), shares):
+        groups, worst = [], 0.0
+        for pool, n in zip(pools, split):
+            if n == 0:
+                continue
+            if (pool, n) not in per_share:
+                per_share[pool, n] = exhaustive_optimum(group_job(job, pool, n * grain), sub_space, limit=limit,
+                                                        catalog=catalog)
+            found = per_share[pool, n]
+            if found is None:
+                break
+            groups.append(ReplicaGroup(pool=pool, batch=n * grain, strategy=found[0]))
+            worst = max(worst, found[1])
+        else:
+            step = worst + sync_seconds(job, [g.pool for g in groups], catalog)
+            if best is None or step < best[0]:
+                best = (step, groups)
+    return None if best is None else (best[1], best[0])

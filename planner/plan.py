@@ -36,7 +36,7 @@ from planner.cost.estimate import Breakdown, Estimate, HbmBreakdown, HostMemory,
 from planner.cost.evaluate import evaluate
 from planner.cost.layout import stage_layers
 from planner.job import Job
-from planner.solve import CompileOptions, CompileResult
+from planner.solve import Certificate, CompileOptions, CompileResult
 from planner.strategy import Strategy, parse_strategy
 
 SCHEMA_VERSION = "2"
@@ -161,7 +161,8 @@ class PlanTime(BaseModel):
     tokens_per_s_per_gpu: float = Field(description="tokens_per_s / num_gpus.")
     mfu: float = Field(description="Model FLOPs utilisation against the dense 16-bit peak.")
     hfu: float = Field(description="Hardware FLOPs utilisation (recompute included).")
-    micro_batches: int = Field(description="Micro-batches per step per data-parallel replica.")
+    micro_batches: int = Field(description="Micro-batches per step per data-parallel replica (0 for replica "
+                               "groups: see each group's plan).")
     breakdown: Breakdown = Field(description="Where the step's time goes.")
 
 
@@ -204,6 +205,18 @@ class PlanRunnerUp(BaseModel):
     tokens_per_s: float = Field(description="Its predicted throughput, tokens per second.")
 
 
+class PlanGroup(BaseModel):
+    """A replica group: one pool's GPUs, its batch share and its own plan."""
+
+    model_config = _FIELD
+    pool: str = Field(description="The cluster pool the group runs on.")
+    batch: int = Field(description="Sequences (samples) per step the group trains on.")
+    first_rank: int = Field(description="Global rank of the group's rank 0 (pools in cluster order).")
+    first_node: int = Field(description="Cluster node index of the group's first node.")
+    plan: "Plan" = Field(description="The group's plan for its pool alone and its batch share; its ranks and "
+                         "nodes count from first_rank and first_node.")
+
+
 class Plan(BaseModel):
     """A compiled training plan (plan.json)."""
 
@@ -216,12 +229,19 @@ class Plan(BaseModel):
     job: PlanJob = Field(description="The job.")
     strategy: dict = Field(description="The chosen strategy, every field resolved (as `estimate --json`).")
     strategy_spec: str = Field(description="The chosen strategy as a SPEC string.")
-    layout: RankLayout = Field(description="Rank order and group construction rules.")
-    stages: list[PlanStage] = Field(description="Pipeline stages in order.")
+    layout: RankLayout | None = Field(description="Rank order and group construction rules (None for replica "
+                                      "groups: each group's plan has its own).")
+    stages: list[PlanStage] = Field(description="Pipeline stages in order ([] for replica groups).")
     time: PlanTime = Field(description="Predicted step time and its breakdown.")
     memory: PlanMemory = Field(description="Memory summary.")
     solver: PlanSolver = Field(description="The solver's certificate.")
     runners_up: list[PlanRunnerUp] = Field(description="Next-best strategies, best first.")
+    groups: list[PlanGroup] = Field(
+        default_factory=list, description="Replica groups (data parallelism across pools, a strategy and batch "
+        "share per pool; planner.cost.groups); [] for a single-strategy plan.")
+
+
+PlanGroup.model_rebuild()
 
 
 # ---------------------------------------------------------------- digest
@@ -360,7 +380,7 @@ def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[Ra
     )
 
 
-def _runner_up(job: Job, spec: str, objective: float, best: float) -> PlanRunnerUp:
+def runner_up(job: Job, spec: str, objective: float, best: float) -> PlanRunnerUp:
     estimate = evaluate(job, parse_strategy(spec))
     worse = 100.0 * (objective - best) / best if best > 0 else 0.0
     return PlanRunnerUp(strategy_spec=spec, objective=objective, worse_pct=worse,
@@ -379,6 +399,10 @@ def _memory(estimate: Estimate) -> PlanMemory:
 
 def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan:
     """The Plan of a compile result: deterministic in (job, result, options)."""
+    if result.groups is not None:
+        from planner.plan_groups import build_group_plan  # it builds each group's Plan with this function
+
+        return build_group_plan(job, result, options)
     estimate = result.estimate
     strategy = Strategy.model_validate(estimate.strategy)  # dp resolved
     spans = stage_spans(job.cluster, strategy)
@@ -390,13 +414,7 @@ def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan
     return Plan(
         planner_version=__version__,
         inputs_digest=inputs_digest(job, options),
-        job=PlanJob(
-            model=job.model.name, model_params=job.model.params, model_active_params=job.model.active_params,
-            cluster=job.cluster.name, cluster_description=job.cluster.describe(), cluster_gpus=job.cluster.num_gpus,
-            num_gpus=estimate.num_gpus, global_batch=job.global_batch, seq_len=job.seq_len,
-            tokens_per_step=job.tokens_per_step, precision=job.precision, flash_attention=job.flash_attention,
-            fused_kernels=job.fused_kernels,
-        ),
+        job=plan_job(job, estimate.num_gpus),
         strategy=estimate.strategy,
         strategy_spec=estimate.strategy_spec,
         layout=_layout(strategy),
@@ -407,12 +425,27 @@ def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan
             micro_batches=estimate.micro_batches, breakdown=estimate.breakdown,
         ),
         memory=_memory(estimate),
-        solver=PlanSolver(
-            objective_kind=options.objective, status=cert.status, objective=cert.objective, bound=cert.bound,
-            gap=cert.gap, configurations=cert.configurations, solved=cert.solved, pruned=cert.pruned,
-            time_limit_s=options.time_limit, max_step_time_s=options.max_step_time,
-        ),
-        runners_up=[_runner_up(job, r.strategy, r.objective, best) for r in result.runners_up],
+        solver=plan_solver(cert, options),
+        runners_up=[runner_up(job, r.strategy, r.objective, best) for r in result.runners_up],
+    )
+
+
+def plan_job(job: Job, num_gpus: int) -> PlanJob:
+    """The job section of a plan."""
+    return PlanJob(
+        model=job.model.name, model_params=job.model.params, model_active_params=job.model.active_params,
+        cluster=job.cluster.name, cluster_description=job.cluster.describe(), cluster_gpus=job.cluster.num_gpus,
+        num_gpus=num_gpus, global_batch=job.global_batch, seq_len=job.seq_len, tokens_per_step=job.tokens_per_step,
+        precision=job.precision, flash_attention=job.flash_attention, fused_kernels=job.fused_kernels,
+    )
+
+
+def plan_solver(cert: Certificate, options: CompileOptions) -> PlanSolver:
+    """The solver section of a plan (the certificate without wall time)."""
+    return PlanSolver(
+        objective_kind=options.objective, status=cert.status, objective=cert.objective, bound=cert.bound,
+        gap=cert.gap, configurations=cert.configurations, solved=cert.solved, pruned=cert.pruned,
+        time_limit_s=options.time_limit, max_step_time_s=options.max_step_time,
     )
 
 
@@ -422,5 +455,10 @@ def plan_json(plan: Plan) -> str:
 
 
 def plan_json_schema() -> dict:
-    """JSON Schema of plan.json."""
-    return Plan.model_json_schema()
+    """JSON Schema of plan.json, its properties at the top (replica groups nest Plans: pydantic then
+    puts Plan itself under $defs and refers to it)."""
+    schema = Plan.model_json_schema()
+    if "$ref" not in schema:
+        return schema
+    defs = schema["$defs"]
+    return {**defs[schema["$ref"].rsplit("/", 1)[-1]], "$defs": defs}

@@ -152,6 +152,59 @@ LAUNCH_COMMANDS = {
 }
 
 
+def _body(plan: Plan, level: str) -> list[str]:
+    """What binds the plan, its stages, memory and time, under `level` headings."""
+    lines = [
+        _why(plan),
+        "",
+        f"{level} Stages",
+        "",
+        _stages_table(plan),
+        "",
+        f"Rank order {plan.layout.order}: {plan.layout.rank_formula}.",
+        "",
+        f"{level} Memory per GPU (GB)",
+        "",
+        _memory_table(plan),
+        "",
+    ]
+    host = plan.memory.host
+    if host.dram_bytes or host.nvme_bytes:
+        lines += [f"Host per node: DRAM {_gb(host.dram_bytes)} of {_gb(host.dram_capacity_bytes)} GB, "
+                  f"NVMe {_gb(host.nvme_bytes)} of {_gb(host.nvme_capacity_bytes)} GB.", ""]
+    lines += [f"{level} Time per step (s, critical path of the slowest stage)", "", _time_table(plan), ""]
+    return lines
+
+
+def _step_detail(plan: Plan) -> str:
+    """What the step time is made of, in a few words."""
+    if plan.groups:
+        return f"the slowest of {len(plan.groups)} replica groups plus their gradient sync"
+    m = plan.time.micro_batches
+    return f"{m} micro-batch{'' if m == 1 else 'es'} per data-parallel replica"
+
+
+def _groups(plan: Plan) -> list[str]:
+    """Replica groups: the split, then each group's own plan."""
+    rows = [[g.pool, str(g.batch), f"{g.first_rank}-{g.first_rank + g.plan.job.num_gpus - 1}",
+             f"`{g.plan.strategy_spec}`", f"{g.plan.time.step_time_s:.4f}",
+             f"{_gb(g.plan.memory.peak_bytes)} / {_gb(g.plan.memory.capacity_bytes)}"] for g in plan.groups]
+    lines = [
+        "## Replica groups",
+        "",
+        "Each pool trains the whole model under its own strategy on its share of the batch; the groups "
+        f"all-reduce their gradients after each step ({plan.strategy['sync_s']:.4f} s, not overlapped).",
+        "",
+        _md_table(["pool", "batch", "ranks", "strategy", "step s", "HBM GB peak / capacity"], rows,
+                  right=(1, 4)),
+        "",
+    ]
+    for g in plan.groups:
+        lines += [f"## Group {g.pool}: batch {g.batch}, ranks from {g.first_rank}, nodes from {g.first_node}", "",
+                  *_body(g.plan, "###")]
+    return lines
+
+
 def render_report(plan: Plan, targets: tuple[str, ...] = ()) -> str:
     """report.md for a compiled plan; `targets` are the launch folders written beside it."""
     job, t = plan.job, plan.time
@@ -167,33 +220,11 @@ def render_report(plan: Plan, targets: tuple[str, ...] = ()) -> str:
         "",
         f"`{plan.strategy_spec}`",
         "",
-        f"- step time: {t.step_time_s:.4f} s ({t.micro_batches} micro-batch{'' if t.micro_batches == 1 else 'es'} "
-        "per data-parallel replica)",
+        f"- step time: {t.step_time_s:.4f} s ({_step_detail(plan)})",
         f"- throughput: {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU)",
         f"- MFU: {100 * t.mfu:.1f}% (HFU {100 * t.hfu:.1f}%)",
         "",
-        _why(plan),
-        "",
-        "## Stages",
-        "",
-        _stages_table(plan),
-        "",
-        f"Rank order {plan.layout.order}: {plan.layout.rank_formula}.",
-        "",
-        "## Memory per GPU (GB)",
-        "",
-        _memory_table(plan),
-        "",
-    ]
-    host = plan.memory.host
-    if host.dram_bytes or host.nvme_bytes:
-        lines += [f"Host per node: DRAM {_gb(host.dram_bytes)} of {_gb(host.dram_capacity_bytes)} GB, "
-                  f"NVMe {_gb(host.nvme_bytes)} of {_gb(host.nvme_capacity_bytes)} GB.", ""]
-    lines += [
-        "## Time per step (s, critical path of the slowest stage)",
-        "",
-        _time_table(plan),
-        "",
+        *(_groups(plan) if plan.groups else _body(plan, "##")),
         "## Solver certificate",
         "",
         *_solver(plan),

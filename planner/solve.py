@@ -16,6 +16,12 @@
 
 Offload is tried only where no configuration fits without it (it adds time
 and saves only memory, so it cannot win where something else fits).
+
+On a mixed cluster (objective time) replica groups are searched first
+(`planner.solve_groups`: a strategy and batch share per pool, each share a
+compile of its pool alone through `_compile_pool`); their best plan is the
+incumbent the configurations must beat, and their bound joins the
+certificate.  A group plan that fits counts as "something fits" for offload.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.ilp.model import Program, build_program
 from planner.ilp.tables import NS, TableBuilder, bottleneck_bound, build_tables, stage_pools_for
+from planner.cost.groups import GroupsEstimate, evaluate_groups, group_job
 from planner.job import Job
+from planner.solve_groups import GroupSearch, search_groups, share_grid
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
 
@@ -75,13 +83,17 @@ class RunnerUp(BaseModel):
 
 
 class CompileResult(BaseModel):
-    """The chosen strategy, its evaluation and the certificate."""
+    """The chosen strategy, its evaluation and the certificate (or, on a mixed cluster, replica groups)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    strategy: Strategy
-    estimate: Estimate
+    strategy: Strategy | None = Field(description="The plan's strategy; None for a replica-group plan.")
+    estimate: Estimate | None = Field(description="evaluate() of the strategy; None for a replica-group plan.")
     certificate: Certificate
     runners_up: list[RunnerUp]
+    groups: GroupsEstimate | None = Field(None, description="The replica groups (one strategy and batch share "
+                                          "per pool) when they beat every single-strategy plan.")
+    group_results: dict[str, "CompileResult"] = Field(
+        default_factory=dict, description="Each group's compile of its pool sub-job, by pool.")
 
 
 @dataclass
@@ -105,9 +117,9 @@ class _Search:
         return clock.perf_counter() - self.start
 
     def remaining(self) -> float:
-        """Seconds left; the limit binds only once a first plan exists (a time limit returns the
-        best plan found, so the search always finds one if the space has one)."""
-        if self.best is None:
+        """Seconds left; the limit binds only once a first plan (or a cap) exists (a time limit returns
+        the best plan found, so the search always finds one if the space has one)."""
+        if self.incumbent == float("inf"):
             return max(1.0, self.options.time_limit - self.elapsed())
         return self.options.time_limit - self.elapsed()
 
@@ -177,8 +189,9 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     prices = None
     if search.options.objective == "cost" and mixed:
         prices = [round(search.catalog.device(pool.node.device).price_per_hour * PRICE_UNITS) for pool in tables.pools]
-    # time objective: the incumbent's step time caps the program (ties stay in, for the memory tie-break)
-    cutoff = (math.floor(search.incumbent * NS * (1 + 1e-9))
+    # time objective: the incumbent's step time caps the program; ties stay in (for the memory tie-break),
+    # with slack for the tables' rounding to whole nanoseconds (half a ns per term of the step formula)
+    cutoff = (math.ceil(search.incumbent * NS) + micro_batches + config.pp + 3
               if search.options.objective == "time" and search.incumbent < float("inf") else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
                             mixed_cluster=mixed, cutoff_ns=cutoff)
@@ -223,20 +236,92 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     options = options or CompileOptions()
     catalog = catalog or load_catalog()
     search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress)
-    configs = _bounded_configs(search, options.space)
-    if not configs:
-        raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size divides "
-                              f"the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs")
-    _branch_and_bound(search, configs)
+    grouped = None
+    if len(job.cluster.pools) > 1 and options.objective == "time" and options.space.replica_groups:
+        # replica groups first: a good plan from them prunes most single-strategy configurations
+        # one table builder per pool: its tables do not depend on the batch share
+        builders = {pool.name: TableBuilder(group_job(job, pool.name, job.global_batch), catalog)
+                    for pool in job.cluster.pools}
+        grain = job.global_batch // share_grid(job.global_batch)
+        grouped = search_groups(
+            job, lambda sub, cap: _compile_pool(search, sub, cap, builders[sub.cluster.pools[0].name], grain),
+            catalog, remaining=search.remaining)
+        if grouped.groups is not None:
+            search.incumbent = grouped.objective * (1 + 1e-9)
+            search.say(f"[{search.elapsed():6.2f}s] replica groups {grouped.objective:.6g} "
+                       f"({grouped.compiled} pool compiles)")
+    # offload only where nothing fits without it: replica groups that fit count
+    configs = _search_configs(search, retry_offload=grouped is None or grouped.groups is None)
+    if search.best is None and (grouped is None or grouped.groups is None):
+        if not configs:
+            raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size "
+                                  f"divides the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs"
+                                  + _space_limits_note(options.space))
+        raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
     if search.best is None:
+        return _group_result(search, grouped, len(configs))
+    return _result(search, len(configs), grouped.bound if grouped is not None else float("inf"))
+
+
+def _space_limits_note(space: SpaceOptions) -> str:
+    """What narrowed the space, for the no-legal-strategy message."""
+    notes = [f"--fix {','.join(f'{k}={v}' for k, v in sorted(space.fixed.items()))}"] if space.fixed else []
+    if not space.allow_zero_with_pp:
+        notes.append("no ZeRO-2/3 with pipeline parallelism (the --target's limit)")
+    if space.max_vpp == 1:
+        notes.append("no interleaving (the --target's limit)")
+    return f" under {'; '.join(notes)}" if notes else ""
+
+
+def _search_configs(search: _Search, retry_offload: bool = True) -> list:
+    """Branch and bound over the configurations, then with offload if nothing was found; the configurations."""
+    space = search.options.space
+    configs = _bounded_configs(search, space)
+    _branch_and_bound(search, configs)
+    if search.best is None and retry_offload:
         # nothing fits: retry with offload, which trades time for memory
-        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, options.space)
-                   for upd in _offload_variants(c, options.space.offload_devices)]
+        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, space)
+                   for upd in _offload_variants(c, space.offload_devices)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)
+    return configs
+
+
+def _compile_pool(parent: _Search, job: Job, cap: float, builder: TableBuilder,
+                  grain: int) -> tuple[float, float, "CompileResult | None"]:
+    """A replica group's compile: one pool's sub-job under the grain rule, only plans no slower than
+    `cap`, on the parent's clock."""
+    space = parent.options.space.model_copy(update={"batch_grain": grain})
+    options = parent.options.model_copy(update={"runners_up": 0, "space": space})
+    search = _Search(job=job, options=options, catalog=parent.catalog, builder=builder, progress=None,
+                     start=parent.start)
+    if cap < float("inf"):
+        search.incumbent = cap * (1 + 1e-9)
+    configs = _search_configs(search)
     if search.best is None:
-        raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
-    return _result(search, len(configs))
+        bound = min([cap, *search.open_bounds]) if search.open_bounds else cap
+        return float("inf"), bound, None
+    result = _result(search, len(configs))
+    return result.certificate.objective, result.certificate.bound, result
+
+
+def _group_result(search: _Search, grouped: GroupSearch, configurations: int) -> CompileResult:
+    """The replica-group plan as the compile result, re-checked by evaluate_groups."""
+    estimate = evaluate_groups(search.job, grouped.groups, search.catalog)
+    if not estimate.fits or abs(estimate.step_time_s - grouped.objective) > 0.005 * grouped.objective:
+        raise RuntimeError(f"replica groups re-evaluate to {estimate.step_time_s:.6g} s (fits: {estimate.fits}) "
+                           f"against the search's {grouped.objective:.6g} s")
+    objective = grouped.objective
+    bound = min([objective, grouped.bound, *search.open_bounds])
+    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
+    certificate = Certificate(
+        status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,
+        wall_s=search.elapsed(), configurations=configurations, solved=len(search.solved), pruned=search.pruned,
+    )
+    others = sorted((v, spec) for v, spec, _ in search.solved)
+    runners = [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
+    return CompileResult(strategy=None, estimate=None, certificate=certificate, runners_up=runners,
+                         groups=estimate, group_results=grouped.results)
 
 
 def _offload_variants(config: Strategy, devices: tuple[str, ...]) -> list[dict]:
@@ -294,7 +379,7 @@ def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, 
     return explain_infeasible(job, catalog, offload_devices)
 
 
-def _result(search: _Search, configurations: int) -> CompileResult:
+def _result(search: _Search, configurations: int, other_bound: float = float("inf")) -> CompileResult:
     best = search.best
     estimate = evaluate(search.job, best, search.catalog)  # the re-check every plan gets
     objective = search.incumbent
@@ -303,7 +388,7 @@ def _result(search: _Search, configurations: int) -> CompileResult:
         # the tables are built from evaluate's own functions: a disagreement is a bug, not an input error
         raise RuntimeError(f"plan {best.spec()} re-evaluates to {estimate.step_time_s:.6g} s "
                            f"(fits: {estimate.memory.fits}) against the program's {step:.6g} s")
-    bound = min([objective, *search.open_bounds])
+    bound = min([objective, other_bound, *search.open_bounds])
     gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
     certificate = Certificate(
         status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,

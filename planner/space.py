@@ -41,6 +41,13 @@ class SpaceOptions(BaseModel):
     offload_devices: tuple[Literal["cpu", "nvme"], ...] = Field(
         ("cpu", "nvme"), description="Where offloaded optimizer states and parameters may go."
     )
+    replica_groups: bool = Field(
+        True, description="On a mixed cluster, also search replica groups (a strategy and batch share per pool)."
+    )
+    batch_grain: int | None = Field(
+        None, gt=0, description="Replica groups: dp x mbs must divide this many sequences (and for vpp > 1, "
+        "grain / (dp x mbs) be a multiple of pp), so a strategy stays legal on any multiple of the grain."
+    )
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
     fixed: dict[str, int | str] = Field(
         default_factory=dict, description="Global keys forced to a value (tp, pp, dp, cp, ep, mbs, vpp, zero, ...)."
@@ -109,12 +116,13 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     eps = [e for e in _divisors(experts) if (dp * cp) % e == 0] if experts else [1]
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"
     recomputes = ["none"] if job.flash_attention else ["none", "selective"]
-    mbss = [b for b in range(1, options.max_mbs + 1) if job.global_batch % (dp * b) == 0]
+    grain = options.batch_grain or job.global_batch
+    mbss = [b for b in range(1, options.max_mbs + 1) if job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
     for ep in _allowed(options, "ep", eps):
         for mbs in _allowed(options, "mbs", mbss):
             micro = job.global_batch // (dp * mbs)
             vpps = [1]
-            if pp > 1 and micro % pp == 0:
+            if pp > 1 and micro % pp == 0 and (grain // (dp * mbs)) % pp == 0:
                 vpps += [v for v in range(2, options.max_vpp + 1) if blocks % (pp * v) == 0]
             for vpp in _allowed(options, "vpp", vpps):
                 for zero in _allowed(options, "zero", list(options.zero_stages)):

@@ -19,7 +19,7 @@ from models import MoEConfig, build_transformer, load_model
 from models.transformer import llama
 from planner.cost import evaluate
 from planner.errors import InfeasibleError
-from planner.exhaustive import _candidates, _count, exhaustive_optimum, offload_variants
+from planner.exhaustive import exhaustive_groups, _candidates, _count, exhaustive_optimum, offload_variants
 from planner.job import Job
 from planner.solve import CompileOptions, CompileResult, _offload_variants, compile_job
 from planner.space import SpaceOptions, global_configs
@@ -62,26 +62,32 @@ def _check_pools(job: Job, strategy: Strategy) -> None:
     assert set(strategy.stage_pools) <= {pool.name for pool in job.cluster.pools}
 
 
-def assert_matches_oracle(job: Job, space: SpaceOptions) -> tuple[CompileResult, Strategy] | None:
-    """compile_job certifies the exhaustive optimum; returns (result, oracle strategy), None if nothing fits."""
-    oracle = exhaustive_optimum(job, space)
-    if oracle is None:
+def assert_matches_oracle(job: Job, space: SpaceOptions) -> tuple[CompileResult, Strategy | None] | None:
+    """compile_job certifies the exhaustive optimum (on a mixed cluster: the better of single-strategy
+    plans and replica groups); returns (result, the oracle's single-strategy optimum), None if nothing fits."""
+    groups = exhaustive_groups(job, space) if len(job.cluster.pools) > 1 and space.replica_groups else None
+    # as the compiler: offload only where nothing fits without it, replica groups included
+    oracle = exhaustive_optimum(job, space, offload_fallback=groups is None)
+    found = [value for value in (oracle and oracle[1], groups and groups[1]) if value is not None]
+    if not found:
         with pytest.raises(InfeasibleError):
             compile_job(job, CompileOptions(space=space))
         return None
-    best, best_time = oracle
+    best_time = min(found)
     result = compile_job(job, CompileOptions(space=space))
-    cert, estimate = result.certificate, result.estimate
-    step = estimate.step_time_s
+    cert = result.certificate
+    if result.groups is not None:
+        step, fits, spec = result.groups.step_time_s, result.groups.fits, "replica groups"
+    else:
+        step, fits, spec = result.estimate.step_time_s, evaluate(job, result.strategy).memory.fits, result.strategy.spec()
     assert cert.status == "OPTIMAL"
-    assert step == pytest.approx(best_time, rel=1e-6), (
-        f"compile {result.strategy.spec()} ({step!r} s) != exhaustive {best.spec()} ({best_time!r} s)")
-    assert evaluate(job, result.strategy).memory.fits
+    assert step == pytest.approx(best_time, rel=1e-6), f"compile {spec} ({step!r} s) != exhaustive ({best_time!r} s)"
+    assert fits
     assert abs(cert.objective - step) / step <= 0.005
     assert 0.0 <= cert.gap <= 1e-9 and cert.bound <= cert.objective
-    if len(job.cluster.pools) > 1:
+    if len(job.cluster.pools) > 1 and result.groups is None:
         _check_pools(job, result.strategy)
-    return result, best
+    return result, oracle[0] if oracle else None
 
 
 # ----------------------------------------------------------------------------- compile == exhaustive

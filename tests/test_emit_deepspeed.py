@@ -278,13 +278,18 @@ def test_launch_sh_under_slurm_uses_allocation_hosts(tmp_path):
 
 
 def test_compile_cli_writes_deepspeed_folder(tmp_path):
+    # default targets: the plan keeps ZeRO-2 with pp, and the deepspeed folder substitutes ZeRO-1
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["compile", "tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128",
-                                      "--target", "deepspeed", "--fix", "pp=2,zero=2", "-o", str(out)])
+    args = ["compile", "tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128", "--fix", "pp=2,zero=2,vpp=1"]
+    result = CliRunner().invoke(cli, [*args, "-o", str(out)])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in (out / "deepspeed").iterdir())
     assert names == ["README.md", "ds_config.json", "hostfile", "launch.sh", "pipeline.json"]
     assert json.loads((out / "deepspeed" / "ds_config.json").read_text())["zero_optimization"]["stage"] == 1
+    assert "ZeRO stage 2 -> 1" in (out / "deepspeed" / "README.md").read_text()
+    # --target deepspeed keeps the search to what DeepSpeed runs, which --fix zero=2 with pp=2 is not
+    named = CliRunner().invoke(cli, [*args, "--target", "deepspeed"])
+    assert named.exit_code == 1 and "no ZeRO-2/3 with pipeline parallelism (the --target's limit)" in named.output
 
 
 # ---------------------------------------------------------------- DeepSpeed engine, CPU, 2 processes

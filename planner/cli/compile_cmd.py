@@ -122,7 +122,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     plan = build_plan(job, result, options)
     wall = result.certificate.wall_s
     if as_json:
-        data = result.estimate.model_dump(mode="json")
+        data = (result.estimate or result.groups).model_dump(mode="json")
         cert = result.certificate
         data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
                           "wall_s": wall}

@@ -244,21 +244,18 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
         f"strategy     {plan.strategy_spec}",
         "",
         f"throughput   {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU, {job.num_gpus} GPUs)",
-        f"step time    {t.step_time_s:.4g} s ({t.micro_batches} micro-batch"
-        f"{'' if t.micro_batches == 1 else 'es'} per replica)",
+        f"step time    {t.step_time_s:.4g} s ({_step_detail(plan)})",
         f"MFU          {100 * t.mfu:.1f}%  (HFU {100 * t.hfu:.1f}%)",
         "",
     ]
-    rows = []
-    for st in plan.stages:
-        blocks = f"{st.blocks[0]}-{st.blocks[-1]}" if st.blocks else "-"
-        r = st.ranks
-        nodes = f"{r.nodes[0]}" if r.nodes[0] == r.nodes[1] else f"{r.nodes[0]}-{r.nodes[1]}"
-        rows.append([st.index, blocks, "/".join(st.pools), st.device, f"{r.first_rank}-{r.last_rank}", nodes,
-                     st.recompute_blocks, gb(st.memory.hbm.peak_bytes), gb(st.memory.hbm.capacity_bytes),
-                     f"{1e3 * st.microbatch_time_s:.2f}"])
-    lines.append(table(["stage", "blocks", "pool", "device", "ranks", "nodes", "recompute", "HBM GB", "capacity",
-                        "micro-batch ms"], rows, right=(6, 7, 8, 9)))
+    if plan.groups:
+        rows = [[g.pool, g.batch, f"{g.first_rank}-{g.first_rank + g.plan.job.num_gpus - 1}",
+                 g.plan.strategy_spec, f"{g.plan.time.step_time_s:.4g}", gb(g.plan.memory.peak_bytes),
+                 gb(g.plan.memory.capacity_bytes)] for g in plan.groups]
+        lines.append(table(["group", "batch", "ranks", "strategy", "step s", "HBM GB", "capacity"], rows,
+                           right=(1, 4, 5, 6)))
+    else:
+        lines.append(_stages(plan))
     unit = "s" if s.objective_kind == "time" else "USD"
     lines += [
         "",
@@ -270,3 +267,23 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
         r = plan.runners_up[0]
         lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%)")
     return "\n".join(lines)
+
+
+def _step_detail(plan: "Plan") -> str:
+    if plan.groups:
+        return f"slowest of {len(plan.groups)} replica groups + gradient sync"
+    m = plan.time.micro_batches
+    return f"{m} micro-batch{'' if m == 1 else 'es'} per replica"
+
+
+def _stages(plan: "Plan") -> str:
+    rows = []
+    for st in plan.stages:
+        blocks = f"{st.blocks[0]}-{st.blocks[-1]}" if st.blocks else "-"
+        r = st.ranks
+        nodes = f"{r.nodes[0]}" if r.nodes[0] == r.nodes[1] else f"{r.nodes[0]}-{r.nodes[1]}"
+        rows.append([st.index, blocks, "/".join(st.pools), st.device, f"{r.first_rank}-{r.last_rank}", nodes,
+                     st.recompute_blocks, gb(st.memory.hbm.peak_bytes), gb(st.memory.hbm.capacity_bytes),
+                     f"{1e3 * st.microbatch_time_s:.2f}"])
+    return table(["stage", "blocks", "pool", "device", "ranks", "nodes", "recompute", "HBM GB", "capacity",
+                  "micro-batch ms"], rows, right=(6, 7, 8, 9))

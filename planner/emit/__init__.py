@@ -53,6 +53,10 @@ def available_targets() -> tuple[str, ...]:
 def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, str]:
     """Files of every target, keyed by "target/relative/path"."""
     files: dict[str, str] = {}
+    if plan.groups and targets:
+        # every framework here runs one strategy over all its ranks
+        raise UnsupportedPlan(f"a replica-group plan (a strategy per pool) has no {targets[0]} form; plan.json "
+                              "lists each group's plan")
     for target in targets:
         for path, text in sorted(emitter(target)(plan, job).items()):
             files[f"{target}/{path}"] = text
@@ -61,7 +65,8 @@ def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, st
 
 def space_limits(targets: tuple[str, ...]) -> dict:
     """SpaceOptions updates under which every plan runs on all of `targets` (their SPACE_LIMITS combined)."""
-    limits: dict = {}
+    # every framework here runs one strategy over all its ranks: no replica groups
+    limits: dict = {"replica_groups": False} if targets else {}
     for target in targets:
         for key, value in getattr(import_module(f"planner.emit.{target}"), "SPACE_LIMITS", {}).items():
             if key in limits:  # the narrower of two limits: fewer devices, a smaller maximum, False over True

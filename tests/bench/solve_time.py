@@ -157,9 +157,14 @@ def format_row(row: Row) -> str:
     gpus = f"{row.gpus:>6}" if row.gpus is not None else f"{'?':>6}"
     if row.error is not None and row.result is None:
         return f"{name:<28} {gpus} ERROR {row.error}"
-    cert, est = row.result.certificate, row.result.estimate
+    cert = row.result.certificate
+    est = row.result.estimate or row.result.groups  # a single strategy, or replica groups
     wall = f"{row.median_s:.2f} ({min(row.walls):.2f}-{max(row.walls):.2f})"
-    spec = short_spec(row.result.strategy.spec())
+    if row.result.groups is not None:
+        spec = "groups " + " ".join(f"{g.group.pool}:{g.group.batch}:tp{g.group.strategy.tp}pp{g.group.strategy.pp}"
+                                    for g in row.result.groups.groups)
+    else:
+        spec = short_spec(row.result.strategy.spec())
     line = (f"{name:<28} {gpus} {cert.configurations:>7} {cert.solved:>6} {cert.pruned:>6} {cert.status:<8} "
             f"{cert.gap:>6.2%} {wall:>20} {row.scenario.target_s:>6.0f} {spec:<{SPEC_WIDTH}} "
             f"{est.tokens_per_s_per_gpu:>9.1f} {est.mfu:>6.1%}")

@@ -1,0 +1,213 @@
+"""Replica-group search: how to split the batch over the pools, and each pool's best strategy.
+
+The space (planner.cost.groups): every pool either idles or runs one replica
+group on its share of the global batch B.  Shares are multiples of a grain
+g = B / N sequences (N the largest power of two up to 16 dividing B), and a
+group may use any strategy of its pool's space whose data-parallel width times
+micro-batch divides g (for interleaving, g / (dp * mbs) a multiple of pp too).
+So tensor-parallel degree, pipeline depth, micro-batch and ZeRO stage are
+chosen per pool, and faster pools take more samples.
+
+That grain rule makes T[p, n], the best step time of pool p on n * g
+sequences, nondecreasing in n: a strategy legal for n shares is legal for
+fewer, with fewer micro-batches, no more memory and less time.  T[p, n] is a
+certified compile of the pool's sub-job (`compile_job`'s branch and bound
+with CP-SAT inside), asked only as "is T[p, n] <= tau?" with tau as the
+compile's step-time cap, so a share that cannot matter costs one pruned
+search.  Then:
+
+1. water-filling: shares in proportion to each pool's measured speed
+   (shares per second), three rounds, give the incumbent U;
+2. proof: for every set S of active pools, a split with max T < U - sync(S)
+   exists iff the pools' largest shares under that limit (binary search over
+   n, by monotonicity) add up to N; if one does, it becomes the incumbent and
+   the check restarts.  When no set improves, U is optimal over the space.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from hardware import Catalog
+from planner.cost.groups import GroupsEstimate, ReplicaGroup, evaluate_groups, group_job, sync_seconds
+from planner.job import Job
+
+MAX_SHARES = 16
+WATER_FILL_ROUNDS = 3
+
+
+@dataclass
+class Entry:
+    """What is known of T[p, n]: its value (when compiled under a cap it met) or a floor on it."""
+
+    value: float | None = None  # the certified optimum, when known
+    above: float = 0.0  # T > above (a cap it missed, or the compile's bound)
+    result: object | None = None  # the pool sub-job's CompileResult when value is known
+    exact: bool = True  # False when a compile stopped at the time limit
+
+
+@dataclass
+class GroupSearch:
+    """Result of the replica-group search."""
+
+    groups: list[ReplicaGroup] | None = None
+    estimate: GroupsEstimate | None = None
+    objective: float = float("inf")
+    bound: float = 0.0
+    results: dict = field(default_factory=dict)  # pool -> its group's CompileResult
+    compiled: int = 0  # pool sub-jobs compiled
+
+
+def share_grid(batch: int) -> int:
+    """N: the number of batch shares (the largest power of two up to MAX_SHARES dividing `batch`)."""
+    n = 1
+    while n * 2 <= MAX_SHARES and batch % (n * 2) == 0:
+        n *= 2
+    return n
+
+
+def compute_floor(job: Job, pool: str, batch: int, catalog: Catalog) -> float:
+    """Seconds no plan of `batch` sequences on `pool` beats: its FLOPs at the best GEMM rate of every GPU."""
+    node = job.cluster.pool(pool)
+    device = catalog.device(node.node.device)
+    rate = max(device.peak_flops.values()) * max(step.efficiency for step in device.matmul_efficiency)
+    if job.precision == "fp8":
+        rate *= catalog.constant("fp8_gemm_speedup_cap")
+    flops = batch * job.seq_len * job.model.model_flops_per_token(job.seq_len)
+    return flops / (node.gpus * rate)
+
+
+class _Shares:
+    """The lazily compiled table T[p, n] and the questions asked of it."""
+
+    def __init__(self, job: Job, compile_pool, catalog: Catalog, remaining) -> None:
+        self.job, self.compile_pool, self.catalog, self.remaining = job, compile_pool, catalog, remaining
+        self.pools = [p.name for p in job.cluster.pools]
+        self.shares = share_grid(job.global_batch)
+        self.grain = job.global_batch // self.shares
+        self.entries: dict[tuple[str, int], Entry] = {}
+        self.compiled = 0
+
+    def entry(self, pool: str, n: int) -> Entry:
+        if (pool, n) not in self.entries:
+            self.entries[pool, n] = Entry(above=compute_floor(self.job, pool, n * self.grain, self.catalog))
+        return self.entries[pool, n]
+
+    def value(self, pool: str, n: int, cap: float = float("inf")) -> float:
+        """T[p, n] if it is at most `cap`, else inf."""
+        if n == 0:
+            return 0.0
+        e = self.entry(pool, n)
+        if e.value is not None:
+            return e.value if e.value <= cap else float("inf")
+        if e.above >= cap or self.remaining() <= 0:
+            return float("inf")
+        value, bound, result = self.compile_pool(group_job(self.job, pool, n * self.grain), cap)
+        self.compiled += 1
+        if result is not None:
+            e.value, e.result, e.exact = value, result, result.certificate.status == "OPTIMAL"
+            e.above = max(e.above, min(bound, value))
+            return value if value <= cap else float("inf")
+        e.above = max(e.above, bound)
+        e.exact = bound >= cap
+        return float("inf")
+
+    def most(self, pool: str, limit: float) -> int:
+        """Largest n with T[p, n] <= limit (T is nondecreasing in n), by bisection."""
+        lo, hi = 0, self.shares
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.value(pool, mid, limit) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def step(self, split: dict[str, int], cap: float = float("inf")) -> float:
+        """max T + sync of a split (inf when some share has no plan, or none under `cap`)."""
+        active = [p for p in self.pools if split.get(p, 0) > 0]
+        sync = sync_seconds(self.job, active, self.catalog)
+        times = [self.value(p, split[p], cap - sync) for p in active]
+        return max(times) + sync if active else float("inf")
+
+
+def proportional(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """`total` shares in proportion to `weights` (every pool at least one), largest remainders first."""
+    pools = list(weights)
+    if total < len(pools):
+        return {}
+    spare = total - len(pools)
+    exact = {p: spare * w / sum(weights.values()) for p, w in weights.items()}
+    out = {p: 1 + int(v) for p, v in exact.items()}
+    for p in sorted(pools, key=lambda p: (int(exact[p]) - exact[p], pools.index(p)))[: total - sum(out.values())]:
+        out[p] += 1
+    return out
+
+
+def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> GroupSearch:
+    """The best replica-group plan and a bound over the group space (objective time).
+
+    compile_pool(sub_job, cap) -> (value, bound, CompileResult | None): a certified compile of one
+    pool's sub-job restricted to the grain rule, only plans no slower than `cap` (None: none is).
+    remaining() -> seconds left; past it, unasked shares stay unknown and the bound says so.
+    """
+    table = _Shares(job, compile_pool, catalog, remaining)
+    best, best_split = float("inf"), {}
+
+    def consider(split: dict[str, int]) -> None:
+        nonlocal best, best_split
+        step = table.step(split, best) if split else float("inf")
+        if step < best:
+            best, best_split = step, dict(split)
+
+    # 1. water-filling, on all pools and then without the slowest ones: each round re-splits in
+    # proportion to the speed (shares per second) measured on the previous split
+    subset = sorted(table.pools, key=lambda p: compute_floor(job, p, 1, catalog))
+    while subset:
+        split = proportional(table.shares, {p: 1.0 / compute_floor(job, p, 1, catalog) for p in subset})
+        for _ in range(WATER_FILL_ROUNDS):
+            consider(split)
+            times = {p: table.value(p, n, best) for p, n in split.items()}
+            if not split or any(t == float("inf") for t in times.values()):
+                break
+            split = proportional(table.shares, {p: split[p] / times[p] for p in subset})
+        subset = subset[:-1]
+    # 2. proof: no set of active pools has a split faster than the incumbent
+    improved = True
+    while improved and remaining() > 0:
+        improved = False
+        for size in range(1, len(table.pools) + 1):
+            for subset in itertools.combinations(table.pools, size):
+                limit = (best - sync_seconds(job, list(subset), catalog)) * (1 - 1e-9)
+                if limit <= 0:
+                    continue
+                most = {p: table.most(p, limit) for p in subset}
+                if min(most.values()) >= 1 and sum(most.values()) >= table.shares:
+                    split = _trim(most, table.shares)
+                    before = best
+                    consider(split)
+                    improved = improved or best < before
+    result = GroupSearch(compiled=table.compiled)
+    if best_split:
+        chosen = [(p, best_split[p]) for p in table.pools if best_split.get(p, 0) > 0]  # cluster pool order
+        result.groups = [ReplicaGroup(pool=p, batch=n * table.grain, strategy=table.entry(p, n).result.strategy)
+                         for p, n in chosen]
+        result.results = {p: table.entry(p, n).result for p, n in chosen}
+        result.estimate = evaluate_groups(job, result.groups, catalog)
+        result.objective = best
+    # what is not known exactly (a compile at its time limit, or never asked) caps the bound
+    inexact = [e.above for e in table.entries.values() if not e.exact]
+    result.bound = min([best, *inexact]) if remaining() > 0 else min([best, *inexact, 0.0])
+    return result
+
+
+def _trim(most: dict[str, int], total: int) -> dict[str, int]:
+    """A split taking at most most[p] shares per pool and `total` in all (largest first, >= 1 each)."""
+    split = {p: 1 for p in most}
+    left = total - len(most)
+    for p in sorted(most, key=lambda p: -most[p]):
+        take = min(left, most[p] - 1)
+        split[p] += take
+        left -= take
+    return split
