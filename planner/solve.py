@@ -365,7 +365,8 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps
             pools = stage_pools_for(search.job, config) if len(search.job.cluster.pools) > 1 \
                 else list(search.job.cluster.pools)
-            refined = search.builder.refined_bound(config, pools, m) * _rate_floor(search, config, pools)
+            floor = _rate_floor(search, config, pools)
+            refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
                 continue

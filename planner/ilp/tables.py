@@ -199,7 +199,8 @@ class TableBuilder:
             lo = slots_limit([(w, c, k) for w, c, _, k in per_pool], p, need)
         return (m - 1 / v) * lo + self._sum_term(strategy, pools) / v
 
-    def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
+    def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
+                      enough: float = float("inf")) -> float:
         """A memory-aware bound (inf when the blocks cannot be placed at all).
 
         For each pool, time[n] is the fastest a stage of n blocks can run there:
@@ -207,6 +208,11 @@ class TableBuilder:
         with the least in flight, without embedding or head (each only makes a
         stage slower).  The bottleneck is at least the smallest T at which the
         pp best stage slots hold all B blocks within T each.
+
+        `enough`: a value that settles the question (the incumbent).  Profiles
+        then stop at the stage time that step would allow, and when the blocks
+        do not fit within it the bound returned is `enough` itself (the true
+        bound is no smaller).
         """
         p, v, m = strategy.pp, strategy.vpp, micro_batches
         ranks = strategy.tp * strategy.cp * strategy.dp
@@ -215,7 +221,10 @@ class TableBuilder:
             # one pool: some stage holds at least ceil(B / pp) blocks
             fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p)) if blocks else 0.0
             return (m - 1 / v) * fastest + self._sum_term(strategy, pools) / v
-        profiles = [(self._slot_profile(strategy, pool, m), pool.gpus // ranks) for pool in pools]
+        sum_term = self._sum_term(strategy, pools) / v
+        # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
+        cap = (enough - sum_term) / (m - 1 / v) if enough < float("inf") and m * v > 1 else float("inf")
+        profiles = [(self._slot_profile(strategy, pool, m, cap), pool.gpus // ranks) for pool in pools]
 
         def held(limit: float) -> int:
             fits = sorted(((bisect.bisect_right(times, limit), slots) for times, slots in profiles), reverse=True)
@@ -227,7 +236,11 @@ class TableBuilder:
             return total
 
         limit = smallest_sufficient(sorted({t for times, _ in profiles for t in times}), held, blocks)
-        return (m - 1 / v) * limit + self._sum_term(strategy, pools) / v
+        if limit > cap:
+            # profiles are complete only up to the cap: all we know is that no placement fits within it,
+            # so the bound is at least `enough`
+            return enough
+        return (m - 1 / v) * limit + sum_term
 
     def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int) -> float:
         """Fastest seconds per micro-batch of any stage of `blocks` blocks on `pool` (inf if none fits)."""
@@ -238,29 +251,37 @@ class TableBuilder:
                    for counts in stage_contents(bounds, blocks)]
         return min((o.cost.microbatch for o in options if o is not None), default=float("inf"))
 
-    def _slot_profile(self, strategy: Strategy, pool: Pool, micro_batches: int) -> list[float]:
-        """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound)."""
+    def _slot_profile(self, strategy: Strategy, pool: Pool, micro_batches: int,
+                      cap: float = float("inf")) -> list[float]:
+        """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound),
+        for every n whose time is at most `cap`."""
         key = ("profile", strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.mbs, strategy.zero,
                strategy.shard, strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
                strategy.pp if strategy.vpp > 1 else strategy.pp > 1, strategy.recompute, micro_batches, pool.name)
-        if key not in self._work_cache:
-            site = self.site(strategy.pp - 1, (pool,))
-            bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
-                           for seg in self.segments)
-            times: list[float] = []
-            # one kind of block: a stage of n blocks recomputes at least what one of n - 1 needed
-            floor = 0
-            for n in range(1, bounds[-1][1] + 1):
-                options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"),
-                                       with_fixed=False, min_recompute=floor) for counts in stage_contents(bounds, n)]
-                fits = [o for o in options if o is not None]
-                if not fits:
-                    break  # n blocks do not fit even fully recomputed; more never will
-                if len(bounds) == 1:
-                    floor = fits[0].recompute
-                times.append(max(min(o.cost.microbatch for o in fits), times[-1] if times else 0.0))
-            self._work_cache[key] = times
-        return self._work_cache[key]
+        cached = self._work_cache.get(key)
+        if cached is not None and cached[1] >= cap:
+            return cached[0]
+        site = self.site(strategy.pp - 1, (pool,))
+        bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
+                       for seg in self.segments)
+        times: list[float] = []
+        # one kind of block: a stage of n blocks recomputes at least what one of n - 1 needed
+        floor = 0
+        complete = float("inf")  # the profile holds every n (it stopped where nothing fits)
+        for n in range(1, bounds[-1][1] + 1):
+            options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"),
+                                   with_fixed=False, min_recompute=floor) for counts in stage_contents(bounds, n)]
+            fits = [o for o in options if o is not None]
+            if not fits:
+                break  # n blocks do not fit even fully recomputed; more never will
+            if len(bounds) == 1:
+                floor = fits[0].recompute
+            times.append(max(min(o.cost.microbatch for o in fits), times[-1] if times else 0.0))
+            if times[-1] > cap:
+                complete = cap  # longer stages are slower still: the rest cannot be within the cap
+                break
+        self._work_cache[key] = (times, complete)
+        return times
 
     def _sum_term(self, strategy: Strategy, pools: list[Pool]) -> float:
         """A lower bound on sum_s t_s: the cheapest pool's work plus pp of the cheapest transfers."""
