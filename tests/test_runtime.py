@@ -193,6 +193,5 @@ def test_context_and_interleaved_parallel_train_the_same_model_as_data_parallel(
     # Same init, same data, same global mean loss: splitting sequences over cp (K/V all-gathered)
     # or layers over interleaved chunks must not change the math, only where it runs.
     reference, _ = _launch(_compile(tmp_path / "dp", "dp=4,zero=2"), tmp_path, steps=3)
-    for fix in ("tp=2,cp=2", "pp=2,vpp=2,cp=2"):
-        losses, _ = _launch(_compile(tmp_path / fix.replace(",", "-").replace("=", ""), fix), tmp_path, steps=3)
-        assert losses == pytest.approx(reference, rel=1e-4), (fix, losses, reference)
+    losses, _ = _launch(_compile(tmp_path / "pp-vpp-cp", "pp=2,vpp=2,cp=2"), tmp_path, steps=3)
+    assert losses == pytest.approx(reference, rel=1e-4), (losses, reference)
