@@ -112,6 +112,7 @@ class _Search:
     solved: list[tuple[float, str, Strategy]] = field(default_factory=list)
     open_bounds: list[float] = field(default_factory=list)
     pruned: int = 0
+    near: list = field(default_factory=list)  # (bound, spec, config, m) closed by the incumbent cap
 
     def elapsed(self) -> float:
         return clock.perf_counter() - self.start
@@ -170,9 +171,13 @@ def _even_hint(program: Program) -> list[int] | None:
 
 
 PRICE_UNITS = 1e4  # prices in the program: 1e-4 USD per GPU-hour
+RUNNER_UP_SECONDS = 0.5  # CP-SAT time per runner-up re-solve (its value is informational)
 
 
-def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float) -> None:
+def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float,
+                  runner_up: bool = False) -> None:
+    """Build the configuration's tables and program and solve it; runner_up: only to learn its value
+    for the report (no incumbent cap, a short time limit, the certificate untouched)."""
     # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay)
     mixed = len(search.job.cluster.pools) > 1
     floor = _rate_floor(search, config, stage_pools_for(search.job, config) if mixed else list(search.job.cluster.pools))
@@ -192,7 +197,8 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     # time objective: the incumbent's step time caps the program; ties stay in (for the memory tie-break),
     # with slack for the tables' rounding to whole nanoseconds (half a ns per term of the step formula)
     cutoff = (math.ceil(search.incumbent * NS) + micro_batches + config.pp + 3
-              if search.options.objective == "time" and search.incumbent < float("inf") else None)
+              if search.options.objective == "time" and search.incumbent < float("inf") and not runner_up
+              else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
                             mixed_cluster=mixed, cutoff_ns=cutoff)
     hint = _even_hint(program)
@@ -205,11 +211,13 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     # CP-SAT's symmetry detection finds the orbitopes of identical stages but spends seconds of presolve
     # on it (40x the whole solve on 1,000-block models); the tables already merge identical contents.
     solver.parameters.symmetry_level = 0
-    solver.parameters.max_time_in_seconds = max(0.05, search.remaining())
+    solver.parameters.max_time_in_seconds = RUNNER_UP_SECONDS if runner_up else max(0.05, search.remaining())
     status = solver.solve(program.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if status == cp_model.UNKNOWN:
+        if status == cp_model.UNKNOWN and not runner_up:
             search.open_bounds.append(bound)
+        elif status == cp_model.INFEASIBLE and cutoff is not None:
+            search.near.append((bound, config.spec(), config, micro_batches))  # a runner-up candidate
         return
     strategy = _read(program, solver)
     step = solver.value(program.step) / program.scale / NS
@@ -219,10 +227,12 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     else:
         value = step * _price_rate(search.job, strategy, search.catalog)
         program_bound = solver.best_objective_bound * 1e-6 / PRICE_UNITS / 3600.0
+    search.solved.append((value, strategy.spec(), strategy))
+    if runner_up:
+        return
     if status == cp_model.FEASIBLE:
         search.open_bounds.append(max(bound, program_bound))
     peak = max(option.cost.memory.total for option in _chosen_options(program, solver))
-    search.solved.append((value, strategy.spec(), strategy))
     # equal objectives (e.g. ZeRO-1 vs ZeRO-2 with hidden traffic): keep the one using less memory
     tied = abs(value - search.incumbent) <= 1e-9 * max(value, 1e-30)
     if value < search.incumbent and not tied or tied and peak < search.best_peak:
@@ -258,9 +268,18 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                                   f"divides the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs"
                                   + _space_limits_note(options.space))
         raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
+    _runners_up(search)
     if search.best is None:
         return _group_result(search, grouped, len(configs))
     return _result(search, len(configs), grouped.bound if grouped is not None else float("inf"))
+
+
+def _runners_up(search: _Search) -> None:
+    """Values of the closest configurations the incumbent cap closed, for the report's runners-up."""
+    known = {spec for _, spec, _ in search.solved}
+    for bound, spec, config, m in sorted(search.near, key=lambda item: item[:2])[: search.options.runners_up]:
+        if spec not in known:
+            _solve_config(search, config, m, bound, runner_up=True)
 
 
 def _space_limits_note(space: SpaceOptions) -> str:
