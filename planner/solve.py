@@ -171,7 +171,7 @@ def _even_hint(program: Program) -> list[int] | None:
 
 
 PRICE_UNITS = 1e4  # prices in the program: 1e-4 USD per GPU-hour
-RUNNER_UP_SECONDS = 0.5  # CP-SAT time per runner-up re-solve (its value is informational)
+RUNNER_UP_WORK = 1.0  # CP-SAT deterministic time per runner-up re-solve (about a second; its value is informational)
 
 
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float,
@@ -211,7 +211,10 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     # CP-SAT's symmetry detection finds the orbitopes of identical stages but spends seconds of presolve
     # on it (40x the whole solve on 1,000-block models); the tables already merge identical contents.
     solver.parameters.symmetry_level = 0
-    solver.parameters.max_time_in_seconds = RUNNER_UP_SECONDS if runner_up else max(0.05, search.remaining())
+    if runner_up:  # a deterministic limit: the same runners-up on any machine
+        solver.parameters.max_deterministic_time = RUNNER_UP_WORK
+    else:
+        solver.parameters.max_time_in_seconds = max(0.05, search.remaining())
     status = solver.solve(program.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.UNKNOWN and not runner_up:
