@@ -180,7 +180,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     for the report (no incumbent cap, a short time limit, the certificate untouched)."""
     # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay)
     mixed = len(search.job.cluster.pools) > 1
-    floor = _rate_floor(search, config, stage_pools_for(search.job, config) if mixed else list(search.job.cluster.pools))
+    floor = _rate_floor(search, config, _pools(search.job, config))
     cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
     tables = build_tables(search.builder, config, micro_batches, cap)
     if tables is None:
@@ -263,9 +263,10 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
             search.incumbent = grouped.objective * (1 + 1e-9)
             search.say(f"[{search.elapsed():6.2f}s] replica groups {grouped.objective:.6g} "
                        f"({grouped.compiled} pool compiles)")
+    has_groups = grouped is not None and grouped.groups is not None
     # offload only where nothing fits without it: replica groups that fit count
-    configs = _search_configs(search, retry_offload=grouped is None or grouped.groups is None)
-    if search.best is None and (grouped is None or grouped.groups is None):
+    configs = _search_configs(search, retry_offload=not has_groups)
+    if search.best is None and not has_groups:
         if not configs:
             raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size "
                                   f"divides the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs"
@@ -301,8 +302,8 @@ def _search_configs(search: _Search, retry_offload: bool = True) -> list:
     configs = _bounded_configs(search, space)
     _branch_and_bound(search, configs)
     if search.best is None and retry_offload:
-        # nothing fits: retry with offload, which trades time for memory
-        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in _bounded_configs(search, space)
+        # nothing fits: retry with offload, which trades time for memory (offload adds no lower-bound term)
+        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in configs
                    for upd in _offload_variants(c, space.offload_devices)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)
@@ -321,8 +322,7 @@ def _compile_pool(parent: _Search, job: Job, cap: float, builder: TableBuilder,
         search.incumbent = cap * (1 + 1e-9)
     configs = _search_configs(search)
     if search.best is None:
-        bound = min([cap, *search.open_bounds]) if search.open_bounds else cap
-        return float("inf"), bound, None
+        return float("inf"), min([cap, *search.open_bounds]), None
     result = _result(search, len(configs))
     return result.certificate.objective, result.certificate.bound, result
 
@@ -333,17 +333,25 @@ def _group_result(search: _Search, grouped: GroupSearch, configurations: int) ->
     if not estimate.fits or abs(estimate.step_time_s - grouped.objective) > 0.005 * grouped.objective:
         raise RuntimeError(f"replica groups re-evaluate to {estimate.step_time_s:.6g} s (fits: {estimate.fits}) "
                            f"against the search's {grouped.objective:.6g} s")
-    objective = grouped.objective
-    bound = min([objective, grouped.bound, *search.open_bounds])
+    return CompileResult(strategy=None, estimate=None,
+                         certificate=_certificate(search, grouped.objective, grouped.bound, configurations),
+                         runners_up=_runner_ups(search, exclude=None), groups=estimate, group_results=grouped.results)
+
+
+def _certificate(search: _Search, objective: float, other_bound: float, configurations: int) -> Certificate:
+    """The certificate of `objective`: the bound is the least of it, `other_bound` and the open bounds."""
+    bound = min([objective, other_bound, *search.open_bounds])
     gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
-    certificate = Certificate(
+    return Certificate(
         status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,
         wall_s=search.elapsed(), configurations=configurations, solved=len(search.solved), pruned=search.pruned,
     )
-    others = sorted((v, spec) for v, spec, _ in search.solved)
-    runners = [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
-    return CompileResult(strategy=None, estimate=None, certificate=certificate, runners_up=runners,
-                         groups=estimate, group_results=grouped.results)
+
+
+def _runner_ups(search: _Search, exclude: str | None) -> list[RunnerUp]:
+    """The best solved configurations other than `exclude`, best first."""
+    others = sorted((v, spec) for v, spec, _ in search.solved if spec != exclude)
+    return [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
 
 
 def _offload_variants(config: Strategy, devices: tuple[str, ...]) -> list[dict]:
@@ -358,13 +366,18 @@ def _bounded_configs(search: _Search, space: SpaceOptions) -> list[tuple[float, 
     job = search.job
     for config in global_configs(job, space):
         m = job.global_batch // (config.dp * config.mbs)
-        pools = stage_pools_for(job, config) if len(job.cluster.pools) > 1 else list(job.cluster.pools)
+        pools = _pools(job, config)
         if not pools:
             continue
         bound = search.builder.lower_bound(config, pools, m) * _rate_floor(search, config, pools)
         out.append((bound, m, config))
     out.sort(key=lambda item: (item[0], item[2].spec()))
     return out
+
+
+def _pools(job: Job, config: Strategy) -> list:
+    """Pools a stage of the configuration can occupy (all of a one-pool cluster)."""
+    return stage_pools_for(job, config) if len(job.cluster.pools) > 1 else list(job.cluster.pools)
 
 
 def _rate_floor(search: _Search, config: Strategy, pools: list) -> float:
@@ -385,8 +398,7 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
             return
         if search.incumbent < float("inf"):
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps
-            pools = stage_pools_for(search.job, config) if len(search.job.cluster.pools) > 1 \
-                else list(search.job.cluster.pools)
+            pools = _pools(search.job, config)
             floor = _rate_floor(search, config, pools)
             refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor) * floor
             if refined >= search.incumbent * (1 - 1e-9):
@@ -411,12 +423,6 @@ def _result(search: _Search, configurations: int, other_bound: float = float("in
         # the tables are built from evaluate's own functions: a disagreement is a bug, not an input error
         raise RuntimeError(f"plan {best.spec()} re-evaluates to {estimate.step_time_s:.6g} s "
                            f"(fits: {estimate.memory.fits}) against the program's {step:.6g} s")
-    bound = min([objective, other_bound, *search.open_bounds])
-    gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
-    certificate = Certificate(
-        status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,
-        wall_s=search.elapsed(), configurations=configurations, solved=len(search.solved), pruned=search.pruned,
-    )
-    others = sorted((v, spec) for v, spec, s in search.solved if spec != best.spec())
-    runners = [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
-    return CompileResult(strategy=best, estimate=estimate, certificate=certificate, runners_up=runners)
+    return CompileResult(strategy=best, estimate=estimate,
+                         certificate=_certificate(search, objective, other_bound, configurations),
+                         runners_up=_runner_ups(search, exclude=best.spec()))

@@ -30,7 +30,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from hardware import Catalog
-from planner.cost.groups import GroupsEstimate, ReplicaGroup, evaluate_groups, group_job, sync_seconds
+from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
 
 MAX_SHARES = 16
@@ -51,8 +51,7 @@ class Entry:
 class GroupSearch:
     """Result of the replica-group search."""
 
-    groups: list[ReplicaGroup] | None = None
-    estimate: GroupsEstimate | None = None
+    groups: list[ReplicaGroup] | None = None  # compile_job re-checks them with evaluate_groups
     objective: float = float("inf")
     bound: float = 0.0
     results: dict = field(default_factory=dict)  # pool -> its group's CompileResult
@@ -107,7 +106,7 @@ class _Shares:
         self.compiled += 1
         if result is not None:
             e.value, e.result, e.exact = value, result, result.certificate.status == "OPTIMAL"
-            e.above = max(e.above, min(bound, value))
+            e.above = max(e.above, bound)
             return value if value <= cap else float("inf")
         e.above = max(e.above, bound)
         e.exact = bound >= cap
@@ -194,7 +193,6 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
         result.groups = [ReplicaGroup(pool=p, batch=n * table.grain, strategy=table.entry(p, n).result.strategy)
                          for p, n in chosen]
         result.results = {p: table.entry(p, n).result for p, n in chosen}
-        result.estimate = evaluate_groups(job, result.groups, catalog)
         result.objective = best
     # what is not known exactly (a compile at its time limit, or never asked) caps the bound
     inexact = [e.above for e in table.entries.values() if not e.exact]

@@ -178,7 +178,7 @@ def _check_supported(plan: Plan) -> None:
 # ---------------------------------------------------------------- passes
 
 
-def stage_chunks(model: Transformer, plan: Plan, *, stage_index: int) -> list[Transformer]:
+def chunk_modules(model: Transformer, plan: Plan, *, stage_index: int) -> list[Transformer]:
     """One copy of `model` per chunk of the stage, each keeping its blocks; the embedding stays on
     model chunk 0 (stage 0's first) and norm + head on the last model chunk (stage pp-1's last)."""
     chunks = plan.stages[stage_index].chunks or [[0, -1]]
@@ -289,7 +289,7 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
                        micro_batches=plan.time.micro_batches)
 
     # (1) pipeline split: this rank's stage (its chunks when vpp > 1).
-    chunks = stage_chunks(model, plan, stage_index=stage_index) if s["pp"] > 1 else [model]
+    chunks = chunk_modules(model, plan, stage_index=stage_index) if s["pp"] > 1 else [model]
     out.model = chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)
     recompute_per_chunk = plan.stages[stage_index].recompute_blocks // len(chunks)  # the plan counts every block
     shape = mesh_shape(plan)
