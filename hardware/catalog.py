@@ -98,12 +98,22 @@ class NodeSpec(BaseModel):
     nvme_bytes: float = Field(ge=0, description="Local NVMe capacity per node.")
     nvme_bandwidth: float = Field(ge=0, description="Aggregate NVMe read bandwidth per node, bytes/s.")
     pcie_bandwidth: float = Field(gt=0, description="Host-to-GPU bandwidth per GPU per direction, bytes/s.")
+    host_link_bandwidth: float | None = Field(
+        None, gt=0,
+        description="Host-side bytes/s per direction the node's GPUs share when they stream from host memory "
+        "at once (PCIe switch uplinks / CPU root ports); default: no sharing (gpus x pcie_bandwidth).",
+    )
     sources: list[str] = Field(min_length=1, description="Where each figure comes from.")
 
     @property
     def nic_bandwidth_per_gpu(self) -> float:
         """Inter-node bytes/s available to one GPU when all GPUs talk at once."""
         return self.nic_count * self.nic_bandwidth / self.gpus_per_node
+
+    def host_bandwidth_per_gpu(self, streams: int) -> float:
+        """Raw host-to-GPU bytes/s one GPU gets while `streams` GPUs of the node stream at once."""
+        shared = self.host_link_bandwidth or self.gpus_per_node * self.pcie_bandwidth
+        return min(self.pcie_bandwidth, shared / max(1, streams))
 
 
 class Constant(BaseModel):

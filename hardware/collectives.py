@@ -49,7 +49,8 @@ class CommGroup(BaseModel):
         return self.size > self.ranks_per_node
 
 
-def _intra_efficiency(link: LinkSpec, catalog: Catalog) -> float:
+def intra_efficiency(link: LinkSpec, catalog: Catalog) -> float:
+    """Achieved fraction of an intra-node link's line rate (constants.yaml, by link kind)."""
     if link.kind == "pcie":
         return catalog.constant("pcie_efficiency")
     if link.kind == "loopback":
@@ -59,7 +60,7 @@ def _intra_efficiency(link: LinkSpec, catalog: Catalog) -> float:
 
 def _rates(group: CommGroup, catalog: Catalog) -> tuple[float, float]:
     """(intra bytes/s, inter bytes/s per GPU) after efficiencies."""
-    intra = group.intra.bandwidth * _intra_efficiency(group.intra, catalog)
+    intra = group.intra.bandwidth * intra_efficiency(group.intra, catalog)
     inter = group.inter_bandwidth * catalog.constant("network_efficiency")
     return intra, inter
 

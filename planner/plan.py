@@ -247,8 +247,9 @@ PlanGroup.model_rebuild()
 # ---------------------------------------------------------------- digest
 
 
-def inputs_digest(job: Job, options: CompileOptions) -> str:
-    """sha256 of the canonical JSON (sorted keys, no spaces) of everything the plan depends on."""
+def inputs_digest(job: Job, options: BaseModel) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of everything the plan depends on (`options`: the
+    compile options, dense or embedding)."""
     payload = {
         "model": job.model.model_dump(mode="json"),
         "cluster": job.cluster.model_dump(mode="json"),

@@ -23,7 +23,7 @@ def _gb(n: float) -> str:
     return f"{n / GB:.1f}"
 
 
-def _md_table(headers: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
+def md_table(headers: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
     """A GitHub-flavoured Markdown table; columns in `right` are right-aligned."""
     align = ["---:" if i in right else "---" for i in range(len(headers))]
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
@@ -92,7 +92,7 @@ def _stages_table(plan: Plan) -> str:
          f"{1e3 * st.microbatch_time_s:.2f}"]
         for st in plan.stages
     ]
-    return _md_table(["stage", "blocks", "layers", "pool / device", "ranks", "recompute blocks", "HBM GB used / capacity",
+    return md_table(["stage", "blocks", "layers", "pool / device", "ranks", "recompute blocks", "HBM GB used / capacity",
                       "micro-batch ms"], rows, right=(2, 5, 6, 7))
 
 
@@ -103,7 +103,7 @@ def _memory_table(plan: Plan) -> str:
         rows.append([str(st.index), _gb(h.weights_bytes), _gb(h.grads_bytes), _gb(h.optimizer_bytes),
                      _gb(h.activations_bytes), _gb(h.buffers_bytes), _gb(h.reserve_bytes), _gb(h.peak_bytes),
                      _gb(h.capacity_bytes), _gb(st.memory.host_dram_bytes), _gb(st.memory.nvme_bytes)])
-    return _md_table(["stage", "weights", "grads", "optimizer", "activations", "buffers", "reserve", "total",
+    return md_table(["stage", "weights", "grads", "optimizer", "activations", "buffers", "reserve", "total",
                       "capacity", "host DRAM", "NVMe"], rows, right=tuple(range(1, 11)))
 
 
@@ -113,7 +113,7 @@ def _time_table(plan: Plan) -> str:
     rows.append(["**step**", f"**{plan.time.step_time_s:.4f}**", "100.0%"])
     rows.append(["exposed communication (total)", f"{br.exposed_comm_s:.4f}", f"{100 * br.exposed_comm_s / step:.1f}%"])
     rows.append(["data-parallel comm incl. hidden", f"{br.dp_comm_total_s:.4f}", ""])
-    return _md_table(["term", "seconds", "of step"], rows, right=(1, 2))
+    return md_table(["term", "seconds", "of step"], rows, right=(1, 2))
 
 
 def _solver(plan: Plan) -> list[str]:
@@ -138,7 +138,7 @@ def _runners_up(plan: Plan) -> list[str]:
     worse = "slower" if plan.solver.objective_kind == "time" else "costlier"
     rows = [[str(i + 1), f"`{r.strategy_spec}`", f"{r.step_time_s:.4f}", f"{r.tokens_per_s:,.0f}",
              f"{r.worse_pct:+.2f}%"] for i, r in enumerate(plan.runners_up)]
-    return [_md_table(["#", "strategy", "step s", "tokens/s", worse], rows, right=(0, 2, 3, 4))]
+    return [md_table(["#", "strategy", "step s", "tokens/s", worse], rows, right=(0, 2, 3, 4))]
 
 
 # How each target folder is launched, from the output directory (see its README.md for details)
@@ -195,7 +195,7 @@ def _groups(plan: Plan) -> list[str]:
         "Each pool trains the whole model under its own strategy on its share of the batch; the groups "
         f"all-reduce their gradients after each step ({plan.strategy['sync_s']:.4f} s, not overlapped).",
         "",
-        _md_table(["pool", "batch", "ranks", "strategy", "step s", "HBM GB peak / capacity"], rows,
+        md_table(["pool", "batch", "ranks", "strategy", "step s", "HBM GB peak / capacity"], rows,
                   right=(1, 4)),
         "",
     ]

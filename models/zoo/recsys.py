@@ -72,3 +72,52 @@ ENTRIES: list[ZooEntry] = [
     ZooEntry("dlrm-criteo-terabyte", _TERABYTE, published_params=_published(_TERABYTE),
              source="computed: terabyte_rows_full x 128 from criteo_tables.csv + MLPerf DLRM MLPs"),
 ]
+
+
+def meta_2021_synthetic_tables(count: int = 856, mean_pooling: float = 15.8, seed: int = 2021) -> list[EmbeddingTable]:
+    """Tables with the statistics of Meta's 2021 DLRM embedding dataset (synthetic, seeded).
+
+    facebookresearch/dlrm_datasets (embedding_bag/2021) holds 856 tables whose
+    traces average about 15.8 lookups per table per sample, with heavy-tailed
+    table sizes and skewed row access (Sethi et al., RecShard, ASPLOS 2022;
+    Zha et al., AutoShard/DreamShard, KDD 2022 / NeurIPS 2022 describe it).  The
+    traces are not shipped here, so sizes are drawn: rows log-normal (median 1M,
+    clipped to [1,000, 50M]), dims from {32, 64, 128, 256}, pooling factors
+    log-normal rescaled to the mean, Zipf alpha uniform in [0.8, 1.3].
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = np.clip(rng.lognormal(mean=np.log(1e6), sigma=1.6, size=count), 1e3, 5e7).astype(int)
+    dims = rng.choice([32, 64, 128, 256], size=count, p=[0.2, 0.35, 0.3, 0.15])
+    pooling = rng.lognormal(mean=0.0, sigma=1.0, size=count)
+    pooling = np.maximum(1.0, pooling * mean_pooling / pooling.mean())
+    alphas = rng.uniform(0.8, 1.3, size=count)
+    return [EmbeddingTable(rows=int(r), dim=int(d), pooling_factor=round(float(p), 3), zipf_alpha=round(float(a), 3))
+            for r, d, p, a in zip(rows, dims, pooling, alphas)]
+
+
+_META_2021 = DLRMConfig(
+    name="dlrm-meta-2021-synthetic",
+    dense_features=13, bottom_mlp=[512, 256, 128], top_mlp=[1024, 1024, 512, 256, 1],
+    tables=meta_2021_synthetic_tables(), interaction="cat",
+    source="synthetic tables with the statistics of Meta's 2021 DLRM dataset (github.com/facebookresearch/"
+    "dlrm_datasets; 856 tables, ~15.8 lookups per table per sample); MLPs as MLPerf DLRM; cat interaction "
+    "(table dims differ)",
+)
+
+# A DLRM small enough to train on CPU processes in tests (8 tables, dim 16).
+_TINY = DLRMConfig(
+    name="tiny-dlrm",
+    dense_features=13, bottom_mlp=[32, 16], top_mlp=[32, 16, 1],
+    tables=[EmbeddingTable(rows=r, dim=16, pooling_factor=p) for r, p in
+            [(1000, 2.0), (500, 1.0), (2000, 3.0), (100, 1.0), (50, 1.0), (3000, 2.0), (800, 1.0), (200, 2.0)]],
+    interaction="dot",
+    source="planner test model: Criteo-shaped DLRM scaled down to run on CPU",
+)
+
+ENTRIES += [
+    ZooEntry("dlrm-meta-2021-synthetic", _META_2021, published_params=_published(_META_2021),
+             source="computed: the seeded synthetic tables + MLPs"),
+    ZooEntry("tiny-dlrm", _TINY, published_params=_published(_TINY), source="computed: tables + MLPs"),
+]

@@ -20,6 +20,7 @@ from hardware.topology import ClusterFile
 from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
+from planner.cli.compile_recsys import compile_recsys
 from planner.cli.options import Infeasible, job_options, json_option, user_errors
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
@@ -80,13 +81,16 @@ def _progress(enabled: bool | None):
 @click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               metavar="DIR", help="Write plan.json and report.md into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it exists and is not empty.")
+@click.option("--strategy", type=click.Choice(["planner", "torchrec-greedy"]), default="planner", show_default=True,
+              help="Recommendation models: the CP-SAT plan, or the TorchRec-style greedy baseline.")
 @click.option("--progress/--no-progress", default=None,
               help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
-             fixed: str, out_dir: Path | None, force: bool, progress: bool | None, as_json: bool) -> None:
+             fixed: str, out_dir: Path | None, force: bool, strategy: str, progress: bool | None,
+             as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -101,11 +105,23 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compile llama3-70b dgx-h100:8 -b 512 -s 4096 --time-limit 30 --json
         planner compile llama3-8b dgx-h100:4 -b 64 -s 4096 --objective cost --max-step-time 2
         planner compile tiny-llama cpu:1 -b 8 -s 128 --fix pp=2,dp=2 -o out/tiny --target torch
+        planner compile dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 -o out/dlrm
+
+    Recommendation models (DLRM) get an embedding plan instead: per table the
+    sharding type, ranks and HBM cache fraction (plan.json, sharding_plan.json).
     """
     if out_dir is not None:
         check_output_dir(out_dir, force)  # before the search, not after it
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
               precision=precision, flash_attention=flash_attention)
+    if job.model.family == "recsys":
+        chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
+        compile_recsys(job, strategy=strategy, time_limit=time_limit, out_dir=out_dir, force=force,
+                       progress=_progress(progress), as_json=as_json, targets=chosen)
+        return
+    if strategy != "planner":
+        raise click.BadParameter(f"{strategy} plans the tables of recommendation models; {job.model.name} has none",
+                                 param_hint="--strategy")
     explicit_targets = bool(targets)
     # named targets narrow the search to plans they all run; default targets do not
     limits = space_limits(targets) if explicit_targets else {}

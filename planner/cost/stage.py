@@ -124,7 +124,8 @@ def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: St
     if not strategy.offloads_optimizer:
         return 0.0
     node = site.node
-    pcie = node.pcie_bandwidth * catalog.constant("pcie_efficiency")
+    # every GPU of the node moves its shard at the same time: they share the host links
+    pcie = node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
     owned = memory.params / (shard if strategy.zero >= 1 else 1)
     transfer = owned * (grad_reduce_bytes(job) + WEIGHT_BYTES) / pcie
     cpu_adam = owned * node.gpus_per_node / catalog.constant("cpu_adam_params_per_second")
@@ -142,7 +143,7 @@ def _param_fetch_seconds(memory: StageMemory, site: StageSite, strategy: Strateg
     shard_bytes = memory.params * WEIGHT_BYTES / max(1, strategy.dp)
     node = site.node
     if strategy.offload_device == "cpu":
-        rate = node.pcie_bandwidth * catalog.constant("pcie_efficiency")
+        rate = node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
     else:
         rate = node.nvme_bandwidth * catalog.constant("nvme_efficiency") / node.gpus_per_node
     return 2.0 * shard_bytes / rate

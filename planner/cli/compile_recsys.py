@@ -1,0 +1,60 @@
+"""`planner compile` for recommendation models: the embedding sharding and caching plan.
+
+Called by `compile` when the model's family is recsys; writes plan.json (the
+embedding plan), sharding_plan.json (TorchRec-style ParameterSharding per
+table), report.md and, for the torch target, a torchrun launch of the DLRM
+runtime.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from planner.cli.options import Infeasible
+from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
+from planner.embedding.plan_doc import EmbeddingCompileOptions, build_embedding_plan, to_json
+from planner.embedding.report import render_embedding_report, summary
+from planner.errors import InfeasibleError
+from planner.job import Job
+from planner.output import write_outputs
+
+
+def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,
+                   force: bool, progress, as_json: bool, targets: tuple[str, ...]) -> None:
+    """Plan the tables of `job`, then print and write as `compile` does for dense models."""
+    from planner.emit.dlrm import emit_dlrm_torch  # emitters import torch-free helpers only
+
+    options = EmbeddingCompileOptions(strategy=strategy, time_limit=time_limit)
+    try:
+        result = compile_embedding(job, strategy=strategy, time_limit=time_limit, progress=progress)
+    except InfeasibleError as err:
+        raise Infeasible(str(err)) from None
+    plan = build_embedding_plan(job, result, options)
+    wall = result.certificate.wall_s
+    if as_json:
+        data = result.estimate.model_dump(mode="json")
+        cert = result.certificate
+        data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
+                          "wall_s": wall}
+        data["plan"] = plan.model_dump(mode="json", by_alias=True)
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(summary(plan, wall))
+    if out_dir is None:
+        return
+    files = {"plan.json": to_json(plan), "sharding_plan.json": to_json(plan.sharding),
+             "report.md": render_embedding_report(plan)}
+    written = []
+    for target in targets:
+        if target == "torch":
+            files.update(emit_dlrm_torch(plan, job))
+            written.append(target)
+        else:
+            click.echo(f"note: no {target}/ files: the {target} target does not run embedding-sharded "
+                       "recommendation models (torch does)", err=True)
+    write_outputs(out_dir, files, force=force)
+    folders = "".join(f", {t}/" for t in written)
+    click.echo(f"wrote {out_dir}: plan.json, sharding_plan.json, report.md{folders} (search {wall:.2f} s)", err=True)

@@ -1,0 +1,150 @@
+"""TorchRec-style greedy sharding planner, and the greedy partitioner the compiler reuses.
+
+TorchRec's EmbeddingShardingPlanner (torchrec/distributed/planner/planners.py)
+enumerates sharding options per table (sharding types x compute kernels:
+`fused` in HBM, `fused_uvm_caching` at cache_load_factor 0.2), ranks them by
+estimated perf, proposes the best-perf option of every table
+(GreedyProposer), and partitions the shards: largest perf first, each onto the
+rank with the least perf so far that still has storage
+(GreedyPerfPartitioner).  When a proposal does not partition, the proposer
+moves one table to its next option.  `torchrec_greedy` follows that loop over
+this project's cost model, so the baseline and the compiler score plans
+identically; it stops at the first proposal that partitions.  On a failure it relieves the table that did not
+fit (TorchRec's proposer relieves by perf order; targeting the failing table
+reaches a partitionable proposal in fewer rounds).
+"""
+
+from __future__ import annotations
+
+from planner.embedding.evaluate import EmbeddingModel, TablePlacement
+from planner.embedding.options import TORCHREC_CACHE_LEVELS, ShardingType, TableOption, table_options
+
+ALL_RANKS = (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL)
+
+
+def option_perf(model: EmbeddingModel, t: int, option: TableOption) -> float:
+    """TorchRec's ranking key: the option's total seconds over all its shards (first pool's rates)."""
+    world = model.sites.world
+    unit = model.costs.unit(t, option, 0)
+    count = {ShardingType.ROW_WISE: world, ShardingType.DATA_PARALLEL: world,
+             ShardingType.TABLE_ROW_WISE: model.sites.node_spec(0).gpus_per_node}.get(option.kind, option.shards)
+    sync = model.costs.dp_sync_s(t) if option.kind == ShardingType.DATA_PARALLEL else 0.0
+    return count * (unit.lookup_s + unit.send_s) + world * model.costs.receive_s(t, option, 0) + sync
+
+
+def option_hbm(model: EmbeddingModel, t: int, option: TableOption) -> float:
+    """HBM bytes of one unit on a rank of the first pool."""
+    return model.costs.unit(t, option, 0).hbm_bytes
+
+
+class Partitioner:
+    """Greedy placement of chosen options onto ranks under HBM and host-DRAM capacities."""
+
+    def __init__(self, model: EmbeddingModel):
+        self.model = model
+        sites = model.sites
+        self.pools = range(len(model.job.cluster.pools))
+        self.load = [0.0] * sites.world
+        self.hbm_left = [model.hbm_budget(site.pool) for site in sites.ranks]
+        self.host_left = [sites.host_capacity(n) for n in range(sites.num_nodes)]
+        self.failed: int | None = None  # the table that did not fit, after a failed partition
+
+    def _fits(self, units: list, ranks: tuple[int, ...]) -> bool:
+        sites = self.model.sites
+        host: dict[int, float] = {}
+        for rank in ranks:
+            site = sites.ranks[rank]
+            unit = units[site.pool]
+            if unit.hbm_bytes > self.hbm_left[rank]:
+                return False
+            host[site.node] = host.get(site.node, 0.0) + unit.host_bytes
+        return all(need <= self.host_left[node] for node, need in host.items())
+
+    def _take(self, t: int, option: TableOption, units: list, ranks: tuple[int, ...]) -> TablePlacement:
+        sites = self.model.sites
+        for rank in ranks:
+            site = sites.ranks[rank]
+            unit = units[site.pool]
+            self.load[rank] += unit.lookup_s + unit.send_s
+            self.hbm_left[rank] -= unit.hbm_bytes
+            self.host_left[site.node] -= unit.host_bytes
+        return TablePlacement(t, option, tuple(sorted(ranks)))
+
+    def place(self, t: int, option: TableOption) -> TablePlacement | None:
+        """Put table `t` under `option` on the least-loaded ranks that hold it; None when nothing fits."""
+        sites = self.model.sites
+        units = [self.model.costs.unit(t, option, p) for p in self.pools]
+        if option.kind in ALL_RANKS:
+            ranks = tuple(range(sites.world))
+            return self._take(t, option, units, ranks) if self._fits(units, ranks) else None
+        if option.kind == ShardingType.TABLE_ROW_WISE:
+            nodes = sorted(range(sites.num_nodes), key=lambda n: (max(self.load[r] for r in sites.node_ranks[n]), n))
+            for node in nodes:
+                ranks = tuple(sites.node_ranks[node])
+                if self._fits(units, ranks):
+                    return self._take(t, option, units, ranks)
+            return None
+        chosen: list[int] = []
+        for rank in sorted(range(sites.world), key=lambda r: (self.load[r], r)):
+            if self._fits(units, (rank,)):
+                chosen.append(rank)  # column shards land on distinct ranks
+                if len(chosen) == option.shards:
+                    break
+        if len(chosen) < option.shards:
+            return None
+        return self._take(t, option, units, tuple(chosen))
+
+
+def partition(model: EmbeddingModel, choice: dict[int, TableOption], failed: list[int] | None = None
+              ) -> list[TablePlacement] | None:
+    """Place every table's chosen option, largest perf first (GreedyPerfPartitioner); None if any fails
+    (its table is appended to `failed` when given)."""
+    partitioner = Partitioner(model)
+    perf = {t: option_perf(model, t, choice[t]) for t in choice}
+    placements = []
+    for t in sorted(choice, key=lambda t: (-perf[t], t)):
+        placed = partitioner.place(t, choice[t])
+        if placed is None:
+            if failed is not None:
+                failed.append(t)
+            return None
+        placements.append(placed)
+    return sorted(placements, key=lambda p: p.table)
+
+
+def torchrec_greedy(model: EmbeddingModel, cache_levels: tuple[float, ...] = TORCHREC_CACHE_LEVELS
+                    ) -> list[TablePlacement] | None:
+    """The TorchRec-style plan: best-perf options, relieved one table at a time until they partition."""
+    sites = model.sites
+    gpn = sites.node_spec(0).gpus_per_node
+    ranked: list[list[TableOption]] = []
+    for t, table in enumerate(model.costs.tables):
+        options = table_options(table, sites.world, gpn, cache_levels)
+        ranked.append(sorted(options, key=lambda o: (option_perf(model, t, o), option_hbm(model, t, o), o)))
+    position = [0] * len(ranked)
+    for _ in range(sum(map(len, ranked)) + 1):
+        choice = {t: ranked[t][position[t]] for t in range(len(ranked))}
+        failed: list[int] = []
+        placements = partition(model, choice, failed)
+        if placements is not None:
+            return placements
+        # relieve storage: the table that did not fit moves to its next option that needs less HBM;
+        # when it has none, the table with the most HBM per unit does
+        step = _relief(model, ranked, position, failed[0])
+        if step is None:
+            movable = [(-option_hbm(model, t, ranked[t][position[t]]), t) for t in range(len(ranked))
+                       if _relief(model, ranked, position, t) is not None]
+            if not movable:
+                return None
+            t = min(movable)[1]
+            step = _relief(model, ranked, position, t)
+        else:
+            t = failed[0]
+        position[t] = step
+    return None
+
+
+def _relief(model: EmbeddingModel, ranked: list[list[TableOption]], position: list[int], t: int) -> int | None:
+    """Index of table t's next option (in perf order) that needs less HBM than its current one."""
+    now = option_hbm(model, t, ranked[t][position[t]])
+    return next((i for i in range(position[t] + 1, len(ranked[t])) if option_hbm(model, t, ranked[t][i]) < now), None)
