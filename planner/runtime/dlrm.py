@@ -108,7 +108,9 @@ class ShardedTables(nn.Module):
                 out.append(F.embedding_bag(local_ids[t], self.shards[p], mode="sum"))
                 continue
             ids = global_ids[t]
-            pooled = torch.zeros(ids.shape[0], table.dim)
+            # a leaf that requires grad: ranks without a shard of this table still run the all-reduce's
+            # backward, so every rank issues the same collectives in the same order
+            pooled = torch.zeros(ids.shape[0], table.dim, requires_grad=True)
             for p, r0, rs, c0, cs in self.shard_index[t]:
                 inside = (ids >= r0) & (ids < r0 + rs)
                 local = torch.where(inside, ids - r0, torch.zeros_like(ids))
