@@ -41,6 +41,9 @@ class SpaceOptions(BaseModel):
     offload_devices: tuple[Literal["cpu", "nvme"], ...] = Field(
         ("cpu", "nvme"), description="Where offloaded optimizer states and parameters may go."
     )
+    regathers: tuple[Literal["network", "host"], ...] = Field(
+        ("network", "host"), description="ZeRO-3 re-gather sources tried (host: FCDP host-memory cache)."
+    )
     replica_groups: bool = Field(
         True, description="On a mixed cluster, also search replica groups (a strategy and batch share per pool)."
     )
@@ -134,10 +137,15 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                     if dp <= max(1, _min_gpus_per_node(job) // (tp * cp)):
                         scopes = scopes[:1]  # the data-parallel group fits in a node: node == full
                     for shard in _allowed(options, "shard", scopes):
-                        for recompute in recomputes:
-                            yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero,
-                                           shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
-                                           recompute=recompute)
+                        # FCDP pays off only when the sharding group crosses nodes
+                        crosses = dp * cp * tp > _min_gpus_per_node(job)
+                        regathers = [r for r in options.regathers
+                                     if r == "network" or (zero == 3 and shard == "full" and crosses)]
+                        for regather in _allowed(options, "regather", regathers):
+                            for recompute in recomputes:
+                                yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero,
+                                               shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
+                                               recompute=recompute, regather=regather)
 
 
 def _min_gpus_per_node(job: Job) -> int:

@@ -18,6 +18,7 @@ Offload = Literal["none", "optimizer", "params", "all"]
 OffloadDevice = Literal["cpu", "nvme"]
 Schedule = Literal["1f1b", "gpipe", "interleaved"]
 ShardScope = Literal["full", "node"]
+Regather = Literal["network", "host"]
 
 
 class Strategy(BaseModel):
@@ -44,6 +45,13 @@ class Strategy(BaseModel):
         description="With recompute=full: blocks that recompute, counted from the start of each stage (of each "
         "chunk with vpp > 1); one value for every stage (Megatron --recompute-num-layers, block method) or "
         "one per stage; the other blocks keep their activations. Default: all blocks.",
+    )
+    regather: Regather = Field(
+        "network",
+        description="ZeRO-3 weights for later gathers within a step: network re-gathers them over the "
+        "sharding group each time; host keeps the first forward's gathered weights in host DRAM (one copy "
+        "per node, Fully Cached Data Parallel) so later gathers read them over PCIe and all-gather inside "
+        "the node. (Weights kept on the GPU, no reshard, is zero=2.)",
     )
     offload: Offload = Field("none", description="State offloaded from HBM: optimizer, params, or both.")
     offload_device: OffloadDevice = Field("cpu", description="Offload target: host DRAM or NVMe.")
@@ -72,6 +80,8 @@ class Strategy(BaseModel):
             raise ValueError("vpp > 1 needs pp > 1")
         if self.sp and self.tp == 1:
             raise ValueError("sp=on needs tp > 1")
+        if self.regather == "host" and (self.zero != 3 or self.shard != "full"):
+            raise ValueError("regather=host needs zero=3 and shard=full (it caches what the full group gathers)")
         if self.offload in ("params", "all") and self.zero != 3:
             raise ValueError(f"offload={self.offload} needs zero=3 (parameters must be sharded to be offloaded)")
         if self.recompute_layers is not None:
@@ -157,6 +167,7 @@ class Strategy(BaseModel):
             f"ep={self.ep}", f"mbs={self.mbs}", f"vpp={self.vpp}",
             f"sp={'on' if self.sequence_parallel else 'off'}", f"zero={self.zero}", f"shard={self.shard}",
             f"recompute={self.recompute}",
+            "regather=host" if self.regather == "host" else None,
             f"recompute_layers={'/'.join(map(str, self.recompute_layers))}" if self.recompute_layers else None, f"offload={self.offload}", f"offload_device={self.offload_device}",
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
             f"split={'/'.join(map(str, self.split))}" if self.split else None,

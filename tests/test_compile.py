@@ -292,3 +292,35 @@ def test_oracle_refuses_spaces_over_its_limit():
     big = _job(load_model("llama3-70b"), load_cluster("dgx-h100:16"), 512, 4096)
     with pytest.raises(ValueError, match="candidates"):
         exhaustive_optimum(big)
+
+
+# ----------------------------------------------------------------------------- FCDP (regather=host)
+
+CPU_2NODES = load_cluster("cpu:2")  # 2 nodes x 4 processes behind a 10 GbE NIC: a slow fabric
+
+
+@st.composite
+def two_node_zero3_jobs(draw) -> tuple[Job, SpaceOptions]:
+    heads = draw(st.sampled_from([2, 4]))
+    hidden = heads * draw(st.sampled_from([32, 64]))
+    model = _model(layers=draw(st.integers(2, 4)), hidden=hidden, heads=heads, kv_heads=heads,
+                   ffn=hidden * 4, vocab=draw(st.sampled_from([256, 4096])))
+    job = _job(model, CPU_2NODES, draw(st.sampled_from([16, 32])), draw(st.sampled_from([64, 256])))
+    return job, SpaceOptions(**SMALL, zero_stages=(3,), fixed={"tp": 1, "cp": 1, "pp": 1})
+
+
+@settings(PROPERTY, max_examples=10)
+@given(two_node_zero3_jobs())
+def test_compile_matches_exhaustive_with_the_host_parameter_cache(case):
+    job, space = case
+    assert any(s.regather == "host" for s in global_configs(job, space))  # FCDP is in the space
+    assert_matches_oracle(job, space)
+
+
+def test_host_cache_wins_with_many_micro_batches_on_a_slow_fabric():
+    model = _model(layers=4, hidden=256, heads=4, kv_heads=4, ffn=1024, vocab=4096)
+    job = _job(model, CPU_2NODES, 64, 256)
+    # sharding over both nodes (HSDP, which keeps gathers inside a node, is left out here)
+    space = SpaceOptions(**SMALL, zero_stages=(3,), shard_scopes=("full",), fixed={"tp": 1, "cp": 1, "pp": 1, "mbs": 1})
+    result, oracle = assert_matches_oracle(job, space)
+    assert result.strategy.regather == "host" and oracle.regather == "host"

@@ -343,9 +343,10 @@ def test_golden(case):
 
 def test_space_limits_combine_targets():
     assert space_limits(()) == {}
-    assert space_limits(("torch",)) == {"replica_groups": False, "offload_devices": ("cpu",)}
-    assert space_limits(("deepspeed",)) == {"replica_groups": False, "allow_zero_with_pp": False, "max_vpp": 1}
-    assert space_limits(("deepspeed", "torch", "megatron")) == {"replica_groups": False, "allow_zero_with_pp": False,
+    common = {"replica_groups": False, "regathers": ("network",)}
+    assert space_limits(("torch",)) == {**common, "offload_devices": ("cpu",)}
+    assert space_limits(("deepspeed",)) == {**common, "allow_zero_with_pp": False, "max_vpp": 1}
+    assert space_limits(("deepspeed", "torch", "megatron")) == {**common, "allow_zero_with_pp": False,
                                                                "max_vpp": 1, "offload_devices": ("cpu",)}
 
 

@@ -113,8 +113,17 @@ class DataParallelComm:
 
 
 def data_parallel_comm(params: float, largest_layer_params: float, job: Job, strategy: Strategy,
-                       groups: StageGroups, micro_batches: int, catalog: Catalog) -> DataParallelComm:
-    """Seconds of data-parallel communication for a stage holding `params` per rank."""
+                       groups: StageGroups, micro_batches: int, catalog: Catalog,
+                       host_rate: float = 0.0) -> DataParallelComm:
+    """Seconds of data-parallel communication for a stage holding `params` per rank.
+
+    With regather=host (FCDP, arXiv 2602.06499) only the first forward of a
+    step gathers ZeRO-3 weights over the sharding group; it leaves them in host
+    DRAM, one copy per node split over the node's members of the group, and
+    every later gather (the backward ones, and the forwards of later
+    micro-batches) reads the rank's slice at `host_rate` and all-gathers inside
+    the node.  Gradients are still reduce-scattered over the whole group.
+    """
     s = strategy
     if groups.dp.size == 1:
         return DataParallelComm(0.0, 0.0, 0.0, 0.0, 0.0)
@@ -135,8 +144,13 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
     else:
         gather = coll.all_gather(weight_bytes, shard, catalog)
         first = coll.all_gather(largest_layer_params * WEIGHT_BYTES, shard, catalog)
-        fwd = gather
-        bwd = gather + coll.reduce_scatter(grad_bytes, shard, catalog)
+        fwd = again = gather
+        if s.regather == "host" and shard.spans_nodes:
+            local = shard.ranks_per_node
+            in_node = shard.model_copy(update={"size": local, "ranks_per_node": local})
+            again = weight_bytes / local / host_rate + coll.all_gather(weight_bytes, in_node, catalog)
+            fwd = (gather + (micro_batches - 1) * again) / micro_batches  # the first forward fills the cache
+        bwd = again + coll.reduce_scatter(grad_bytes, shard, catalog)
         end = coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
     total = micro_batches * (fwd + bwd) + end
     return DataParallelComm(fwd, bwd, first, end, total)

@@ -133,6 +133,11 @@ def stage_memory(
             nvme += weights
         weights = 0.0
 
+    if s.regather == "host" and shard > 1:
+        # FCDP: the node keeps one gathered copy of the stage's weights, split over its members of the group
+        local = max(1, min(shard, gpn // s.tp)) if s.tp <= gpn else 1  # as comm_group places the group
+        host += params * WEIGHT_BYTES / local
+
     in_flight = in_flight_microbatches(s, site.index, micro_batches)
     # backward re-materialises one recomputed layer at a time on top of what is kept
     activations = sums.kept_activations * in_flight + sums.working_set

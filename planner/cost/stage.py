@@ -161,7 +161,9 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     forward = sums.forward
     backward = sums.compute - sums.forward
     memory = stage_memory(job, strategy, site, sums, micro_batches, catalog)
-    dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog)
+    host_rate = site.node.host_bandwidth_per_gpu(site.node.gpus_per_node) * catalog.constant("pcie_efficiency")
+    dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog,
+                            host_rate)
     fetch = _param_fetch_seconds(memory, site, strategy, catalog)
     dp_micro = 0.0
     if dp.per_microbatch_forward or dp.per_microbatch_backward or fetch:

@@ -1,13 +1,17 @@
 """Compile a recommendation job: the sharding and caching plan of its tables, with a certificate.
 
-1. The TorchRec-style greedy plan (greedy.py) is the baseline and the hint.
+1. The TorchRec-style greedy plan (greedy.py): the baseline, and a candidate.
 2. The option space: every table's options (options.py) whose single unit fits
    some rank's HBM and some node's host DRAM.
-3. The relaxed program: its options, placed by the greedy partitioner, and its
-   proven bound (valid for every plan).
-4. When its placement variables are few enough (EXACT_PLACEMENT_LIMIT), the
+3. A price-directed choice of options (heuristic.py), placed by the greedy
+   partitioner and improved by local search (refine.py): a candidate, and the
+   hint of the relaxed program.
+4. The relaxed program's LP bound (bound.py, GLOP) and the relaxed CP-SAT
+   program (program.py): its options, placed and refined, are a candidate; the
+   stronger of the two bounds holds for every plan.
+5. When its placement variables are few enough (EXACT_PLACEMENT_LIMIT), the
    exact program, hinted with the best plan so far; its bound replaces the
-   relaxed one when stronger.
+   others when stronger.
 The returned plan is the best of all candidates under `evaluate`, so never
 worse than the baseline; OPTIMAL means the exact program proved it.
 """
@@ -23,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware import Catalog
 from planner.embedding.evaluate import GB, EmbeddingEstimate, EmbeddingModel, TablePlacement
 from planner.embedding.greedy import partition, torchrec_greedy
-from planner.embedding.heuristic import price_directed_choice
+from planner.embedding.bound import lp_bound
+from planner.embedding.heuristic import RelaxedCoefficients, price_directed_choice
 from planner.embedding.refine import refine
 from planner.embedding.options import CACHE_LEVELS, ShardingType, TableOption, table_options
 from planner.embedding.program import ShardingProgram
@@ -35,8 +40,9 @@ EXACT_PLACEMENT_LIMIT = 20_000
 # CP-SAT deterministic work the exact program may spend (it proves small jobs in far less; on a
 # node of 8 ranks with 26 tables it improves the relaxed plan by a few percent and stops here).
 EXACT_WORK = 5.0
-# CP-SAT deterministic work of the relaxed program: enough for its LP bound on 856 tables x 128 ranks.
-RELAXED_WORK = 10.0
+# CP-SAT deterministic work of the relaxed program (on hundreds of tables the price-directed start and
+# the GLOP bound carry the result; on tens of tables CP-SAT proves the relaxed optimum well within it).
+RELAXED_WORK = 5.0
 EmbeddingStrategyName = Literal["planner", "torchrec-greedy"]
 
 
@@ -169,10 +175,13 @@ def compile_embedding(job: Job, *, strategy: EmbeddingStrategyName = "planner", 
         relaxed.hint(greedy)
     if progress:
         progress(f"embedding program (relaxed): {len(space)} tables, {sum(map(len, space))} options, {world} ranks")
+    floor = lp_bound(RelaxedCoefficients(model, space))
+    if floor == math.inf:
+        raise InfeasibleError(_not_fitting(model, space))
     solved = relaxed.solve(min(time_limit, RELAXED_WORK))
     if solved.status == "INFEASIBLE":
         raise InfeasibleError(_not_fitting(model, space))
-    bound = solved.bound_s + fixed
+    bound = max(solved.bound_s, floor) + fixed
     placed = partition(model, solved.choice) if solved.choice else None
     if placed is not None:
         candidates.append(refine(model, placed))

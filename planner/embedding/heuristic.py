@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.embedding.cost import UnitCost
 from planner.embedding.evaluate import EmbeddingModel
 from planner.embedding.greedy import ALL_RANKS
 from planner.embedding.options import ShardingType, TableOption
@@ -23,8 +24,9 @@ CAP_STEPS = 10
 PRICE_STEPS = 12
 
 
-class _Table:
-    """Coefficients of every (table, option) of the relaxed program, padded to a rectangle."""
+class RelaxedCoefficients:
+    """Coefficients of every (table, option) of the relaxed program, padded to a rectangle; per option
+    the fastest and smallest over the pools, as the relaxed program takes them (a valid relaxation)."""
 
     def __init__(self, model: EmbeddingModel, space: list[list[TableOption]]):
         world = model.sites.world
@@ -35,9 +37,12 @@ class _Table:
         for name in names:
             setattr(self, name, np.zeros(shape))
         costs = model.costs
+        pools = range(len(model.job.cluster.pools))
         for t, options in enumerate(space):
             for i, option in enumerate(options):
-                unit = costs.unit(t, option, 0)
+                units = [costs.unit(t, option, p) for p in pools]
+                unit = UnitCost(lookup_s=min(u.lookup_s for u in units), send_s=min(u.send_s for u in units),
+                                hbm_bytes=min(u.hbm_bytes for u in units), host_bytes=min(u.host_bytes for u in units))
                 spread = option.kind in ALL_RANKS
                 count = world if spread else gpn if option.kind == ShardingType.TABLE_ROW_WISE else option.shards
                 self.valid[t, i] = True
@@ -48,7 +53,7 @@ class _Table:
                 self.hbm[t, i] = count * unit.hbm_bytes
                 self.everywhere[t, i] = unit.hbm_bytes if spread else 0.0
                 self.host[t, i] = count * unit.host_bytes
-                self.receive[t, i] = costs.receive_s(t, option, 0)
+                self.receive[t, i] = min(costs.receive_s(t, option, p) for p in pools)
                 if option.kind == ShardingType.DATA_PARALLEL:
                     self.sync[t, i] = costs.dp_sync_s(t)
         self.world = world
@@ -80,7 +85,7 @@ class _Table:
 
 def price_directed_choice(model: EmbeddingModel, space: list[list[TableOption]]) -> dict[int, TableOption] | None:
     """The best choice the caps-and-price sweep finds that fits the summed capacities, or None."""
-    table = _Table(model, space)
+    table = RelaxedCoefficients(model, space)
     caps_l = np.unique(np.quantile(table.unit_lookup[table.valid], np.linspace(0.5, 1.0, CAP_STEPS)))
     caps_s = np.unique(np.quantile(table.unit_send[table.valid], np.linspace(0.5, 1.0, CAP_STEPS)))
     best: tuple[float, np.ndarray] | None = None

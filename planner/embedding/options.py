@@ -34,7 +34,7 @@ TORCHREC_CACHE_LEVELS = (1.0, 0.2)
 MIN_COLUMN_WIDTH = 32
 COLUMN_SHARDS = (2, 4, 8)
 # Terms of the generalised harmonic number summed exactly before the Euler-Maclaurin tail.
-_EXACT_TERMS = 2000
+_EXACT_TERMS = 500
 
 
 class ShardingType(StrEnum):

@@ -27,6 +27,8 @@ from planner.embedding.options import ShardingType, TableOption
 
 NS = 1e9
 SEED = 7
+# Deterministic work of the relaxed form's tie-break solve (least total work at the proven objective).
+TIE_BREAK_WORK = 2.0
 
 
 def _ns(seconds: float) -> int:
@@ -166,7 +168,7 @@ class ShardingProgram:
             if option.kind in ALL_RANKS:
                 hbm_everywhere.append(math.ceil(smallest) * var)
             else:
-                # a single unit sits on one rank whole
+                # a single unit sits on one rank whole (one row per option: CP-SAT's LP is tighter this way)
                 cp.add(self.lookup_max >= _ns(fastest_lookup) * var)
                 cp.add(self.comm_max >= _ns(fastest_send) * var)
         # the busiest rank carries at least the average
@@ -225,7 +227,7 @@ class ShardingProgram:
                 self.cp.add_hint(var, values[key])
             self.cp.add(self.primary <= int(round(solver.objective_value)))
             self.cp.minimize(self.total_work)
-            second = self._solver(work_limit)
+            second = self._solver(min(work_limit, TIE_BREAK_WORK))
             tie_code = second.solve(self.cp)
             self.work += second.deterministic_time
             if tie_code in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -40,10 +40,14 @@ class _State:
         self.hbm_left = [model.hbm_budget(s.pool) for s in sites.ranks]
         self.host_left = [sites.host_capacity(n) for n in range(sites.num_nodes)]
         self.placements = {p.table: p for p in placements}
+        self.on_rank: list[set[int]] = [set() for _ in range(world)]  # tables with a single-rank unit there
         for p in placements:
+            single = p.option.kind not in ALL_RANKS and p.option.kind != ShardingType.TABLE_ROW_WISE
             for rank in p.ranks:
                 site = sites.ranks[rank]
                 unit = costs.unit(p.table, p.option, site.pool)
+                if single:
+                    self.on_rank[rank].add(p.table)
                 self.lookup[rank] += unit.lookup_s
                 self.send[rank] += unit.send_s
                 self.hbm_left[rank] -= unit.hbm_bytes
@@ -58,10 +62,13 @@ class _State:
     def movable_on(self, rank: int) -> list[TablePlacement]:
         """Single-rank units on `rank`, largest lookup + send first."""
         costs, pool = self.model.costs, self.model.sites.ranks[rank].pool
-        units = [p for p in self.placements.values() if p.option.kind not in ALL_RANKS
-                 and p.option.kind != ShardingType.TABLE_ROW_WISE and rank in p.ranks]
-        return sorted(units, key=lambda p: (-(costs.unit(p.table, p.option, pool).lookup_s
-                                              + costs.unit(p.table, p.option, pool).send_s), p.table))
+
+        def weight(p: TablePlacement) -> float:
+            unit = costs.unit(p.table, p.option, pool)
+            return unit.lookup_s + unit.send_s
+
+        units = [self.placements[t] for t in self.on_rank[rank]]
+        return sorted(units, key=lambda p: (-weight(p), p.table))
 
     def best_move(self) -> tuple[float, TablePlacement, int, int] | None:
         sites, costs = self.model.sites, self.model.costs
@@ -103,6 +110,8 @@ class _State:
         self.host_left[site_b.node] -= ub.host_bytes
         ranks = tuple(sorted(b if r == a else r for r in p.ranks))
         self.placements[p.table] = replace(p, ranks=ranks)
+        self.on_rank[a].discard(p.table)
+        self.on_rank[b].add(p.table)
 
 
 def refine(model: EmbeddingModel, placements: list[TablePlacement], max_moves: int = MAX_MOVES

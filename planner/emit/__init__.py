@@ -65,8 +65,9 @@ def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, st
 
 def space_limits(targets: tuple[str, ...]) -> dict:
     """SpaceOptions updates under which every plan runs on all of `targets` (their SPACE_LIMITS combined)."""
-    # every framework here runs one strategy over all its ranks: no replica groups
-    limits: dict = {"replica_groups": False} if targets else {}
+    # every framework here runs one strategy over all its ranks (no replica groups) and re-gathers
+    # ZeRO-3 weights over the network (none has a host-memory parameter cache, FCDP)
+    limits: dict = {"replica_groups": False, "regathers": ("network",)} if targets else {}
     for target in targets:
         for key, value in getattr(import_module(f"planner.emit.{target}"), "SPACE_LIMITS", {}).items():
             if key in limits:  # the narrower of two limits: fewer devices, a smaller maximum, False over True

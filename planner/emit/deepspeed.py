@@ -57,6 +57,12 @@ class _Decisions:
                              f"mbs({self.mbs})")
         self.zero = self._zero_stage(s["zero"])
         self.offload_optimizer, self.offload_params = self._offload(s)
+        if s.get("regather") == "host":
+            self.notes.append(
+                "regather=host (FCDP host-memory parameter cache) dropped: DeepSpeed ZeRO-3 re-gathers weights "
+                "over the data-parallel group, so step time is above the plan's estimate; compile with "
+                "`--target deepspeed` for a plan without it."
+            )
 
     def _zero_stage(self, planned: int) -> int:
         if self.pp > 1 and planned >= 2:

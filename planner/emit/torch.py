@@ -52,6 +52,8 @@ def strategy_problem(strategy: dict) -> str | None:
         return f"ep={strategy['ep']}: not supported by the planner torch runtime (its reference model is dense)"
     if strategy.get("schedule", "1f1b") not in ("1f1b", "gpipe", "interleaved"):
         return f"schedule={strategy['schedule']}: not supported by the planner torch runtime"
+    if strategy.get("regather") == "host":
+        return "regather=host: the planner torch runtime has no host-memory parameter cache (FCDP)"
     if strategy.get("offload", "none") != "none" and strategy.get("offload_device") == "nvme":
         return "offload_device=nvme: not supported by the planner torch runtime (FSDP2 offloads to cpu only)"
     return None

@@ -256,7 +256,7 @@ class TableBuilder:
         """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound),
         for every n whose time is at most `cap`."""
         key = ("profile", strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.mbs, strategy.zero,
-               strategy.shard, strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
+               strategy.shard, strategy.regather, strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
                strategy.pp if strategy.vpp > 1 else strategy.pp > 1, strategy.recompute, micro_batches, pool.name)
         cached = self._work_cache.get(key)
         if cached is not None and cached[1] >= cap:
