@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 from planner.embedding.plan_doc import EmbeddingPlan
+from planner.emit.torch import torchrun_script
 from planner.job import Job
 
 
 def _launch(plan: EmbeddingPlan, job: Job) -> str:
-    nnodes = job.cluster.num_nodes
-    nproc = job.cluster.pools[0].node.gpus_per_node
-    return f"""#!/usr/bin/env bash
-# {plan.job.model} on {plan.job.cluster}: embedding plan by {plan.strategy}
-# {plan.sharding.world_size} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
-# (same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere); extra arguments go to planner.runtime.dlrm,
-# e.g. ./launch.sh --steps 100 --report report.json
-set -euo pipefail
-cd "$(dirname "$0")"
-exec torchrun --nnodes {nnodes} --nproc_per_node {nproc} --rdzv_backend c10d \\
-    --rdzv_endpoint "${{MASTER_ADDR:-localhost}}:${{MASTER_PORT:-29500}}" --rdzv_id "${{RUN_ID:-planner}}" \\
-    -m planner.runtime.dlrm --plan ../plan.json "$@"
-"""
+    return torchrun_script(f"{plan.job.model} on {plan.job.cluster}: embedding plan by {plan.strategy}",
+                           plan.sharding.world_size, job.cluster.num_nodes, job.cluster.pools[0].node.gpus_per_node,
+                           "planner.runtime.dlrm", "--steps 100 --report report.json")
 
 
 def _readme(plan: EmbeddingPlan) -> str:

@@ -68,20 +68,26 @@ def runtime_problem(plan: Plan) -> str | None:
     return config_problem(entry.config) or strategy_problem(plan.strategy)
 
 
-def _launch(plan: Plan) -> str:
-    shape = launch_shape(plan)
-    nnodes, nproc = shape["nnodes"], shape["nproc_per_node"]
+def torchrun_script(title: str, ranks: int, nnodes: int, nproc: int, module: str, example_args: str) -> str:
+    """launch.sh: torchrun with c10d rendezvous running `python -m module --plan ../plan.json` on each node."""
     return f"""#!/usr/bin/env bash
-# {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}
-# {plan.job.num_gpus} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
-# (same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere); extra arguments go to planner.runtime.train,
-# e.g. ./launch.sh --steps 100 --lr 3e-4 --report report.json
+# {title}
+# {ranks} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
+# (same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere); extra arguments go to {module},
+# e.g. ./launch.sh {example_args}
 set -euo pipefail
 cd "$(dirname "$0")"
 exec torchrun --nnodes {nnodes} --nproc_per_node {nproc} --rdzv_backend c10d \\
     --rdzv_endpoint "${{MASTER_ADDR:-localhost}}:${{MASTER_PORT:-29500}}" --rdzv_id "${{RUN_ID:-planner}}" \\
-    -m planner.runtime.train --plan ../plan.json "$@"
+    -m {module} --plan ../plan.json "$@"
 """
+
+
+def _launch(plan: Plan) -> str:
+    shape = launch_shape(plan)
+    return torchrun_script(f"{plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}", plan.job.num_gpus,
+                           shape["nnodes"], shape["nproc_per_node"], "planner.runtime.train",
+                           "--steps 100 --lr 3e-4 --report report.json")
 
 
 def _readme(plan: Plan) -> str:
