@@ -85,7 +85,19 @@ class EmbeddingTable(BaseModel):
     dim: int = Field(gt=0, description="Embedding width.")
     pooling_factor: float = Field(1.0, gt=0, description="Mean lookups per sample (multi-hot size).")
     zipf_alpha: float = Field(1.05, ge=0, description="Access skew: row r is read with probability ~ r^-alpha.")
+    access_histogram: list[float] | None = Field(
+        None, min_length=1,
+        description="Measured access counts of equal-size row buckets (any order; caching keeps the hottest); "
+        "overrides zipf_alpha for the hit rate of an HBM cache.",
+    )
     bytes_per_element: int = Field(4, gt=0, description="Storage bytes per element (fp32 tables: 4).")
+
+
+    @model_validator(mode="after")
+    def _histogram(self) -> "EmbeddingTable":
+        if self.access_histogram is not None and (min(self.access_histogram) < 0 or sum(self.access_histogram) <= 0):
+            raise ValueError("access_histogram needs non-negative counts with a positive sum")
+        return self
 
 
 class Layer(BaseModel):

@@ -181,3 +181,19 @@ def test_plan_json_is_deterministic():
              for _ in range(2)}
     assert len(texts) == 1
     assert json.loads(texts.pop())["schema"] == "planner.embedding-plan/1"
+
+
+def test_access_histogram_sets_the_hit_rate():
+    from planner.embedding.options import table_hit_rate
+
+    # 4 row buckets, measured counts in any order: the cache takes the hottest first
+    table = EmbeddingTable(rows=4_000_000, dim=32, access_histogram=[10.0, 70.0, 5.0, 15.0])
+    assert table_hit_rate(table, 0.25) == pytest.approx(0.70)
+    assert table_hit_rate(table, 0.375) == pytest.approx(0.70 + 0.5 * 0.15)
+    assert table_hit_rate(table, 1.0) == 1.0 and table_hit_rate(table, 0.0) == 0.0
+    model = EmbeddingModel(_job([table]))
+    skewed = model.costs.unit(0, TableOption(ShardingType.TABLE_WISE, cache=0.25), 0)
+    flat = EmbeddingModel(_job([EmbeddingTable(rows=4_000_000, dim=32, access_histogram=[1.0] * 4)]))
+    assert skewed.lookup_s < flat.costs.unit(0, TableOption(ShardingType.TABLE_WISE, cache=0.25), 0).lookup_s
+    with pytest.raises(ValueError):
+        EmbeddingTable(rows=10, dim=4, access_histogram=[-1.0, 2.0])

@@ -35,7 +35,7 @@ from functools import cached_property
 from hardware import Catalog
 from hardware.collectives import CommGroup, all_reduce
 from models.graph import EmbeddingTable, Layer, LayerKind
-from planner.embedding.options import ShardingType, TableOption, zipf_hit_rate
+from planner.embedding.options import ShardingType, TableOption, table_hit_rate
 from planner.cost.layout import comm_group
 from planner.embedding.sites import JobSites
 from planner.job import Job
@@ -107,7 +107,7 @@ class CostTable:
             lookups = self.local_batch * table.pooling_factor
         else:
             lookups = batch * table.pooling_factor
-        hit = zipf_hit_rate(option.cache, table.rows, table.zipf_alpha)
+        hit = table_hit_rate(table, option.cache)
         read = lookups * width * table.bytes_per_element
         forward = read * (hit / rates.hbm_lookup + (1.0 - hit) / rates.host_lookup)
         lookup_s = forward * (1.0 + c.constant("embedding_backward_ratio"))

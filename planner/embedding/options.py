@@ -95,6 +95,18 @@ def zipf_hit_rate(cache_fraction: float, rows: int, alpha: float) -> float:
     return generalized_harmonic(cached, alpha) / generalized_harmonic(rows, alpha)
 
 
+def table_hit_rate(table: EmbeddingTable, cache_fraction: float) -> float:
+    """Share of a table's lookups an HBM cache of its hottest `cache_fraction` of rows serves: from its
+    measured access histogram when it has one (buckets hottest first, linear inside a bucket), else Zipf."""
+    if table.access_histogram is None or cache_fraction >= 1.0 or cache_fraction <= 0.0:
+        return zipf_hit_rate(cache_fraction, table.rows, table.zipf_alpha)
+    counts = sorted(table.access_histogram, reverse=True)
+    covered = cache_fraction * len(counts)
+    whole = int(covered)
+    served = math.fsum(counts[:whole]) + (covered - whole) * (counts[whole] if whole < len(counts) else 0.0)
+    return served / math.fsum(counts)
+
+
 def table_options(table: EmbeddingTable, world: int, gpus_per_node: int,
                   cache_levels: tuple[float, ...] = CACHE_LEVELS) -> list[TableOption]:
     """Every option the space holds for `table` on `world` ranks, nodes of `gpus_per_node`.

@@ -24,7 +24,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.embedding.compile import EmbeddingCompileResult, TableChoice
-from planner.embedding.options import ShardingType, TableOption, zipf_hit_rate
+from planner.embedding.options import ShardingType, TableOption, table_hit_rate
 from planner.embedding.sites import JobSites
 
 SCHEMA = "planner.sharding/1"
@@ -50,7 +50,8 @@ class ParameterSharding(BaseModel):
     cache_load_factor: float | None = Field(description="HBM cache fraction; null when the table is in HBM.")
     rows: int = Field(description="Rows of the table.")
     dim: int = Field(description="Embedding dimension.")
-    expected_hit_rate: float = Field(description="Share of lookups the HBM cache serves (Zipf model).")
+    expected_hit_rate: float = Field(description="Share of lookups the HBM cache serves (Zipf model, or the "
+                                     "table's measured access histogram).")
 
 
 class ShardingPlanFile(BaseModel):
@@ -99,7 +100,7 @@ def sharding_plan(result: EmbeddingCompileResult, model_name: str, tables: list,
             sharding_spec=_shards(choice, table.rows, table.dim, sites),
             cache_load_factor=None if option.cache >= 1.0 else option.cache,
             rows=table.rows, dim=table.dim,
-            expected_hit_rate=zipf_hit_rate(option.cache, table.rows, table.zipf_alpha),
+            expected_hit_rate=table_hit_rate(table, option.cache),
         )
     return ShardingPlanFile(model=model_name, world_size=sites.world,
                             local_world_size=sites.node_spec(0).gpus_per_node, tables=entries)
