@@ -31,11 +31,16 @@ from planner.solve_groups import share_grid
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
 
-def offload_variants(config: Strategy, devices: tuple[str, ...] = ("cpu", "nvme")) -> list[dict]:
+def offload_variants(config: Strategy, devices: tuple[str, ...] = ("cpu", "nvme"),
+                     ratios: tuple[float, ...] = ()) -> list[dict]:
     """The offload settings the compiler retries with when nothing fits (solve._offload_variants)."""
     variants = [{"offload": "optimizer", "offload_device": d} for d in devices]
     if config.zero == 3:
         variants += [{"offload": "all", "offload_device": d} for d in devices]
+        if "cpu" in devices:
+            # partial optimizer offload (ZeRO-Offload++): less CPU Adam and PCIe, more HBM
+            variants += [{"offload": "optimizer", "offload_device": "cpu", "offload_ratio": r}
+                         for r in ratios if r < 1.0]
     return variants
 
 
@@ -146,7 +151,7 @@ def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: L
     configs = list(global_configs(job, space))
     found = _best(job, configs, objective, catalog, limit)
     if found is None and offload_fallback:  # nothing fits: offload trades time for memory
-        offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c, space.offload_devices)]
+        offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c, space.offload_devices, space.offload_ratios)]
         found = _best(job, offloaded, objective, catalog, limit)
     return found
 

@@ -304,7 +304,7 @@ def _search_configs(search: _Search, retry_offload: bool = True) -> list:
     if search.best is None and retry_offload:
         # nothing fits: retry with offload, which trades time for memory (offload adds no lower-bound term)
         configs = [(b, m, c.model_copy(update=upd)) for b, m, c in configs
-                   for upd in _offload_variants(c, space.offload_devices)]
+                   for upd in _offload_variants(c, space.offload_devices, space.offload_ratios)]
         configs.sort(key=lambda item: (item[0], item[2].spec()))
         _branch_and_bound(search, configs)
     return configs
@@ -354,10 +354,14 @@ def _runner_ups(search: _Search, exclude: str | None) -> list[RunnerUp]:
     return [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
 
 
-def _offload_variants(config: Strategy, devices: tuple[str, ...]) -> list[dict]:
+def _offload_variants(config: Strategy, devices: tuple[str, ...], ratios: tuple[float, ...] = ()) -> list[dict]:
     variants = [{"offload": "optimizer", "offload_device": d} for d in devices]
     if config.zero == 3:
         variants += [{"offload": "all", "offload_device": d} for d in devices]
+        if "cpu" in devices:
+            # partial optimizer offload (ZeRO-Offload++): less CPU Adam and PCIe, more HBM
+            variants += [{"offload": "optimizer", "offload_device": "cpu", "offload_ratio": r}
+                         for r in ratios if r < 1.0]
     return variants
 
 

@@ -41,6 +41,10 @@ class SpaceOptions(BaseModel):
     offload_devices: tuple[Literal["cpu", "nvme"], ...] = Field(
         ("cpu", "nvme"), description="Where offloaded optimizer states and parameters may go."
     )
+    offload_ratios: tuple[float, ...] = Field(
+        (0.25, 0.5, 0.75), description="Partial optimizer offload shares tried with ZeRO-3 to CPU, besides "
+        "offloading all of it (DeepSpeed ZeRO-Offload++ ratio); () for whole offload only."
+    )
     regathers: tuple[Literal["network", "host"], ...] = Field(
         ("network", "host"), description="ZeRO-3 re-gather sources tried (host: FCDP host-memory cache)."
     )

@@ -55,6 +55,12 @@ class Strategy(BaseModel):
     )
     offload: Offload = Field("none", description="State offloaded from HBM: optimizer, params, or both.")
     offload_device: OffloadDevice = Field("cpu", description="Offload target: host DRAM or NVMe.")
+    offload_ratio: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Share of the optimizer states offloaded (and updated by CPU Adam); the rest stays in HBM and "
+        "is updated on the GPU (DeepSpeed ZeRO-Offload++ offload_optimizer.ratio, Megatron "
+        "--optimizer-offload-fraction). Below 1 needs zero=3 and offload_device=cpu.",
+    )
     schedule: Schedule | None = Field(
         None, description="Pipeline schedule; default 1f1b, or interleaved when vpp > 1."
     )
@@ -82,6 +88,10 @@ class Strategy(BaseModel):
             raise ValueError("sp=on needs tp > 1")
         if self.regather == "host" and (self.zero != 3 or self.shard != "full"):
             raise ValueError("regather=host needs zero=3 and shard=full (it caches what the full group gathers)")
+        if self.offload_ratio < 1.0 and not (self.offloads_optimizer and self.zero == 3
+                                             and self.offload_device == "cpu"):
+            raise ValueError("offload_ratio < 1 needs offload=optimizer or all, zero=3 and offload_device=cpu "
+                             "(partial optimizer offload as DeepSpeed runs it)")
         if self.offload in ("params", "all") and self.zero != 3:
             raise ValueError(f"offload={self.offload} needs zero=3 (parameters must be sharded to be offloaded)")
         if self.recompute_layers is not None:
@@ -169,6 +179,7 @@ class Strategy(BaseModel):
             f"recompute={self.recompute}",
             "regather=host" if self.regather == "host" else None,
             f"recompute_layers={'/'.join(map(str, self.recompute_layers))}" if self.recompute_layers else None, f"offload={self.offload}", f"offload_device={self.offload_device}",
+            f"offload_ratio={self.offload_ratio:g}" if self.offload_ratio < 1.0 else None,
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
             f"split={'/'.join(map(str, self.split))}" if self.split else None,
             f"stage_pools={'/'.join(self.stage_pools)}" if self.stage_pools else None,

@@ -282,7 +282,8 @@ def test_oracle_offload_variants_mirror_the_compiler():
     job = _job(_model(4, 64, 4, 2, 192, 256), CPU4, 8, 128)
     for config in global_configs(job, SpaceOptions(**SMALL)):
         for devices in (("cpu", "nvme"), ("cpu",)):
-            assert offload_variants(config, devices) == _offload_variants(config, devices)
+            assert (offload_variants(config, devices, (0.5,)) == _offload_variants(config, devices, (0.5,))
+                    and offload_variants(config, devices) == _offload_variants(config, devices))
 
 
 def test_oracle_refuses_spaces_over_its_limit():

@@ -81,6 +81,9 @@ CASES = {
     "fp16-recompute-partial": (direct, ("llama3-8b", "dgx-h100:1", 16, 4096,
                                         "tp=2,pp=2,mbs=1,zero=1,recompute=full,recompute_layers=4"), 1, None, None),
     "fp8-hsdp": (direct, ("tiny-llama", "cpu:2", 16, 128, "tp=1,mbs=1,zero=3,shard=node"), 3, None, None),
+    "partial-offload": (direct, ("llama3-8b", "pcie-t4:2", 16, 4096,
+                                 "tp=2,mbs=1,zero=3,recompute=full,offload=optimizer,offload_ratio=0.5"),
+                        3, "cpu", None),
     "zero0-offload-to-1": (direct, ("tiny-llama", "cpu:1", 8, 128, "mbs=1,zero=0,offload=optimizer"), 1, "cpu", None),
 }
 PRECISION = {"fp16-recompute-partial": "fp16", "fp8-hsdp": "fp8"}
@@ -150,6 +153,8 @@ def test_ds_config_passes_deepspeed_validation(case, ds_config_of):
     offload_par = cfg.zero_config.offload_param
     assert _device(offload_opt) == opt
     assert _device(offload_par) == par
+    if opt is not None:
+        assert offload_opt.ratio == s.get("offload_ratio", 1.0)  # ZeRO-Offload++ share on CPU Adam
     for section in (offload_opt, offload_par):
         if _device(section) == "nvme":
             assert str(section.nvme_path) == "/local_nvme"

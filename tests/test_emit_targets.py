@@ -344,10 +344,11 @@ def test_golden(case):
 def test_space_limits_combine_targets():
     assert space_limits(()) == {}
     common = {"replica_groups": False, "regathers": ("network",)}
-    assert space_limits(("torch",)) == {**common, "offload_devices": ("cpu",)}
+    assert space_limits(("torch",)) == {**common, "offload_devices": ("cpu",), "offload_ratios": ()}
     assert space_limits(("deepspeed",)) == {**common, "allow_zero_with_pp": False, "max_vpp": 1}
     assert space_limits(("deepspeed", "torch", "megatron")) == {**common, "allow_zero_with_pp": False,
-                                                               "max_vpp": 1, "offload_devices": ("cpu",)}
+                                                               "max_vpp": 1, "offload_devices": ("cpu",),
+                                                               "offload_ratios": ()}
 
 
 def _cli_compile(*args: str):

@@ -42,3 +42,19 @@ def test_fcdp_moves_gathers_off_the_network_into_host_memory():
     assert stage.host_offload_bytes == pytest.approx(stage.params * 2.0 / 4)
     assert network.memory.per_stage[0].host_offload_bytes == 0.0
     assert stage.peak_bytes == pytest.approx(network.memory.per_stage[0].peak_bytes)  # HBM is ZeRO-3's
+
+
+def test_partial_optimizer_offload_splits_states_and_work():
+    job = Job(model=load_model("llama3-8b"), cluster=load_cluster("pcie-t4:2"), global_batch=16, seq_len=4096)
+    base = "tp=2,mbs=1,zero=3,recompute=full,offload=optimizer"
+    whole = evaluate(job, parse_strategy(base))
+    half = evaluate(job, parse_strategy(base + ",offload_ratio=0.5"))
+    w, h = whole.memory.per_stage[0], half.memory.per_stage[0]
+    assert h.host_offload_bytes == pytest.approx(w.host_offload_bytes / 2)
+    assert w.optimizer_bytes == 0.0 and h.optimizer_bytes > 0.0  # the other half stays in HBM
+    assert half.breakdown.offload_s < whole.breakdown.offload_s
+    assert half.breakdown.optimizer_s > whole.breakdown.optimizer_s == 0.0
+    for spec in ("zero=2,offload=optimizer,offload_ratio=0.5", "zero=3,offload_ratio=0.5",
+                 "zero=3,offload=optimizer,offload_device=nvme,offload_ratio=0.5"):
+        with pytest.raises(PlannerInputError, match="offload_ratio"):
+            parse_strategy(spec)

@@ -122,10 +122,12 @@ def stage_memory(
 
     host = nvme = 0.0
     if s.offloads_optimizer:
-        # the optimizer states plus the fp32 gradient copy the CPU optimizer reads
-        fp32_grads = params * 4.0 / opt_shard
-        host, nvme = (optimizer + fp32_grads, 0.0) if s.offload_device == "cpu" else (fp32_grads, optimizer)
-        optimizer = 0.0
+        # the offloaded share of the optimizer states plus the fp32 gradient copy the CPU optimizer reads
+        share = s.offload_ratio
+        fp32_grads = share * params * 4.0 / opt_shard
+        moved = share * optimizer
+        host, nvme = (moved + fp32_grads, 0.0) if s.offload_device == "cpu" else (fp32_grads, moved)
+        optimizer -= moved
     if s.offloads_params:
         if s.offload_device == "cpu":
             host += weights

@@ -126,7 +126,7 @@ def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: St
     node = site.node
     # every GPU of the node moves its shard at the same time: they share the host links
     pcie = node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
-    owned = memory.params / (shard if strategy.zero >= 1 else 1)
+    owned = strategy.offload_ratio * memory.params / (shard if strategy.zero >= 1 else 1)
     transfer = owned * (grad_reduce_bytes(job) + WEIGHT_BYTES) / pcie
     cpu_adam = owned * node.gpus_per_node / catalog.constant("cpu_adam_params_per_second")
     swap = 0.0
@@ -175,8 +175,10 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     dp_end = max(0.0, dp.step_end - overlap * sums.compute) if dp.step_end else 0.0
 
     optimizer = 0.0
-    if not strategy.offloads_optimizer:
-        owned = sums.params / (groups.dp_shard.size if strategy.zero >= 1 else 1)
+    on_gpu = 1.0 - strategy.offload_ratio if strategy.offloads_optimizer else 1.0
+    if on_gpu > 0.0:
+        # the share of the optimizer states that stays in HBM is updated there
+        owned = on_gpu * sums.params / (groups.dp_shard.size if strategy.zero >= 1 else 1)
         hbm = site.device.hbm_bandwidth * catalog.constant("hbm_efficiency")
         optimizer = owned * catalog.constant("optimizer_traffic_per_param") / hbm
     return StageCost(

@@ -138,6 +138,9 @@ def _zero_section(d: _Decisions) -> dict:
         )
     if d.offload_optimizer:
         opt = {"device": d.offload_optimizer, "pin_memory": True}
+        ratio = d.plan.strategy.get("offload_ratio", 1.0)
+        if ratio < 1.0 and d.zero == 3:
+            opt["ratio"] = ratio  # ZeRO-Offload++: this share on CPU Adam, the rest on the GPU
         if d.offload_optimizer == "nvme":
             opt["nvme_path"] = NVME_PATH
         section["offload_optimizer"] = opt

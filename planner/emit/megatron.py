@@ -158,6 +158,8 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
                 args["num-distributed-optimizer-instances"] = s["dp"] // shard
     if s["offload"] in ("optimizer", "all") and s["offload_device"] == "cpu":
         args["optimizer-cpu-offload"] = True
+        if s.get("offload_ratio", 1.0) < 1.0:
+            args["optimizer-offload-fraction"] = s["offload_ratio"]  # the rest is updated on the GPU
     if s["offload"] in ("params", "all") or s["offload_device"] == "nvme" and s["offload"] != "none":
         notes.append(f"offload={s['offload']} to {s['offload_device']}: Megatron offloads only optimizer states, "
                      "and only to CPU memory (--optimizer-cpu-offload); the rest stays in HBM.")

@@ -29,7 +29,7 @@ from planner.job import Job
 from planner.plan import Plan
 
 # `--target torch` searches only what the runtime runs: FSDP2 offloads to CPU, never NVMe.
-SPACE_LIMITS = {"offload_devices": ("cpu",)}
+SPACE_LIMITS = {"offload_devices": ("cpu",), "offload_ratios": ()}  # FSDP2 offloads all of a module or none
 
 _LLAMA_STYLE = {  # TransformerConfig field -> the value the reference model needs
     "activation": "swiglu", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "bias": False,
@@ -52,6 +52,9 @@ def strategy_problem(strategy: dict) -> str | None:
         return f"ep={strategy['ep']}: not supported by the planner torch runtime (its reference model is dense)"
     if strategy.get("schedule", "1f1b") not in ("1f1b", "gpipe", "interleaved"):
         return f"schedule={strategy['schedule']}: not supported by the planner torch runtime"
+    if strategy.get("offload_ratio", 1.0) < 1.0:
+        return (f"offload_ratio={strategy['offload_ratio']:g}: FSDP2 offloads a module's optimizer states whole, "
+                "not a share")
     if strategy.get("regather") == "host":
         return "regather=host: the planner torch runtime has no host-memory parameter cache (FCDP)"
     if strategy.get("offload", "none") != "none" and strategy.get("offload_device") == "nvme":

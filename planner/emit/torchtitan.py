@@ -49,6 +49,9 @@ FLAVORS = {
 
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
+# training.enable_cpu_offload moves parameters, gradients and optimizer states together: no partial share
+SPACE_LIMITS = {"offload_ratios": ()}
+
 
 def _value(value: Any) -> str:
     if isinstance(value, bool):
