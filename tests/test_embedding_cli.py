@@ -128,3 +128,28 @@ def test_emitted_launch_script_runs_the_compiled_plan(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     sharding = json.loads((out / "sharding_plan.json").read_text())
     assert json.loads(report.read_text())["table_bytes"] == _expected_bytes(sharding, 4)
+
+
+def test_estimate_scores_a_compiled_sharding_plan_as_compile_did(tmp_path):
+    out = tmp_path / "dlrm"
+    args = ("dlrm-criteo-terabyte", "dgx-a100-40g:2", "-b", "65536", "-s", "1")
+    assert run("compile", *args, "-o", out, "--time-limit", "5").exit_code == 0
+    planned = json.loads((out / "plan.json").read_text())["estimate"]
+    result = run("estimate", *args, "--sharding", out / "sharding_plan.json", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["step_time_s"] == planned["step_time_s"]
+    also = run("estimate", *args, "--sharding", out / "plan.json", "--json")  # the plan around it works too
+    assert json.loads(also.output)["step_time_s"] == planned["step_time_s"]
+
+
+def test_estimate_uniform_sharding_spec():
+    args = ("dlrm-criteo-terabyte", "dgx-a100-40g:2", "-b", "65536", "-s", "1")
+    rows = json.loads(run("estimate", *args, "--strategy", "sharding=row_wise", "--json").output)
+    cached = json.loads(run("estimate", *args, "--strategy", "sharding=row_wise,cache=0.05", "--json").output)
+    assert cached["peak_hbm_bytes"] < rows["peak_hbm_bytes"] and cached["peak_host_bytes"] > 0
+    assert cached["breakdown"]["lookup_s"] > rows["breakdown"]["lookup_s"]
+    assert run("estimate", *args, "--strategy", "tp=2").exit_code == 2
+    assert run("estimate", *args, "--strategy", "sharding=column_wise/3").exit_code == 2  # 128 is not a multiple
+    over = run("estimate", "dlrm-criteo-terabyte", ROOT / "examples/clusters/l4-box.yaml", "-b", "65536", "-s", "1",
+               "--strategy", "sharding=table_wise")
+    assert over.exit_code == 1 and "over by" in over.output

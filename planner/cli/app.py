@@ -195,10 +195,12 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
               help="Comma-separated key=value: tp, pp, dp, cp, ep, mbs, vpp, sp, zero, shard, recompute, "
                    "recompute_layers, offload, offload_device, schedule, tp_overlap, split, stage_pools. Omitted keys take "
                    "their defaults; dp is derived from the GPU count.")
+@click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              metavar="FILE", help="Recommendation models: score this sharding_plan.json (or plan.json).")
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             spec: str, as_json: bool) -> None:
+             spec: str, sharding_file: Path | None, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
     Exits 1 (after printing the report) when the strategy does not fit in memory.
@@ -209,10 +211,20 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
             --strategy tp=1,zero=3,mbs=1,recompute=selective
         planner estimate llama3-70b dgx-h100:8 -b 512 -s 4096 \\
             --strategy tp=8,pp=4,mbs=1,recompute=selective --json
+        planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 \\
+            --strategy sharding=row_wise,cache=0.2
+        planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --sharding out/dlrm/sharding_plan.json
+
+    Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
-    strategy = parse_strategy(spec)
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
               precision=precision, flash_attention=flash_attention)
+    if job.model.family == "recsys":
+        _estimate_embedding(job, spec, sharding_file, as_json)
+        return
+    if sharding_file is not None:
+        raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
+    strategy = parse_strategy(spec)
     result = evaluate(job, strategy)
     if as_json:
         _emit_json(result.model_dump(mode="json"))
@@ -223,6 +235,27 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(render.estimate_report(result, title))
     if not result.memory.fits:
         raise Infeasible(f"does not fit: {'; '.join(result.memory.reasons) or 'memory exceeds capacity'}")
+
+
+def _estimate_embedding(job: Job, spec: str, sharding_file: Path | None, as_json: bool) -> None:
+    """estimate for a recommendation model: the embedding cost model on a uniform SPEC or a plan file."""
+    from planner.embedding.evaluate import EmbeddingModel
+    from planner.embedding.report import estimate_summary
+    from planner.embedding.spec import file_placements, parse_embedding_spec, uniform_placements
+
+    model = EmbeddingModel(job)
+    if sharding_file is not None:
+        placements = file_placements(model, sharding_file)
+    else:
+        placements = uniform_placements(model, parse_embedding_spec(spec))
+    result = model.evaluate(placements)
+    if as_json:
+        _emit_json(result.model_dump(mode="json"))
+    else:
+        title = f"{job.model.name} on {job.cluster.describe()}\nbatch {job.global_batch} samples"
+        click.echo(estimate_summary(result, title))
+    if not result.fits:
+        raise Infeasible(f"does not fit: {result.problems[0]}")
 
 
 # ---------------------------------------------------------------- compile, schema (planner/cli/compile_cmd.py)

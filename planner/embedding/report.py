@@ -78,3 +78,19 @@ def render_embedding_report(plan: EmbeddingPlan) -> str:
     lines += ["## Certificate", "", f"{s.status} ({s.form} program): objective {s.objective * 1e3:.4f} ms, bound "
               f"{s.bound * 1e3:.4f} ms, gap {100 * s.gap:.2f}%, over {s.options} table options.", ""]
     return "\n".join(lines)
+
+
+def estimate_summary(estimate, title: str) -> str:
+    """`estimate` of an embedding sharding: throughput, breakdown, memory per tier, what does not fit."""
+    e = estimate
+    lines = [title, "",
+             f"throughput   {e.samples_per_s:,.0f} samples/s ({e.samples_per_s_per_gpu:,.0f} per GPU)",
+             f"step time    {e.step_time_s * 1e3:.3f} ms", ""]
+    rows = [[label, f"{getattr(e.breakdown, key) * 1e3:.3f}"] for key, label in _TERMS]
+    lines += [md_table(["term", "ms"], rows, right=(1,)), "",
+              f"memory       peak HBM {e.peak_hbm_bytes / GB:.1f} GB per GPU, peak host {e.peak_host_bytes / GB:.1f} GB "
+              f"per node", f"fits: {'yes' if e.fits else 'no'}"]
+    lines += [f"  - {problem}" for problem in e.problems[:8]]
+    if len(e.problems) > 8:
+        lines.append(f"  - ... and {len(e.problems) - 8} more")
+    return "\n".join(lines)
