@@ -19,7 +19,7 @@ from hardware import Cluster, load_catalog, load_cluster
 from models import ZOO, ModelGraph, list_models, load_model
 from models.zoo import close_matches
 from planner import __version__
-from planner.cli import compile_cmd, render
+from planner.cli import compare_cmd, compile_cmd, render
 from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, user_errors
 from planner.cost import evaluate
 from planner.job import Job
@@ -261,6 +261,7 @@ def _estimate_embedding(job: Job, spec: str, sharding_file: Path | None, as_json
 # ---------------------------------------------------------------- compile, schema (planner/cli/compile_cmd.py)
 
 cli.add_command(compile_cmd.compile_)
+cli.add_command(compare_cmd.compare_)
 cli.add_command(compile_cmd.schema)
 
 

@@ -1,0 +1,77 @@
+"""`planner compare`: every applicable baseline strategy and the compiler's plan, side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import click
+
+from hardware import load_cluster
+from models import load_model
+from planner.cli import render
+from planner.cli.options import job_options, json_option, user_errors
+from planner.compare import DENSE_BASELINES, RECSYS_BASELINES, compare
+from planner.job import Job
+
+_FIELDS = ("strategy", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
+           "fits", "why", "planning_s", "spec")
+
+
+def _text(rows) -> str:
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    body = [[r.strategy, num(r.step_time_s, ".4g"), num(r.tokens_per_s_per_gpu, ",.0f"),
+             num(r.mfu and 100 * r.mfu, ".1f"), num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
+             num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else "no", f"{r.planning_s:.2f}",
+             r.spec if r.fits else r.why] for r in rows]
+    return render.table(["strategy", "step s", "tok/s/GPU", "MFU %", "HBM GB", "host GB", "fits", "plan s",
+                         "plan / why not"], body, right=(1, 2, 3, 4, 5, 7))
+
+
+@click.command(name="compare")
+@click.argument("model")
+@click.argument("cluster")
+@job_options
+@click.option("--only", "only", multiple=True, type=click.Choice(sorted(set(DENSE_BASELINES + RECSYS_BASELINES))),
+              help="Score only these strategies (repeatable).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              metavar="SEC", help="Search budget of each compiled row.")
+@click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
+              help="Also write the rows as CSV.")
+@json_option
+@user_errors
+def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+             only: tuple[str, ...], time_limit: float, csv_path: Path | None, as_json: bool) -> None:
+    """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
+
+    Dense models: ddp, zero1, zero2, zero3, hsdp, megatron and planner (the
+    compiler); recommendation models: torchrec-greedy and planner.  Every row
+    comes from the same cost model, so the planner row is never slower than a
+    baseline that fits.
+
+    \b
+    Examples:
+        planner compare llama3-8b dgx-h100:4 -b 256 -s 4096
+        planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv
+        planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
+    """
+    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
+              precision=precision, flash_attention=flash_attention)
+    rows = compare(job, only or None, time_limit)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        click.echo(f"{job.model.name} on {job.cluster.describe()}, batch {batch} x {seq_len}")
+        click.echo(_text(rows))
+    if csv_path is not None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.as_dict()[key] for key in _FIELDS})
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        csv_path.write_text(buffer.getvalue())
