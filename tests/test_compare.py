@@ -66,5 +66,8 @@ def test_compare_cli_text_json_csv(tmp_path):
     with out.open() as handle:
         table = list(csv.DictReader(handle))
     assert [r["strategy"] for r in table] == ["zero3", "planner"]
+    png = tmp_path / "rows.png"
+    assert CliRunner().invoke(cli, args + ["--plot", str(png)]).exit_code == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     data = json.loads(CliRunner().invoke(cli, args + ["--json"]).output)
     assert data[1]["step_time_s"] <= data[0]["step_time_s"]

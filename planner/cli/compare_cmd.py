@@ -42,10 +42,13 @@ def _text(rows) -> str:
               metavar="SEC", help="Search budget of each compiled row.")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
               help="Also write the rows as CSV.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              metavar="FILE.png", help="Also draw the rows as bars (throughput and peak HBM per GPU).")
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             only: tuple[str, ...], time_limit: float, csv_path: Path | None, as_json: bool) -> None:
+             only: tuple[str, ...], time_limit: float, csv_path: Path | None, plot_path: Path | None,
+             as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron and planner (the
@@ -56,7 +59,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     \b
     Examples:
         planner compare llama3-8b dgx-h100:4 -b 256 -s 4096
-        planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv
+        planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv --plot out/compare.png
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
     """
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
@@ -75,3 +78,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
             writer.writerow({key: row.as_dict()[key] for key in _FIELDS})
         csv_path.parent.mkdir(parents=True, exist_ok=True)
         csv_path.write_text(buffer.getvalue())
+    if plot_path is not None:
+        from planner.plots import plot_compare
+
+        plot_compare(rows, f"{job.model.name} on {job.cluster.name}, batch {batch} x {seq_len}", plot_path)
