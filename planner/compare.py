@@ -11,6 +11,11 @@ Each baseline is a named generator with its source:
   tp = GPUs per node, the smallest pp whose even layer split fits, dp for the
   rest, micro-batch 1, the distributed optimizer (ZeRO-1), selective then full
   recompute, interleaving (vpp) when it is faster.
+* uniform-pp: the best strategy whose pipeline stages hold equal numbers of
+  blocks (the even split of Megatron-LM and DeepSpeed's PipelineModule
+  `partition_method="uniform"`), every block recomputing alike: each global
+  configuration of the compiler's space with pp dividing the blocks, scored
+  under no, selective and full recompute, within the time limit.
 * torchrec-greedy (recommendation models): TorchRec's greedy sharding planner.
 * planner: the compiler's certified plan over the whole space.
 
@@ -29,7 +34,7 @@ from planner.embedding.compile import compile_embedding
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.solve import CompileOptions, compile_job
-from planner.space import SpaceOptions
+from planner.space import SpaceOptions, global_configs
 from planner.strategy import Strategy
 
 GB = 1e9
@@ -127,6 +132,32 @@ def _megatron(job: Job) -> CompareRow:
     return _row_from_estimate("megatron", evaluate(job, strategy), time.perf_counter() - start)
 
 
+def uniform_pp(job: Job, time_limit: float) -> Strategy | None:
+    """The fastest fitting strategy with an even layer split (see the module docstring)."""
+    start = time.perf_counter()
+    blocks = max(1, job.model.num_blocks)
+    best = None
+    for config in global_configs(job, SpaceOptions()):
+        if blocks % config.pp or (config.vpp > 1 and blocks % (config.pp * config.vpp)):
+            continue
+        for recompute in ("none", "selective", "full"):
+            strategy = config.model_copy(update={"recompute": recompute})
+            estimate = evaluate(job, strategy)
+            if estimate.memory.fits and (best is None or estimate.step_time_s < best[0]):
+                best = (estimate.step_time_s, strategy)
+        if time.perf_counter() - start > time_limit:
+            break
+    return best[1] if best else None
+
+
+def _uniform(job: Job, time_limit: float) -> CompareRow:
+    start = time.perf_counter()
+    strategy = uniform_pp(job, time_limit)
+    if strategy is None:
+        return _failed("uniform-pp", "no strategy with an even layer split fits", time.perf_counter() - start)
+    return _row_from_estimate("uniform-pp", evaluate(job, strategy), time.perf_counter() - start)
+
+
 def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
     start = time.perf_counter()
     strategy = "torchrec-greedy" if name == "torchrec-greedy" else "planner"
@@ -144,7 +175,7 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
                       e.peak_host_bytes, 0.0, time.perf_counter() - start)
 
 
-DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "planner")
+DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "planner")
 RECSYS_BASELINES = ("torchrec-greedy", "planner")
 
 
@@ -164,6 +195,8 @@ def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: flo
             rows.append(_embedding(name, job, time_limit))
         elif name == "megatron":
             rows.append(_megatron(job))
+        elif name == "uniform-pp":
+            rows.append(_uniform(job, time_limit))
         elif name == "planner":
             rows.append(_compiled(name, job, SpaceOptions(), time_limit))
         else:

@@ -19,7 +19,7 @@ from planner.job import Job
 @pytest.fixture(scope="module")
 def dense_rows():
     job = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:2"), global_batch=64, seq_len=4096)
-    return job, compare(job, time_limit=20)
+    return job, compare(job, time_limit=5)
 
 
 def test_every_dense_baseline_is_scored_and_planner_is_never_slower(dense_rows):
