@@ -110,14 +110,18 @@ def place_stages(job: Job, strategy: Strategy, catalog: Catalog) -> list[StagePl
     return placements
 
 
+def group_ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
+    """Members of a group of `size` ranks spaced `stride` apart that share one node (at least one)."""
+    return max(1, min(size, gpus_per_node // stride)) if stride <= gpus_per_node else 1
+
+
 def comm_group(cluster: Cluster, pools: tuple[Pool, ...], size: int, stride: int) -> CommGroup:
     """A group of `size` ranks spaced `stride` apart in rank order, on `pools`.
 
     Consecutive ranks share a node, so a node of g GPUs holds g // stride
     members of such a group (at least one).
     """
-    gpn = min(p.node.gpus_per_node for p in pools)
-    per_node = max(1, min(size, gpn // stride)) if stride <= gpn else 1
+    per_node = group_ranks_per_node(size, stride, min(p.node.gpus_per_node for p in pools))
     slowest_intra = min((p.node.intra_link for p in pools), key=lambda link: link.bandwidth)
     inter = min(cluster.inter_node_bandwidth_per_gpu(p) for p in pools)
     return CommGroup(

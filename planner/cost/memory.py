@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from hardware import Catalog
 from models.graph import Layer, LayerKind, RecomputeMode
-from planner.cost.layout import StageSite, shard_degree, tp_divisor
+from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -137,8 +137,7 @@ def stage_memory(
 
     if s.regather == "host" and shard > 1:
         # FCDP: the node keeps one gathered copy of the stage's weights, split over its members of the group
-        local = max(1, min(shard, gpn // s.tp)) if s.tp <= gpn else 1  # as comm_group places the group
-        host += params * WEIGHT_BYTES / local
+        host += params * WEIGHT_BYTES / group_ranks_per_node(shard, s.tp, gpn)
 
     in_flight = in_flight_microbatches(s, site.index, micro_batches)
     # backward re-materialises one recomputed layer at a time on top of what is kept

@@ -118,14 +118,19 @@ class StageCost:
         return s.compute + s.recompute + s.tp + s.cp + s.ep + self.pp + self.dp_exposed_microbatch
 
 
+def _host_rate(site: StageSite, catalog: Catalog) -> float:
+    """Achieved host-to-GPU bytes/s of one GPU while every GPU of its node streams (they share the host links)."""
+    node = site.node
+    return node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
+
+
 def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: StageSite, catalog: Catalog,
                      shard: int) -> float:
     """Per-step seconds of optimizer offload (PCIe transfers, CPU Adam, NVMe swap)."""
     if not strategy.offloads_optimizer:
         return 0.0
     node = site.node
-    # every GPU of the node moves its shard at the same time: they share the host links
-    pcie = node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
+    pcie = _host_rate(site, catalog)
     owned = strategy.offload_ratio * memory.params / (shard if strategy.zero >= 1 else 1)
     transfer = owned * (grad_reduce_bytes(job) + WEIGHT_BYTES) / pcie
     cpu_adam = owned * node.gpus_per_node / catalog.constant("cpu_adam_params_per_second")
@@ -143,7 +148,7 @@ def _param_fetch_seconds(memory: StageMemory, site: StageSite, strategy: Strateg
     shard_bytes = memory.params * WEIGHT_BYTES / max(1, strategy.dp)
     node = site.node
     if strategy.offload_device == "cpu":
-        rate = node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
+        rate = _host_rate(site, catalog)
     else:
         rate = node.nvme_bandwidth * catalog.constant("nvme_efficiency") / node.gpus_per_node
     return 2.0 * shard_bytes / rate
@@ -161,9 +166,8 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     forward = sums.forward
     backward = sums.compute - sums.forward
     memory = stage_memory(job, strategy, site, sums, micro_batches, catalog)
-    host_rate = site.node.host_bandwidth_per_gpu(site.node.gpus_per_node) * catalog.constant("pcie_efficiency")
     dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog,
-                            host_rate)
+                            _host_rate(site, catalog) if strategy.regather == "host" else 0.0)
     fetch = _param_fetch_seconds(memory, site, strategy, catalog)
     dp_micro = 0.0
     if dp.per_microbatch_forward or dp.per_microbatch_backward or fetch:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 from ortools.linear_solver import pywraplp
 
-from planner.embedding.heuristic import RelaxedCoefficients
+from planner.embedding.relaxed import RelaxedCoefficients
 
 
 def lp_bound(coefficients: RelaxedCoefficients) -> float:

@@ -28,7 +28,8 @@ from hardware import Catalog
 from planner.embedding.evaluate import GB, EmbeddingEstimate, EmbeddingModel, TablePlacement
 from planner.embedding.greedy import partition, torchrec_greedy
 from planner.embedding.bound import lp_bound
-from planner.embedding.heuristic import RelaxedCoefficients, price_directed_choice
+from planner.embedding.heuristic import price_directed_choice
+from planner.embedding.relaxed import RelaxedCoefficients
 from planner.embedding.refine import refine
 from planner.embedding.options import CACHE_LEVELS, ShardingType, TableOption, table_options
 from planner.embedding.program import ShardingProgram
@@ -133,8 +134,9 @@ def _placement_variables(model: EmbeddingModel, space: list[list[TableOption]]) 
 
 
 def _not_fitting(model: EmbeddingModel, space: list[list[TableOption]]) -> str:
-    smallest_hbm = sum(min(model.costs.unit(t, o, 0).hbm_bytes * (model.sites.world if o.kind in (
-        ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL) else 1) for o in opts) for t, opts in enumerate(space))
+    gpn = model.sites.node_spec(0).gpus_per_node
+    smallest_hbm = sum(min(model.costs.unit(t, o, 0).hbm_bytes * o.unit_count(model.sites.world, gpn) for o in opts)
+                       for t, opts in enumerate(space))
     budget = sum(model.hbm_budget(s.pool) for s in model.sites.ranks)
     host = sum(model.sites.host_capacity(n) for n in range(model.sites.num_nodes))
     return (f"no sharding of the {len(space)} tables fits: with every table cached at its smallest HBM option "
@@ -163,19 +165,29 @@ def compile_embedding(job: Job, *, strategy: EmbeddingStrategyName = "planner", 
         return _result(model, "torchrec-greedy", greedy, baseline, "BASELINE", "greedy", baseline.step_time_s,
                        start, 0)
     space = space_options(model)
-    candidates = [] if greedy is None else [greedy]
-    start_choice = price_directed_choice(model, space)
-    relaxed = ShardingProgram(model, space, relaxed=True)
+    # every candidate plan with its evaluation, scored once; greedy's is the baseline's
+    candidates: list[tuple[list[TablePlacement], EmbeddingEstimate]] = [] if greedy is None else [(greedy, baseline)]
+
+    def consider(placements: list[TablePlacement] | None) -> None:
+        if placements is not None:
+            candidates.append((placements, model.evaluate(placements)))
+
+    def best_fitting() -> tuple[list[TablePlacement], EmbeddingEstimate] | None:
+        fitting = [(e.step_time_s, i) for i, (_, e) in enumerate(candidates) if e.fits]
+        return candidates[min(fitting)[1]] if fitting else None
+
+    coefficients = RelaxedCoefficients(model, space)
+    start_choice = price_directed_choice(coefficients, space)
+    relaxed = ShardingProgram(model, space, relaxed=True, coefficients=coefficients)
     if start_choice is not None:
         placed = partition(model, start_choice)
-        if placed is not None:
-            candidates.append(refine(model, placed))
+        consider(refine(model, placed) if placed is not None else None)
         relaxed.hint([TablePlacement(t, o, ()) for t, o in sorted(start_choice.items())])
     elif greedy is not None:
         relaxed.hint(greedy)
     if progress:
         progress(f"embedding program (relaxed): {len(space)} tables, {sum(map(len, space))} options, {world} ranks")
-    floor = lp_bound(RelaxedCoefficients(model, space))
+    floor = lp_bound(coefficients)
     if floor == math.inf:
         raise InfeasibleError(_not_fitting(model, space))
     solved = relaxed.solve(min(time_limit, RELAXED_WORK))
@@ -183,31 +195,30 @@ def compile_embedding(job: Job, *, strategy: EmbeddingStrategyName = "planner", 
         raise InfeasibleError(_not_fitting(model, space))
     bound = max(solved.bound_s, floor) + fixed
     placed = partition(model, solved.choice) if solved.choice else None
-    if placed is not None:
-        candidates.append(refine(model, placed))
+    consider(refine(model, placed) if placed is not None else None)
     form, proved = "relaxed", False
     if _placement_variables(model, space) <= EXACT_PLACEMENT_LIMIT:
         # small enough to place exactly: start from the best plan so far, keep the stronger bound
         exact = ShardingProgram(model, space, relaxed=False)
-        fitting = [c for c in candidates if model.evaluate(c).fits]
-        if fitting:
-            exact.hint(min(fitting, key=lambda c: model.evaluate(c).step_time_s))
+        incumbent = best_fitting()
+        if incumbent is not None:
+            exact.hint(incumbent[0])
         if progress:
             progress(f"embedding program (exact): {_placement_variables(model, space)} placement variables")
         result = exact.solve(min(EXACT_WORK, time_limit - relaxed.work))
         if result.status == "INFEASIBLE":
             raise InfeasibleError(_not_fitting(model, space))
         if result.placements is not None:
-            candidates.insert(0, result.placements)
+            # first among equals: the exact program's plan
+            candidates.insert(0, (result.placements, model.evaluate(result.placements)))
         bound = max(bound, result.bound_s + fixed)
         form, proved = "exact", result.status == "OPTIMAL"
-    scored = [(model.evaluate(c), i, c) for i, c in enumerate(candidates)]
-    fitting_scored = [(e.step_time_s, i, e, c) for e, i, c in scored if e.fits]
-    if not fitting_scored:
+    chosen = best_fitting()
+    if chosen is None:
         raise InfeasibleError(_not_fitting(model, space))
-    step, _, estimate, best = min(fitting_scored, key=lambda row: row[:2])
+    best, estimate = chosen
     status = "OPTIMAL" if proved else "FEASIBLE"
-    return _result(model, "planner", best, baseline, status, form, min(step, bound), start,
+    return _result(model, "planner", best, baseline, status, form, min(estimate.step_time_s, bound), start,
                    sum(map(len, space)), estimate)
 
 

@@ -57,15 +57,6 @@ def embedding_tables(job: Job) -> list[tuple[Layer, EmbeddingTable]]:
             if layer.kind == LayerKind.EMBEDDING_BAG and layer.table is not None]
 
 
-def units_of(option: TableOption, sites: JobSites) -> int:
-    """How many ranks hold a unit of a table under `option`."""
-    if option.kind in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
-        return sites.world
-    if option.kind == ShardingType.TABLE_ROW_WISE:
-        return -1  # one per GPU of the chosen node (pool dependent)
-    return option.shards
-
-
 class CostTable:
     """Unit costs of every (table, option, pool), computed once per job."""
 

@@ -27,7 +27,7 @@ from hardware.collectives import all_reduce
 from planner.cost.compute import layer_time
 from planner.cost.memory import GRAD_BYTES, WEIGHT_BYTES
 from planner.embedding.cost import CostTable
-from planner.embedding.options import ShardingType, TableOption
+from planner.embedding.options import ALL_RANKS, ShardingType, TableOption
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -121,7 +121,7 @@ class EmbeddingModel:
         strategy = Strategy(mbs=local, dp=self.sites.world)
         dense_layers = [layer for layer in job.model.layers if layer.table is None]
         params = sum(layer.params for layer in dense_layers)
-        sync = self.costs_sync(params)
+        sync = all_reduce(params * 4.0, self.costs.world_group, c)  # fp32 dense gradients over all ranks
         pooled = local * sum(t.dim for t in self.costs.tables) * c.constant("embedding_output_bytes_per_element")
         states = params * (WEIGHT_BYTES + GRAD_BYTES + c.constant("optimizer_bytes_per_param"))
         acts = sum(layer.saved_activation_bytes(local, job.seq_len) for layer in dense_layers)
@@ -136,23 +136,27 @@ class EmbeddingModel:
                                  hbm_bytes=states + acts + 2.0 * pooled))
         return out
 
-    def costs_sync(self, params: float) -> float:
-        """All-reduce seconds of `params` fp32 dense gradients over all ranks."""
-        return all_reduce(params * 4.0, self.costs.world_group, self.catalog)
-
     def hbm_budget(self, pool: int) -> float:
         """HBM bytes a rank of `pool` has left for embedding units (reserve and fragmentation taken)."""
         c = self.catalog
         capacity = self.sites.device(pool).hbm_bytes - c.constant("memory_reserve_bytes")
         return capacity / (1.0 + c.constant("memory_fragmentation")) - self.dense[pool].hbm_bytes
 
+    @cached_property
+    def slowest_dense(self) -> DenseCost:
+        """The dense part of the slowest pool (it sets the step)."""
+        return max(self.dense, key=lambda d: d.compute_s + d.sync_s + d.optimizer_s)
+
+    def a2a_latency_s(self) -> float:
+        """Latency of the step's all-to-alls: ids forward, pooled vectors forward, their gradients backward."""
+        if self.sites.world == 1:
+            return 0.0
+        return 3.0 * max(self.sites.rates(p).a2a_latency for p in range(len(self.job.cluster.pools)))
+
     def fixed_seconds(self) -> float:
         """Step seconds no sharding choice changes: dense work of the slowest pool and a2a latencies."""
-        dense = max(d.compute_s + d.sync_s + d.optimizer_s for d in self.dense)
-        if self.sites.world == 1:
-            return dense
-        # ids forward, pooled vectors forward, their gradients backward
-        return dense + 3.0 * max(self.sites.rates(p).a2a_latency for p in range(len(self.job.cluster.pools)))
+        d = self.slowest_dense
+        return d.compute_s + d.sync_s + d.optimizer_s + self.a2a_latency_s()
 
     def evaluate(self, placements: list[TablePlacement]) -> EmbeddingEstimate:
         """Score `placements` (one per table) with this cost model."""
@@ -196,12 +200,9 @@ class EmbeddingModel:
                 problems.append(f"node {node} needs {host[node] / GB:.1f} GB of host DRAM for cached tables, has "
                                 f"{capacity / GB:.1f} GB usable (over by {(host[node] - capacity) / GB:.1f} GB)")
             node_rows.append(NodeHost(node=node, host_bytes=host[node], host_capacity=capacity))
-        slowest = max(range(len(self.dense)), key=lambda p: self.dense[p].compute_s + self.dense[p].sync_s
-                      + self.dense[p].optimizer_s)
-        dense = self.dense[slowest]
-        latency = self.fixed_seconds() - (dense.compute_s + dense.sync_s + dense.optimizer_s)
+        dense = self.slowest_dense
         breakdown = EmbeddingBreakdown(
-            lookup_s=max(lookup), all_to_all_s=max(max(send), max(receive)) + latency,
+            lookup_s=max(lookup), all_to_all_s=max(max(send), max(receive)) + self.a2a_latency_s(),
             dense_compute_s=dense.compute_s, dense_sync_s=dense.sync_s, table_sync_s=table_sync,
             optimizer_s=dense.optimizer_s,
         )
@@ -217,7 +218,7 @@ class EmbeddingModel:
 def placement_ranks(option: TableOption, model: EmbeddingModel, target: tuple[int, ...]) -> tuple[int, ...]:
     """Ranks holding units of a table under `option`: `target` is the ranks (table/column-wise) or
     a one-element tuple with the node (table-row-wise); row-wise and data-parallel use every rank."""
-    if option.kind in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
+    if option.kind in ALL_RANKS:
         return tuple(range(model.sites.world))
     if option.kind == ShardingType.TABLE_ROW_WISE:
         return tuple(model.sites.node_ranks[target[0]])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from planner.embedding.evaluate import EmbeddingEstimate, EmbeddingModel, TablePlacement
-from planner.embedding.options import ShardingType, TableOption
+from planner.embedding.options import ALL_RANKS, ShardingType, TableOption
 
 MAX_COMBINATIONS = 2_000_000
 
@@ -20,7 +20,7 @@ MAX_COMBINATIONS = 2_000_000
 def table_placements(model: EmbeddingModel, t: int, option: TableOption) -> list[TablePlacement]:
     """Every placement of table t under `option`."""
     sites = model.sites
-    if option.kind in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
+    if option.kind in ALL_RANKS:
         return [TablePlacement(t, option, tuple(range(sites.world)))]
     if option.kind == ShardingType.TABLE_ROW_WISE:
         return [TablePlacement(t, option, tuple(ranks)) for ranks in sites.node_ranks]

@@ -17,17 +17,14 @@ reaches a partitionable proposal in fewer rounds).
 from __future__ import annotations
 
 from planner.embedding.evaluate import EmbeddingModel, TablePlacement
-from planner.embedding.options import TORCHREC_CACHE_LEVELS, ShardingType, TableOption, table_options
-
-ALL_RANKS = (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL)
+from planner.embedding.options import ALL_RANKS, TORCHREC_CACHE_LEVELS, ShardingType, TableOption, table_options
 
 
 def option_perf(model: EmbeddingModel, t: int, option: TableOption) -> float:
     """TorchRec's ranking key: the option's total seconds over all its shards (first pool's rates)."""
     world = model.sites.world
     unit = model.costs.unit(t, option, 0)
-    count = {ShardingType.ROW_WISE: world, ShardingType.DATA_PARALLEL: world,
-             ShardingType.TABLE_ROW_WISE: model.sites.node_spec(0).gpus_per_node}.get(option.kind, option.shards)
+    count = option.unit_count(world, model.sites.node_spec(0).gpus_per_node)
     sync = model.costs.dp_sync_s(t) if option.kind == ShardingType.DATA_PARALLEL else 0.0
     return count * (unit.lookup_s + unit.send_s) + world * model.costs.receive_s(t, option, 0) + sync
 

@@ -47,6 +47,10 @@ class ShardingType(StrEnum):
     DATA_PARALLEL = "data_parallel"
 
 
+# Types that put a unit on every rank (row shards, or whole replicas).
+ALL_RANKS = (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL)
+
+
 @dataclass(frozen=True, order=True)
 class TableOption:
     """One choice for one table: sharding type, column shards and HBM cache fraction."""
@@ -59,6 +63,14 @@ class TableOption:
     def compute_kernel(self) -> str:
         """TorchRec's compute kernel for this option."""
         return "fused" if self.cache >= 1.0 else "fused_uvm_caching"
+
+    def unit_count(self, world: int, gpus_per_node: int) -> int:
+        """Ranks holding a unit of a table under this option (table-row-wise: the GPUs of one node)."""
+        if self.kind in ALL_RANKS:
+            return world
+        if self.kind == ShardingType.TABLE_ROW_WISE:
+            return gpus_per_node
+        return self.shards
 
     def label(self) -> str:
         """Short text, e.g. 'column_wise/4 cache 0.25'."""

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner.embedding.evaluate import EmbeddingModel, TablePlacement
-from planner.embedding.greedy import ALL_RANKS
-from planner.embedding.options import ShardingType, TableOption
+from planner.embedding.options import ALL_RANKS, ShardingType, TableOption
+from planner.embedding.relaxed import RelaxedCoefficients
 
 NS = 1e9
 SEED = 7
@@ -49,7 +49,8 @@ class ProgramResult:
 class ShardingProgram:
     """Variables, constraints and objective of one sharding program."""
 
-    def __init__(self, model: EmbeddingModel, options: list[list[TableOption]], *, relaxed: bool):
+    def __init__(self, model: EmbeddingModel, options: list[list[TableOption]], *, relaxed: bool,
+                 coefficients: RelaxedCoefficients | None = None):
         self.model, self.options, self.relaxed = model, options, relaxed
         self.cp = cp_model.CpModel()
         self.work = 0.0  # CP-SAT deterministic time spent so far
@@ -57,7 +58,7 @@ class ShardingProgram:
         self.pools = range(len(model.job.cluster.pools))
         self._variables()
         if relaxed:
-            self._relaxed_constraints()
+            self._relaxed_constraints(coefficients or RelaxedCoefficients(model, options))
         else:
             self._exact_constraints()
         self._objective()
@@ -150,44 +151,28 @@ class ShardingProgram:
             receive = [_ns(costs.receive_s(t, self.options[t][i], p)) * self.x[t, i] for t, i in self.x]
             self.cp.add(self.comm_max >= sum(receive))
 
-    def _relaxed_constraints(self) -> None:
-        cp, costs, model, sites = self.cp, self.model.costs, self.model, self.sites
-        world = sites.world
+    def _relaxed_constraints(self, c: RelaxedCoefficients) -> None:
+        cp, world = self.cp, self.sites.world
         lookup_work, send_work, hbm_total, host_total, hbm_everywhere = [], [], [], [], []
         for (t, i), var in self.x.items():
-            option = self.options[t][i]
-            units = [costs.unit(t, option, p) for p in self.pools]
-            fastest_lookup = min(u.lookup_s for u in units)
-            fastest_send = min(u.send_s for u in units)
-            smallest = min(u.hbm_bytes for u in units)
-            count = self._unit_count(option)
-            lookup_work.append(_ns(count * fastest_lookup) * var)
-            send_work.append(_ns(count * fastest_send) * var)
-            hbm_total.append(math.ceil(count * smallest) * var)
-            host_total.append(math.ceil(count * min(u.host_bytes for u in units)) * var)
-            if option.kind in ALL_RANKS:
-                hbm_everywhere.append(math.ceil(smallest) * var)
-            else:
+            lookup_work.append(_ns(c.lookup[t, i]) * var)
+            send_work.append(_ns(c.send[t, i]) * var)
+            hbm_total.append(math.ceil(c.hbm[t, i]) * var)
+            host_total.append(math.ceil(c.host[t, i]) * var)
+            hbm_everywhere.append(math.ceil(c.everywhere[t, i]) * var)
+            if self.options[t][i].kind not in ALL_RANKS:
                 # a single unit sits on one rank whole (one row per option: CP-SAT's LP is tighter this way)
-                cp.add(self.lookup_max >= _ns(fastest_lookup) * var)
-                cp.add(self.comm_max >= _ns(fastest_send) * var)
+                cp.add(self.lookup_max >= _ns(c.unit_lookup[t, i]) * var)
+                cp.add(self.comm_max >= _ns(c.unit_send[t, i]) * var)
         # the busiest rank carries at least the average
         cp.add(world * self.lookup_max >= sum(lookup_work))
         cp.add(world * self.comm_max >= sum(send_work))
         # among equally fast option sets, the one with the least total work partitions best
         self.total_work = sum(lookup_work) + sum(send_work)
-        budgets = [model.hbm_budget(site.pool) for site in sites.ranks]
-        cp.add(sum(hbm_total) <= math.floor(sum(budgets)))
-        cp.add(sum(hbm_everywhere) <= math.floor(max(budgets)))
-        cp.add(sum(host_total) <= math.floor(sum(sites.host_capacity(n) for n in range(sites.num_nodes))))
+        cp.add(sum(hbm_total) <= math.floor(c.hbm_budget))
+        cp.add(sum(hbm_everywhere) <= math.floor(c.everywhere_budget))
+        cp.add(sum(host_total) <= math.floor(c.host_budget))
         self._receive_constraints()
-
-    def _unit_count(self, option: TableOption) -> int:
-        if option.kind in ALL_RANKS:
-            return self.sites.world
-        if option.kind == ShardingType.TABLE_ROW_WISE:
-            return min(self.sites.node_spec(p).gpus_per_node for p in self.pools)
-        return option.shards
 
     # ---- objective -------------------------------------------------------------------------------
     def _objective(self) -> None:

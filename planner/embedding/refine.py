@@ -15,8 +15,7 @@ import heapq
 from dataclasses import replace
 
 from planner.embedding.evaluate import EmbeddingModel, TablePlacement
-from planner.embedding.greedy import ALL_RANKS
-from planner.embedding.options import ShardingType
+from planner.embedding.options import ALL_RANKS, ShardingType
 
 MAX_MOVES = 4000
 EPS = 1e-12
