@@ -17,6 +17,7 @@ from planner.cli.options import Infeasible
 from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report, summary
+from planner.emit.dlrm import emit_dlrm_torch
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.output import write_outputs
@@ -25,8 +26,6 @@ from planner.output import write_outputs
 def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,
                    force: bool, progress, as_json: bool, targets: tuple[str, ...]) -> None:
     """Plan the tables of `job`, then print and write as `compile` does for dense models."""
-    from planner.emit.dlrm import emit_dlrm_torch  # emitters import torch-free helpers only
-
     options = EmbeddingCompileOptions(strategy=strategy, time_limit=time_limit)
     try:
         result = compile_embedding(job, strategy=strategy, time_limit=time_limit, progress=progress)
