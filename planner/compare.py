@@ -13,14 +13,17 @@ Each baseline is a named generator with its source:
   recompute, interleaving (vpp) when it is faster.
 * uniform-pp: the best strategy whose pipeline stages hold equal numbers of
   blocks (the even split of Megatron-LM and DeepSpeed's PipelineModule
-  `partition_method="uniform"`), every block recomputing alike: each global
-  configuration of the compiler's space with pp dividing the blocks, scored
-  under no, selective and full recompute, within the time limit.
+  `partition_method="uniform"`), every block recomputing alike.
+* metis (clusters of more than one pool; left out on others): a greedy after
+  Metis (Um et al., USENIX ATC 2024): stages on the pools in proportion to
+  their GPUs, layers split by each stage's speed, moved off stages over their
+  HBM, within the time limit.
 * torchrec-greedy (recommendation models): TorchRec's greedy sharding planner.
 * planner: the compiler's certified plan over the whole space.
 
-Every row is evaluated by `evaluate` (or the embedding cost model), so the
-planner row is never slower than a baseline row that fits.
+The dense recipes (megatron, uniform-pp, metis) live in `planner.baselines`
+with their details.  Every row is evaluated by `evaluate` (or the embedding
+cost model), so the planner row is never slower than a baseline row that fits.
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from planner.baselines import megatron_recipe, metis_greedy, uniform_pp
 from planner.cost import evaluate
 from planner.embedding.compile import compile_embedding
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.solve import CompileOptions, compile_job
-from planner.space import SpaceOptions, global_configs
-from planner.strategy import Strategy
+from planner.space import SpaceOptions
 
 GB = 1e9
 
@@ -95,35 +98,6 @@ def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> Co
     return _row_from_estimate(name, result.estimate, elapsed)
 
 
-def megatron_recipe(job: Job) -> Strategy | None:
-    """Megatron-LM's hand recipe (module docstring), or None when no pipeline depth fits."""
-    model, cluster = job.model, job.cluster
-    gpn = min(p.node.gpus_per_node for p in cluster.pools)
-    tp = gpn
-    while tp > 1 and (model.heads % tp or (model.kv_heads % tp and tp % model.kv_heads)):
-        tp //= 2
-    gpus, blocks = cluster.num_gpus, max(1, model.num_blocks)
-    for pp in range(1, blocks + 1):
-        if blocks % pp or gpus % (tp * pp):
-            continue
-        dp = gpus // (tp * pp)
-        if job.global_batch % dp:
-            continue
-        micro = job.global_batch // dp
-        best = None
-        for recompute in ("selective", "full"):
-            vpps = [1] + [v for v in (2, 3, 4, 6, 8) if pp > 1 and blocks % (pp * v) == 0 and micro % pp == 0]
-            for vpp in vpps:
-                strategy = Strategy(tp=tp, pp=pp, dp=dp, mbs=1, vpp=vpp, zero=1 if dp > 1 else 0,
-                                    recompute=recompute)
-                estimate = evaluate(job, strategy)
-                if estimate.memory.fits and (best is None or estimate.step_time_s < best[0]):
-                    best = (estimate.step_time_s, strategy)
-            if best is not None:
-                return best[1]  # selective first: full recompute only when selective does not fit
-    return None
-
-
 def _megatron(job: Job) -> CompareRow:
     start = time.perf_counter()
     strategy = megatron_recipe(job)
@@ -132,30 +106,22 @@ def _megatron(job: Job) -> CompareRow:
     return _row_from_estimate("megatron", evaluate(job, strategy), time.perf_counter() - start)
 
 
-def uniform_pp(job: Job, time_limit: float) -> Strategy | None:
-    """The fastest fitting strategy with an even layer split (see the module docstring)."""
-    start = time.perf_counter()
-    blocks = max(1, job.model.num_blocks)
-    best = None
-    for config in global_configs(job, SpaceOptions()):
-        if blocks % config.pp or (config.vpp > 1 and blocks % (config.pp * config.vpp)):
-            continue
-        for recompute in ("none", "selective", "full"):
-            strategy = config.model_copy(update={"recompute": recompute})
-            estimate = evaluate(job, strategy)
-            if estimate.memory.fits and (best is None or estimate.step_time_s < best[0]):
-                best = (estimate.step_time_s, strategy)
-        if time.perf_counter() - start > time_limit:
-            break
-    return best[1] if best else None
-
-
 def _uniform(job: Job, time_limit: float) -> CompareRow:
     start = time.perf_counter()
     strategy = uniform_pp(job, time_limit)
     if strategy is None:
         return _failed("uniform-pp", "no strategy with an even layer split fits", time.perf_counter() - start)
     return _row_from_estimate("uniform-pp", evaluate(job, strategy), time.perf_counter() - start)
+
+
+def _metis(job: Job, time_limit: float) -> CompareRow:
+    start = time.perf_counter()
+    strategy = metis_greedy(job, time_limit)
+    if strategy is None:
+        why = ("needs a cluster with more than one pool" if len(job.cluster.pools) < 2 else
+               "no pipeline over more than one pool fits")
+        return _failed("metis", why, time.perf_counter() - start)
+    return _row_from_estimate("metis", evaluate(job, strategy), time.perf_counter() - start)
 
 
 def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
@@ -175,13 +141,18 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
                       e.peak_host_bytes, 0.0, time.perf_counter() - start)
 
 
-DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "planner")
+DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "metis", "planner")
+MIXED_CLUSTER_ONLY = ("metis",)  # left out on one-pool clusters, where they have nothing to decide
 RECSYS_BASELINES = ("torchrec-greedy", "planner")
 
 
 def baselines_for(job: Job) -> tuple[str, ...]:
-    """The strategies that apply to the job's model."""
-    return RECSYS_BASELINES if job.model.family == "recsys" else DENSE_BASELINES
+    """The strategies that apply to the job's model and cluster."""
+    if job.model.family == "recsys":
+        return RECSYS_BASELINES
+    if len(job.cluster.pools) < 2:
+        return tuple(name for name in DENSE_BASELINES if name not in MIXED_CLUSTER_ONLY)
+    return DENSE_BASELINES
 
 
 def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: float = 60.0,
@@ -197,6 +168,8 @@ def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: flo
             rows.append(_megatron(job))
         elif name == "uniform-pp":
             rows.append(_uniform(job, time_limit))
+        elif name == "metis":
+            rows.append(_metis(job, time_limit))
         elif name == "planner":
             rows.append(_compiled(name, job, SpaceOptions(), time_limit))
         else:

@@ -10,7 +10,9 @@ builds no tables and no program, and scores every complete strategy with `evalua
   vpp > 1; none with pp = 1);
 * with base recompute "none", every per-stage count of fully recomputed blocks (0..blocks per
   chunk of that stage; all zeros is recompute=none);
-* on clusters of several pools, every capacity-respecting pool per stage.
+* on clusters of several pools, every capacity-respecting pool per stage;
+* every per-stage placement (`placement_variants`: FCDP host cache, offload), or one for all stages
+  when the space asks for a uniform placement.
 
 Offload is tried, as in `compile_job`, only when nothing fits without it.  The work is exponential
 in pp: `limit` guards against calling it on a job it cannot finish.
@@ -28,20 +30,8 @@ from planner.cost import evaluate
 from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
 from planner.solve_groups import share_grid
-from planner.space import SpaceOptions, global_configs
-from planner.strategy import Strategy
-
-def offload_variants(config: Strategy, devices: tuple[str, ...] = ("cpu", "nvme"),
-                     ratios: tuple[float, ...] = ()) -> list[dict]:
-    """The offload settings the compiler retries with when nothing fits (solve._offload_variants)."""
-    variants = [{"offload": "optimizer", "offload_device": d} for d in devices]
-    if config.zero == 3:
-        variants += [{"offload": "all", "offload_device": d} for d in devices]
-        if "cpu" in devices:
-            # partial optimizer offload (ZeRO-Offload++): less CPU Adam and PCIe, more HBM
-            variants += [{"offload": "optimizer", "offload_device": "cpu", "offload_ratio": r}
-                         for r in ratios if r < 1.0]
-    return variants
+from planner.space import SpaceOptions, global_configs, placement_variants
+from planner.strategy import PLACEMENT_KEYS, Strategy
 
 
 def _splits(blocks: int, pp: int, vpp: int) -> Iterator[tuple[int, ...] | None]:
@@ -82,10 +72,23 @@ def _split_count(blocks: int, pp: int, vpp: int, per_stage_recompute: bool) -> i
     return ways[blocks]
 
 
-def _count(job: Job, config: Strategy) -> int:
+def _placements(config: Strategy, variants: tuple[dict, ...], uniform: bool) -> list[tuple[dict, ...]]:
+    if uniform:
+        return [(v,) * config.pp for v in variants]
+    return list(itertools.product(variants, repeat=config.pp))
+
+
+def _placed(config: Strategy, placements: tuple[dict, ...]) -> dict:
+    """The strategy fields of per-stage placements (uniform ones fold into the plain keys)."""
+    if not any(placements):
+        return {}
+    return {f"stage_{key}": tuple(p.get(key, getattr(config, key)) for p in placements) for key in PLACEMENT_KEYS}
+
+
+def _count(job: Job, config: Strategy, placements: int) -> int:
     """Candidates of one configuration, without listing them."""
     pp, pools = config.pp, job.cluster.pools
-    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.recompute == "none")
+    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.recompute == "none") * placements
     if len(pools) == 1:
         return splits
     ranks = config.tp * config.cp * config.dp
@@ -96,7 +99,7 @@ def _count(job: Job, config: Strategy) -> int:
     return splits * ways[pp]
 
 
-def _candidates(job: Job, config: Strategy) -> Iterator[Strategy]:
+def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]]) -> Iterator[Strategy]:
     blocks = max(1, job.model.num_blocks)
     pools = _pool_assignments(job, config)
     for split in _splits(blocks, config.pp, config.vpp):
@@ -105,7 +108,9 @@ def _candidates(job: Job, config: Strategy) -> Iterator[Strategy]:
             if layers is not None:
                 update.update(recompute="full", recompute_layers=layers)
             for stage_pools in pools:
-                yield config.model_copy(update={**update, "stage_pools": stage_pools})
+                for placement in placements:
+                    yield Strategy.model_validate({**config.model_dump(), **update, "stage_pools": stage_pools,
+                                                   **_placed(config, placement)})
 
 
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
@@ -114,16 +119,18 @@ def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
     return sum(ranks * catalog.device(job.cluster.pool(n).node.device).price_per_hour for n in names) / 3600.0
 
 
-def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog,
-          limit: int) -> tuple[Strategy, float] | None:
+def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog, limit: int, space: SpaceOptions,
+          offload: bool) -> tuple[Strategy, float] | None:
+    placements = {id(c): _placements(c, placement_variants(job, c, space, offload), not space.stage_placement)
+                  for c in configs}
     total = 0
     for config in configs:  # the guard first: nothing is scored on a space over the limit
-        total += _count(job, config)
+        total += _count(job, config, len(placements[id(config)]))
         if total > limit:
             raise ValueError(f"exhaustive search would score more than limit={limit} candidates")
     best: tuple[float, str, Strategy] | None = None
     for config in configs:
-        for strategy in _candidates(job, config):
+        for strategy in _candidates(job, config, placements[id(config)]):
             estimate = evaluate(job, strategy, catalog)
             if not estimate.memory.fits:
                 continue
@@ -149,10 +156,9 @@ def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: L
     catalog = catalog or load_catalog()
     space = space or SpaceOptions()
     configs = list(global_configs(job, space))
-    found = _best(job, configs, objective, catalog, limit)
+    found = _best(job, configs, objective, catalog, limit, space, offload=False)
     if found is None and offload_fallback:  # nothing fits: offload trades time for memory
-        offloaded = [c.model_copy(update=u) for c in configs for u in offload_variants(c, space.offload_devices, space.offload_ratios)]
-        found = _best(job, offloaded, objective, catalog, limit)
+        found = _best(job, configs, objective, catalog, limit, space, offload=True)
     return found
 
 

@@ -107,6 +107,17 @@ class StageMemory(BaseModel):
     nvme_bytes: float = Field(description="Bytes this GPU's rank parks on NVMe (offload).")
 
 
+class StageStatePlacement(BaseModel):
+    """Where one stage keeps its state (the stage's own offload, device, ratio and re-gather)."""
+
+    model_config = _FIELD
+    offload: str = Field("none", description="State offloaded from HBM: none, optimizer, params or all.")
+    offload_device: str = Field("cpu", description="Offload target: cpu (host DRAM) or nvme.")
+    offload_ratio: float = Field(1.0, description="Share of the optimizer states offloaded (ZeRO-Offload++).")
+    regather: str = Field("network", description="ZeRO-3 re-gathers over the network, or from the node's host "
+                          "cache (host: FCDP).")
+
+
 class PlanStage(BaseModel):
     """One pipeline stage: what it runs, where, and what it costs."""
 
@@ -133,6 +144,8 @@ class PlanStage(BaseModel):
     params_per_gpu: float = Field(description="Parameters per GPU before ZeRO sharding.")
     memory: StageMemory = Field(description="Memory per tier.")
     microbatch_time_s: float = Field(description="One micro-batch forward + backward on this stage, seconds.")
+    placement: StageStatePlacement = Field(default_factory=StageStatePlacement,
+                                           description="Where the stage keeps its state (stages may differ).")
 
 
 class RankLayout(BaseModel):
@@ -378,6 +391,7 @@ def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[Ra
         params_per_gpu=report.params,
         memory=StageMemory(hbm=hbm, host_dram_bytes=report.host_offload_bytes, nvme_bytes=report.nvme_offload_bytes),
         microbatch_time_s=report.microbatch_time_s,
+        placement=StageStatePlacement(**strategy.stage_placement(report.stage)),
     )
 
 

@@ -8,6 +8,7 @@ Units on the page: GB = 1e9 bytes, ms, s.
 from __future__ import annotations
 
 from planner.plan import Plan, PlanStage
+from planner.report_plots import MEMORY_PNG, TIME_PNG
 
 GB = 1e9
 
@@ -17,6 +18,11 @@ _TIME_TERMS = [
     ("dp_comm_s", "data-parallel comm (exposed)"), ("bubble_s", "pipeline bubble"),
     ("optimizer_s", "optimizer step"), ("offload_s", "offload (exposed)"),
 ]
+
+
+# figures drawn by planner.report_plots into the same directory
+_MEMORY_FIGURE = f"![memory per stage]({MEMORY_PNG})"
+_TIME_FIGURE = f"![time per step]({TIME_PNG})"
 
 
 def _gb(n: float) -> str:
@@ -72,9 +78,12 @@ def _why(plan: Plan) -> str:
     if recomputed:
         sentences.append(f"{recomputed} block(s) recompute their activations in backward, {br.recompute_s:.3f} s per "
                          f"step ({100 * br.recompute_s / step:.1f}%) spent to save activation memory.")
-    if s["offload"] != "none":
-        sentences.append(f"State is offloaded ({s['offload']} to {s['offload_device']}): nothing in the space fits "
-                         "without it.")
+    placed = [_placement(st) for st in plan.stages]
+    if any(p != "in HBM" for p in placed):
+        where = (placed[0] if len(set(placed)) == 1
+                 else "; ".join(f"stage {st.index} {p}" for st, p in zip(plan.stages, placed)))
+        sentences.append(f"State placement: {where}." + (" Nothing in the space fits without offload."
+                                                         if s["offload"] != "none" or s.get("stage_offload") else ""))
     if plan.runners_up:
         r = plan.runners_up[0]
         if r.worse_pct < 0.005:
@@ -83,6 +92,19 @@ def _why(plan: Plan) -> str:
             sentences.append(f"The best runner-up, `{r.strategy_spec}`, is {r.worse_pct:.2f}% "
                              f"{'slower' if plan.solver.objective_kind == 'time' else 'costlier'}.")
     return " ".join(sentences)
+
+
+def _placement(stage: PlanStage) -> str:
+    """Where a stage keeps its state, in words."""
+    p = stage.placement
+    parts = []
+    if p.offload != "none":
+        share = f"{p.offload_ratio:.0%} of " if p.offload_ratio < 1.0 else ""
+        what = {"optimizer": "optimizer states", "params": "parameters", "all": "optimizer states and parameters"}
+        parts.append(f"{share}{what[p.offload]} offloaded to {'host DRAM' if p.offload_device == 'cpu' else 'NVMe'}")
+    if p.regather == "host":
+        parts.append("ZeRO-3 weights re-gathered from the node's host cache (FCDP)")
+    return ", ".join(parts) or "in HBM"
 
 
 def _stages_table(plan: Plan) -> str:
@@ -152,8 +174,8 @@ LAUNCH_COMMANDS = {
 }
 
 
-def _body(plan: Plan, level: str) -> list[str]:
-    """What binds the plan, its stages, memory and time, under `level` headings."""
+def _body(plan: Plan, level: str, plots: bool = False) -> list[str]:
+    """What binds the plan, its stages, memory and time, under `level` headings (plots: link the figures)."""
     lines = [
         _why(plan),
         "",
@@ -172,7 +194,11 @@ def _body(plan: Plan, level: str) -> list[str]:
     if host.dram_bytes or host.nvme_bytes:
         lines += [f"Host per node: DRAM {_gb(host.dram_bytes)} of {_gb(host.dram_capacity_bytes)} GB, "
                   f"NVMe {_gb(host.nvme_bytes)} of {_gb(host.nvme_capacity_bytes)} GB.", ""]
+    if plots:
+        lines += [_MEMORY_FIGURE, ""]
     lines += [f"{level} Time per step (s, critical path of the slowest stage)", "", _time_table(plan), ""]
+    if plots:
+        lines += [_TIME_FIGURE, ""]
     return lines
 
 
@@ -184,7 +210,7 @@ def _step_detail(plan: Plan) -> str:
     return f"{m} micro-batch{'' if m == 1 else 'es'} per data-parallel replica"
 
 
-def _groups(plan: Plan) -> list[str]:
+def _groups(plan: Plan, plots: bool = False) -> list[str]:
     """Replica groups: the split, then each group's own plan."""
     rows = [[g.pool, str(g.batch), f"{g.first_rank}-{g.first_rank + g.plan.job.num_gpus - 1}",
              f"`{g.plan.strategy_spec}`", f"{g.plan.time.step_time_s:.4f}",
@@ -198,6 +224,7 @@ def _groups(plan: Plan) -> list[str]:
         md_table(["pool", "batch", "ranks", "strategy", "step s", "HBM GB peak / capacity"], rows,
                   right=(1, 4)),
         "",
+        *([_MEMORY_FIGURE, "", _TIME_FIGURE, ""] if plots else []),
     ]
     for g in plan.groups:
         lines += [f"## Group {g.pool}: batch {g.batch}, ranks from {g.first_rank}, nodes from {g.first_node}", "",
@@ -205,8 +232,9 @@ def _groups(plan: Plan) -> list[str]:
     return lines
 
 
-def render_report(plan: Plan, targets: tuple[str, ...] = ()) -> str:
-    """report.md for a compiled plan; `targets` are the launch folders written beside it."""
+def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False) -> str:
+    """report.md for a compiled plan; `targets` are the launch folders written beside it; `plots`: link
+    memory.png and time.png (planner.report_plots), written beside it too."""
     job, t = plan.job, plan.time
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [
@@ -224,7 +252,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = ()) -> str:
         f"- throughput: {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU)",
         f"- MFU: {100 * t.mfu:.1f}% (HFU {100 * t.hfu:.1f}%)",
         "",
-        *(_groups(plan) if plan.groups else _body(plan, "##")),
+        *(_groups(plan, plots) if plan.groups else _body(plan, "##", plots)),
         "## Solver certificate",
         "",
         *_solver(plan),

@@ -15,7 +15,11 @@
    (objective - bound) / objective.  OPTIMAL means gap 0 up to table rounding.
 
 Offload is tried only where no configuration fits without it (it adds time
-and saves only memory, so it cannot win where something else fits).
+and saves only memory, so it cannot win where something else fits).  Where
+state lives is decided per stage inside each program: every stage picks one
+of its configuration's placement variants (`planner.space.placement_variants`:
+the FCDP host cache; in the offload pass also optimizer and parameter offload
+to host or NVMe and partial optimizer offload).
 
 On a mixed cluster (objective time) replica groups are searched first
 (`planner.solve_groups`: a strategy and batch share per pool, each share a
@@ -39,12 +43,13 @@ from planner.cost import Estimate, evaluate
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.ilp.model import Program, build_program
-from planner.ilp.tables import NS, TableBuilder, bottleneck_bound, build_tables, stage_pools_for
+from planner.ilp.bounds import bottleneck_bound
+from planner.ilp.tables import NS, TableBuilder, build_tables, stage_pools_for
 from planner.cost.groups import GroupsEstimate, evaluate_groups, group_job
 from planner.job import Job
 from planner.solve_groups import GroupSearch, search_groups, share_grid
-from planner.space import SpaceOptions, global_configs
-from planner.strategy import Strategy
+from planner.space import SpaceOptions, global_configs, placement_variants
+from planner.strategy import PLACEMENT_KEYS, Strategy
 
 Status = Literal["OPTIMAL", "FEASIBLE"]
 
@@ -112,7 +117,7 @@ class _Search:
     solved: list[tuple[float, str, Strategy]] = field(default_factory=list)
     open_bounds: list[float] = field(default_factory=list)
     pruned: int = 0
-    near: list = field(default_factory=list)  # (bound, spec, config, m) closed by the incumbent cap
+    near: list = field(default_factory=list)  # (bound, spec, config, m, variants) the incumbent cap closed
 
     def elapsed(self) -> float:
         return clock.perf_counter() - self.start
@@ -152,6 +157,12 @@ def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
         update.update(recompute="full", recompute_layers=recompute)
     if program.mixed_cluster:
         update["stage_pools"] = tuple(tables.pools[pool].name for _, pool, _ in chosen)
+    placements = [tables.variants[option.variant] for _, _, option in chosen]
+    if any(placements):
+        # per-stage values; the constructor folds values equal on every stage into the plain key
+        update.update({f"stage_{key}": tuple(p.get(key, getattr(base, key)) for p in placements)
+                       for key in PLACEMENT_KEYS})
+        return Strategy.model_validate({**base.model_dump(), **update})
     return base.model_copy(update=update)
 
 
@@ -175,14 +186,15 @@ RUNNER_UP_WORK = 1.0  # CP-SAT deterministic time per runner-up re-solve (about 
 
 
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float,
-                  runner_up: bool = False) -> None:
+                  variants: tuple[dict, ...], runner_up: bool = False) -> None:
     """Build the configuration's tables and program and solve it; runner_up: only to learn its value
     for the report (no incumbent cap, a short time limit, the certificate untouched)."""
     # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay)
     mixed = len(search.job.cluster.pools) > 1
     floor = _rate_floor(search, config, _pools(search.job, config))
     cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
-    tables = build_tables(search.builder, config, micro_batches, cap)
+    uniform = not search.options.space.stage_placement
+    tables = build_tables(search.builder, config, micro_batches, cap, variants, prune=not uniform)
     if tables is None:
         return
     table_bound = bottleneck_bound(tables) * floor
@@ -200,7 +212,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
               if search.options.objective == "time" and search.incumbent < float("inf") and not runner_up
               else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
-                            mixed_cluster=mixed, cutoff_ns=cutoff)
+                            mixed_cluster=mixed, cutoff_ns=cutoff, uniform_placement=uniform)
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):
@@ -220,7 +232,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
         if status == cp_model.UNKNOWN and not runner_up:
             search.open_bounds.append(bound)
         elif status == cp_model.INFEASIBLE and cutoff is not None:
-            search.near.append((bound, config.spec(), config, micro_batches))  # a runner-up candidate
+            search.near.append((bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate
         return
     strategy = _read(program, solver)
     step = solver.value(program.step) / program.scale / NS
@@ -281,9 +293,10 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
 def _runners_up(search: _Search) -> None:
     """Values of the closest configurations the incumbent cap closed, for the report's runners-up."""
     known = {spec for _, spec, _ in search.solved}
-    for bound, spec, config, m in sorted(search.near, key=lambda item: item[:2])[: search.options.runners_up]:
+    closest = sorted(search.near, key=lambda item: item[:2])[: search.options.runners_up]
+    for bound, spec, config, m, variants in closest:
         if spec not in known:
-            _solve_config(search, config, m, bound, runner_up=True)
+            _solve_config(search, config, m, bound, variants, runner_up=True)
 
 
 def _space_limits_note(space: SpaceOptions) -> str:
@@ -300,13 +313,11 @@ def _search_configs(search: _Search, retry_offload: bool = True) -> list:
     """Branch and bound over the configurations, then with offload if nothing was found; the configurations."""
     space = search.options.space
     configs = _bounded_configs(search, space)
-    _branch_and_bound(search, configs)
-    if search.best is None and retry_offload:
-        # nothing fits: retry with offload, which trades time for memory (offload adds no lower-bound term)
-        configs = [(b, m, c.model_copy(update=upd)) for b, m, c in configs
-                   for upd in _offload_variants(c, space.offload_devices, space.offload_ratios)]
-        configs.sort(key=lambda item: (item[0], item[2].spec()))
-        _branch_and_bound(search, configs)
+    _branch_and_bound(search, configs, offload=space.offload_search == "always")
+    if search.best is None and retry_offload and space.offload_search == "fallback":
+        # nothing fits: retry with offload among each stage's placements, which trades time for memory
+        # (offload adds no lower-bound term, so the bounds stand)
+        _branch_and_bound(search, configs, offload=True)
     return configs
 
 
@@ -354,17 +365,6 @@ def _runner_ups(search: _Search, exclude: str | None) -> list[RunnerUp]:
     return [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
 
 
-def _offload_variants(config: Strategy, devices: tuple[str, ...], ratios: tuple[float, ...] = ()) -> list[dict]:
-    variants = [{"offload": "optimizer", "offload_device": d} for d in devices]
-    if config.zero == 3:
-        variants += [{"offload": "all", "offload_device": d} for d in devices]
-        if "cpu" in devices:
-            # partial optimizer offload (ZeRO-Offload++): less CPU Adam and PCIe, more HBM
-            variants += [{"offload": "optimizer", "offload_device": "cpu", "offload_ratio": r}
-                         for r in ratios if r < 1.0]
-    return variants
-
-
 def _bounded_configs(search: _Search, space: SpaceOptions) -> list[tuple[float, int, Strategy]]:
     out = []
     job = search.job
@@ -392,7 +392,7 @@ def _rate_floor(search: _Search, config: Strategy, pools: list) -> float:
     return per_gpu * config.tp * config.cp * config.dp * config.pp
 
 
-def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]]) -> None:
+def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]], offload: bool) -> None:
     for index, (bound, m, config) in enumerate(configs):
         if bound >= search.incumbent * (1 - 1e-9):
             search.pruned += len(configs) - index
@@ -400,16 +400,18 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
         if search.remaining() <= 0:
             search.open_bounds.extend(b for b, _, _ in configs[index:])
             return
+        variants = placement_variants(search.job, config, search.options.space, offload)
         if search.incumbent < float("inf"):
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps
             pools = _pools(search.job, config)
             floor = _rate_floor(search, config, pools)
-            refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor) * floor
+            refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor,
+                                                   variants=variants) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
                 continue
             bound = max(bound, refined)
-        _solve_config(search, config, m, bound)
+        _solve_config(search, config, m, bound, variants)
 
 
 def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, ...]) -> str:

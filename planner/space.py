@@ -12,6 +12,9 @@ model are left out and say so where they are skipped:
   (no flash attention); otherwise it costs time and saves nothing;
 * offload only adds time, so it is tried only when the configuration does
   not fit without it (the solver asks for it then);
+* where state lives (offload, its device and ratio, and the FCDP host cache)
+  is a per-stage decision: `placement_variants` lists what one stage of a
+  configuration may choose, and the program picks per stage;
 * on mixed clusters a stage's GPUs fill whole nodes or divide one node, so
   no node is shared by two stages (the job may leave GPUs idle).
 """
@@ -47,6 +50,15 @@ class SpaceOptions(BaseModel):
     )
     regathers: tuple[Literal["network", "host"], ...] = Field(
         ("network", "host"), description="ZeRO-3 re-gather sources tried (host: FCDP host-memory cache)."
+    )
+    offload_search: Literal["fallback", "always"] = Field(
+        "fallback", description="When stages may offload: only where nothing fits without offload "
+        "(fallback), or in every program, where offload can buy fewer recomputed blocks or a better split "
+        "(always; slower to search)."
+    )
+    stage_placement: bool = Field(
+        True, description="Let each pipeline stage choose its own placement (offload, device, ratio, regather); "
+        "False: one placement for every stage (frameworks that take one offload setting for all ranks)."
     )
     replica_groups: bool = Field(
         True, description="On a mixed cluster, also search replica groups (a strategy and batch share per pool)."
@@ -141,15 +153,48 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                     if dp <= max(1, _min_gpus_per_node(job) // (tp * cp)):
                         scopes = scopes[:1]  # the data-parallel group fits in a node: node == full
                     for shard in _allowed(options, "shard", scopes):
-                        # FCDP pays off only when the sharding group crosses nodes
-                        crosses = dp * cp * tp > _min_gpus_per_node(job)
-                        regathers = [r for r in options.regathers
-                                     if r == "network" or (zero == 3 and shard == "full" and crosses)]
-                        for regather in _allowed(options, "regather", regathers):
-                            for recompute in recomputes:
-                                yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero,
-                                               shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
-                                               recompute=recompute, regather=regather)
+                        # the FCDP host cache is a per-stage choice (placement_variants); the configuration
+                        # carries the plain re-gather unless the space forces the cache
+                        regathers = _allowed(options, "regather", ["network"] + _fcdp(job, options, tp, cp, dp,
+                                                                                      zero, shard))
+                        for recompute in recomputes if regathers else []:
+                            yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero,
+                                           shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
+                                           recompute=recompute, regather=regathers[0])
+
+
+def _fcdp(job: Job, options: SpaceOptions, tp: int, cp: int, dp: int, zero: int, shard: str) -> list[str]:
+    """["host"] where the FCDP host cache is legal and can pay: ZeRO-3 over a group that crosses nodes."""
+    crosses = dp * cp * tp > _min_gpus_per_node(job)
+    return ["host"] if "host" in options.regathers and zero == 3 and shard == "full" and crosses else []
+
+
+Placement = dict  # a stage's placement keys (Strategy.PLACEMENT_KEYS) that differ from its configuration's
+
+
+def placement_variants(job: Job, config: Strategy, options: SpaceOptions, offload: bool) -> tuple[Placement, ...]:
+    """What one stage of `config` may choose for its state, the configuration's own placement ({}) first.
+
+    Without offload: the FCDP host cache, where legal.  With offload (tried only when nothing fits
+    without it): also optimizer states to each allowed device, with ZeRO-3 parameters too, and partial
+    optimizer offload to CPU (ZeRO-Offload++ ratios).  The compiler and the exhaustive oracle both take
+    their per-stage choices from here.
+    """
+    regathers: list[Placement] = [{}]
+    if config.regather == "network" and _fcdp(job, options, config.tp, config.cp, config.dp, config.zero,
+                                              config.shard) and "regather" not in options.fixed:
+        regathers.append({"regather": "host"})
+    offloads: list[Placement] = [{}]
+    if offload:
+        devices = options.offload_devices
+        offloads += [{"offload": "optimizer", "offload_device": d} for d in devices]
+        if config.zero == 3:
+            offloads += [{"offload": "all", "offload_device": d} for d in devices]
+            if "cpu" in devices:
+                # partial optimizer offload (ZeRO-Offload++): less CPU Adam and PCIe, more HBM
+                offloads += [{"offload": "optimizer", "offload_device": "cpu", "offload_ratio": r}
+                             for r in options.offload_ratios if r < 1.0]
+    return tuple({**o, **r} for o in offloads for r in regathers)
 
 
 def _min_gpus_per_node(job: Job) -> int:

@@ -21,6 +21,9 @@ ShardScope = Literal["full", "node"]
 Regather = Literal["network", "host"]
 
 
+PLACEMENT_KEYS = ("offload", "offload_device", "offload_ratio", "regather")
+
+
 class Strategy(BaseModel):
     """How a job is parallelised and where its state lives.
 
@@ -75,6 +78,35 @@ class Strategy(BaseModel):
         description="Cluster pool of each pipeline stage (mixed clusters); default: ranks fill the pools in "
         "order. With it the job may use only part of the cluster.",
     )
+    # Per-stage placement (SPEC: the same keys with one value per stage, e.g. offload=all/optimizer/none/none).
+    # Stages differ in what they hold (1F1B keeps p - i micro-batches in flight on stage i; the first and
+    # last carry embedding and head), so each stage's ranks may park their state differently.
+    stage_offload: tuple[Offload, ...] | None = Field(
+        None, description="offload per pipeline stage (overrides offload); None: offload for every stage.")
+    stage_offload_device: tuple[OffloadDevice, ...] | None = Field(
+        None, description="offload_device per pipeline stage; None: offload_device for every stage.")
+    stage_offload_ratio: tuple[float, ...] | None = Field(
+        None, description="offload_ratio per pipeline stage; None: offload_ratio for every stage.")
+    stage_regather: tuple[Regather, ...] | None = Field(
+        None, description="regather per pipeline stage; None: regather for every stage.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collapse_uniform_stages(cls, data):
+        """A per-stage value that is the same on every stage is the plain key (one spelling per strategy)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in PLACEMENT_KEYS:
+            values = data.get(f"stage_{key}")
+            if values is None:
+                continue
+            values = tuple(values)
+            if data.get(key) not in (None, cls.model_fields[key].default) and len(set(values)) > 1:
+                raise ValueError(f"{key}: give one value or one per stage, not both")
+            if len(set(values)) == 1:
+                data[key], data[f"stage_{key}"] = values[0], None
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "Strategy":
@@ -105,7 +137,39 @@ class Strategy(BaseModel):
             raise ValueError(f"stage_pools has {len(self.stage_pools)} entries, pp={self.pp}")
         if self.split is not None and len(self.split) != self.pp:
             raise ValueError(f"split has {len(self.split)} stages, pp={self.pp}")
+        for key in PLACEMENT_KEYS:
+            values = getattr(self, f"stage_{key}")
+            if values is not None and len(values) != self.pp:
+                raise ValueError(f"{key} has {len(values)} per-stage values, pp={self.pp}")
+        if self.per_stage_placement:
+            for stage in range(self.pp):  # every stage's own placement must be a valid strategy
+                try:
+                    Strategy.model_validate(self.for_stage(stage).model_dump())
+                except ValidationError as err:
+                    raise ValueError(f"stage {stage}: {err.errors()[0]['msg'].removeprefix('Value error, ')}") from None
         return self
+
+    @property
+    def per_stage_placement(self) -> bool:
+        """Whether stages park their state differently (some stage_* field is set)."""
+        return any(getattr(self, f"stage_{key}") is not None for key in PLACEMENT_KEYS)
+
+    def for_stage(self, stage: int) -> "Strategy":
+        """This strategy as stage `stage` runs it: its own offload, device, ratio and regather."""
+        if not self.per_stage_placement:
+            return self
+        update: dict = {}
+        for key in PLACEMENT_KEYS:
+            values = getattr(self, f"stage_{key}")
+            if values is not None:
+                update[key] = values[stage]
+            update[f"stage_{key}"] = None
+        return self.model_copy(update=update)
+
+    def stage_placement(self, stage: int) -> dict:
+        """{offload, offload_device, offload_ratio, regather} of one stage."""
+        view = self.for_stage(stage)
+        return {key: getattr(view, key) for key in PLACEMENT_KEYS}
 
     @property
     def sequence_parallel(self) -> bool:
@@ -119,15 +183,18 @@ class Strategy(BaseModel):
             return self.schedule
         return "interleaved" if self.vpp > 1 else "1f1b"
 
+    def _offloads(self) -> set[str]:
+        return set(self.stage_offload) if self.stage_offload is not None else {self.offload}
+
     @property
     def offloads_optimizer(self) -> bool:
-        """Optimizer states live off the GPU."""
-        return self.offload in ("optimizer", "all")
+        """Optimizer states live off the GPU (on some stage)."""
+        return bool(self._offloads() & {"optimizer", "all"})
 
     @property
     def offloads_params(self) -> bool:
-        """Weights live off the GPU between uses."""
-        return self.offload in ("params", "all")
+        """Weights live off the GPU between uses (on some stage)."""
+        return bool(self._offloads() & {"params", "all"})
 
     def stage_recompute_count(self, stage: int) -> int | None:
         """Fully recomputed blocks per stage (per chunk), None for all."""
@@ -177,14 +244,32 @@ class Strategy(BaseModel):
             f"ep={self.ep}", f"mbs={self.mbs}", f"vpp={self.vpp}",
             f"sp={'on' if self.sequence_parallel else 'off'}", f"zero={self.zero}", f"shard={self.shard}",
             f"recompute={self.recompute}",
-            "regather=host" if self.regather == "host" else None,
-            f"recompute_layers={'/'.join(map(str, self.recompute_layers))}" if self.recompute_layers else None, f"offload={self.offload}", f"offload_device={self.offload_device}",
-            f"offload_ratio={self.offload_ratio:g}" if self.offload_ratio < 1.0 else None,
+            self._placement_spec("regather", "network"),
+            f"recompute_layers={'/'.join(map(str, self.recompute_layers))}" if self.recompute_layers else None,
+            self._placement_spec("offload", None), self._placement_spec("offload_device", None),
+            self._placement_spec("offload_ratio", 1.0),
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
             f"split={'/'.join(map(str, self.split))}" if self.split else None,
             f"stage_pools={'/'.join(self.stage_pools)}" if self.stage_pools else None,
         ]
         return ",".join(p for p in parts if p)
+
+    def _placement_spec(self, key: str, omit_when) -> str | None:
+        """`key=value`, or one value per stage joined by '/'; None when it is `omit_when` everywhere."""
+        values = getattr(self, f"stage_{key}") or (getattr(self, key),)
+        if omit_when is not None and all(v == omit_when for v in values):
+            return None
+        return f"{key}={'/'.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)}"
+
+
+def placement_of(resolved: dict, stage: int) -> dict:
+    """A stage's {offload, offload_device, offload_ratio, regather} from a resolved strategy dict (plan.json)."""
+    defaults = {"offload": "none", "offload_device": "cpu", "offload_ratio": 1.0, "regather": "network"}
+    out = {}
+    for key in PLACEMENT_KEYS:
+        per_stage = resolved.get(f"stage_{key}")
+        out[key] = per_stage[stage] if per_stage else resolved.get(key, defaults[key])
+    return out
 
 
 _INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero"}
@@ -231,6 +316,15 @@ def parse_strategy(spec: str) -> Strategy:
                 raise PlannerInputError(f"strategy: {key}: expected integers per stage like 10/12/12/10, got {raw!r}") from None
         elif key == "stage_pools":
             values[key] = tuple(raw.split("/"))
+        elif key in PLACEMENT_KEYS and "/" in raw:
+            parts = [part.strip().lower() for part in raw.split("/")]
+            if key == "offload_ratio":
+                try:
+                    values[f"stage_{key}"] = tuple(float(x) for x in parts)
+                except ValueError:
+                    raise PlannerInputError(f"strategy: {key}: expected numbers per stage like 1/0.5, got {raw!r}") from None
+            else:
+                values[f"stage_{key}"] = tuple(parts)
         else:
             values[key] = raw.lower()
     try:

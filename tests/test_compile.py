@@ -19,10 +19,10 @@ from models import MoEConfig, build_transformer, load_model
 from models.transformer import llama
 from planner.cost import evaluate
 from planner.errors import InfeasibleError
-from planner.exhaustive import exhaustive_groups, _candidates, _count, exhaustive_optimum, offload_variants
+from planner.exhaustive import exhaustive_groups, _candidates, _count, _placements, exhaustive_optimum
 from planner.job import Job
-from planner.solve import CompileOptions, CompileResult, _offload_variants, compile_job
-from planner.space import SpaceOptions, global_configs
+from planner.solve import CompileOptions, CompileResult, compile_job
+from planner.space import SpaceOptions, global_configs, placement_variants
 from planner.strategy import Strategy
 
 SMALL = dict(max_mbs=4, max_vpp=2, max_cp=2)
@@ -271,19 +271,30 @@ def test_infeasible_job_names_what_does_not_fit():
 
 def test_oracle_counts_what_it_enumerates():
     tiny = _model(5, 64, 4, 2, 192, 256)
+    space = SpaceOptions(**SMALL)
     for job in (_job(tiny, CPU4, 8, 128), _job(tiny, SLOW_FAST, 8, 128)):
-        for config in global_configs(job, SpaceOptions(**SMALL)):
-            candidates = list(_candidates(job, config))
-            assert len(candidates) == _count(job, config)
-            assert len({c.spec() for c in candidates}) == len(candidates)
+        for config in global_configs(job, space):
+            for offload, uniform in ((False, False), (True, False), (True, True)):
+                variants = placement_variants(job, config, space.model_copy(update={"offload_ratios": (0.5,)}),
+                                              offload)
+                placements = _placements(config, variants, uniform)
+                candidates = list(_candidates(job, config, placements))
+                assert len(candidates) == _count(job, config, len(placements))
+                assert len({c.spec() for c in candidates}) == len(candidates)
 
 
-def test_oracle_offload_variants_mirror_the_compiler():
+def test_placement_variants_of_the_offload_pass():
     job = _job(_model(4, 64, 4, 2, 192, 256), CPU4, 8, 128)
-    for config in global_configs(job, SpaceOptions(**SMALL)):
-        for devices in (("cpu", "nvme"), ("cpu",)):
-            assert (offload_variants(config, devices, (0.5,)) == _offload_variants(config, devices, (0.5,))
-                    and offload_variants(config, devices) == _offload_variants(config, devices))
+    space = SpaceOptions(**SMALL)
+    for config in global_configs(job, space):
+        plain = placement_variants(job, config, space, offload=False)
+        assert plain == ({},)  # one node: no FCDP, and no offload outside the offload pass
+        variants = placement_variants(job, config, space.model_copy(update={"offload_ratios": (0.5,)}), True)
+        offloads = {(v.get("offload"), v.get("offload_device"), v.get("offload_ratio")) for v in variants}
+        expected = {(None, None, None), ("optimizer", "cpu", None), ("optimizer", "nvme", None)}
+        if config.zero == 3:
+            expected |= {("all", "cpu", None), ("all", "nvme", None), ("optimizer", "cpu", 0.5)}
+        assert offloads == expected and len(variants) == len(expected)
 
 
 def test_oracle_refuses_spaces_over_its_limit():
@@ -314,7 +325,8 @@ def two_node_zero3_jobs(draw) -> tuple[Job, SpaceOptions]:
 @given(two_node_zero3_jobs())
 def test_compile_matches_exhaustive_with_the_host_parameter_cache(case):
     job, space = case
-    assert any(s.regather == "host" for s in global_configs(job, space))  # FCDP is in the space
+    # FCDP is in the space, as a per-stage choice
+    assert any({"regather": "host"} in placement_variants(job, c, space, False) for c in global_configs(job, space))
     assert_matches_oracle(job, space)
 
 
@@ -325,3 +337,45 @@ def test_host_cache_wins_with_many_micro_batches_on_a_slow_fabric():
     space = SpaceOptions(**SMALL, zero_stages=(3,), shard_scopes=("full",), fixed={"tp": 1, "cp": 1, "pp": 1, "mbs": 1})
     result, oracle = assert_matches_oracle(job, space)
     assert result.strategy.regather == "host" and oracle.regather == "host"
+
+
+# ----------------------------------------------------------------------------- per-stage placement
+
+OFFLOAD_FIXED = {"tp": 1, "cp": 1, "pp": 2, "mbs": 1, "vpp": 1, "zero": 3}
+
+
+@st.composite
+def offload_jobs(draw) -> tuple[Job, SpaceOptions]:
+    """Two-stage ZeRO-3 jobs on 4 x 16 GB that need offload on some stage (the offload pass)."""
+    hidden = draw(st.sampled_from([6144, 8192]))
+    model = _model(layers=4, hidden=hidden, heads=32, kv_heads=8, ffn=3 * hidden,
+                   vocab=draw(st.sampled_from([32000, 128000])))
+    job = _job(model, CPU4, draw(st.sampled_from([8, 32])), draw(st.sampled_from([1024, 4096])))
+    space = SpaceOptions(**SMALL, offload_ratios=draw(st.sampled_from([(), (0.5,)])),
+                         stage_placement=draw(st.booleans()), fixed=OFFLOAD_FIXED)
+    return job, space
+
+
+@settings(PROPERTY, max_examples=6)
+@given(offload_jobs())
+def test_compile_matches_exhaustive_with_per_stage_placement(case):
+    job, space = case
+    found = assert_matches_oracle(job, space)
+    assert found is not None
+    result, _ = found
+    if not space.stage_placement:
+        assert not result.strategy.per_stage_placement  # one placement for every stage
+
+
+def test_stages_take_different_placements_where_they_hold_different_state():
+    # stage 0 holds the embedding and two micro-batches in flight: it needs its weights off the GPU too,
+    # stage 1 only its optimizer states
+    model = _model(layers=4, hidden=6144, heads=32, kv_heads=8, ffn=3 * 6144, vocab=128000)
+    job = _job(model, CPU4, 32, 4096)
+    space = SpaceOptions(**SMALL, offload_ratios=(), fixed=OFFLOAD_FIXED)
+    result, oracle = assert_matches_oracle(job, space)
+    placements = [result.strategy.stage_placement(s) for s in range(2)]
+    assert placements[0]["offload"] == "all" and placements[1]["offload"] in ("none", "optimizer")
+    uniform = compile_job(job, CompileOptions(space=space.model_copy(update={"stage_placement": False})))
+    assert not uniform.strategy.per_stage_placement
+    assert result.certificate.objective <= uniform.certificate.objective * (1 + 1e-9)

@@ -13,13 +13,15 @@ import yaml
 
 from hardware import load_cluster
 from models import load_model
-from planner.emit import available_targets, emitter, space_limits
+from planner.cost import evaluate
+from planner.emit import UnsupportedPlan, available_targets, emit_targets, emitter, space_limits
 from planner.emit.megatron import megatron_args
 from planner.emit.megatron_check import check_megatron_args
 from planner.job import Job
 from planner.plan import build_plan
-from planner.solve import CompileOptions, compile_job
+from planner.solve import Certificate, CompileOptions, CompileResult, compile_job
 from planner.space import SpaceOptions
+from planner.strategy import parse_strategy
 
 GOLDEN = Path(__file__).parent / "golden"
 REGEN = "python tests/golden/regenerate.py"
@@ -30,6 +32,15 @@ def _compile(model: str, cluster: str, batch: int, seq: int, fixed: dict, precis
               precision=precision)
     options = CompileOptions(time_limit=20, space=SpaceOptions(fixed=fixed))
     return build_plan(job, compile_job(job, options), options), job
+
+
+def _plan_of(job: Job, strategy):
+    """The plan of a hand-written strategy (scored by evaluate, certified as itself)."""
+    estimate = evaluate(job, strategy)
+    cert = Certificate(status="OPTIMAL", objective=estimate.step_time_s, bound=estimate.step_time_s, gap=0.0,
+                       wall_s=0.0, configurations=1, solved=1, pruned=0)
+    result = CompileResult(strategy=strategy, estimate=estimate, certificate=cert, runners_up=[])
+    return build_plan(job, result, CompileOptions())
 
 
 def _with(plan, **strategy):
@@ -345,10 +356,24 @@ def test_space_limits_combine_targets():
     assert space_limits(()) == {}
     common = {"replica_groups": False, "regathers": ("network",)}
     assert space_limits(("torch",)) == {**common, "offload_devices": ("cpu",), "offload_ratios": ()}
-    assert space_limits(("deepspeed",)) == {**common, "allow_zero_with_pp": False, "max_vpp": 1}
+    assert space_limits(("deepspeed",)) == {**common, "allow_zero_with_pp": False, "max_vpp": 1,
+                                            "stage_placement": False}
+    assert space_limits(("megatron",)) == {**common, "stage_placement": False}
     assert space_limits(("deepspeed", "torch", "megatron")) == {**common, "allow_zero_with_pp": False,
                                                                "max_vpp": 1, "offload_devices": ("cpu",),
-                                                               "offload_ratios": ()}
+                                                               "offload_ratios": (), "stage_placement": False}
+
+
+def test_one_setting_targets_refuse_per_stage_placement():
+    # DeepSpeed, Megatron-LM and torchtitan apply one offload setting to every rank; the torch runtime, its own per stage
+    job = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=16, seq_len=2048)
+    strategy = parse_strategy("tp=2,pp=2,dp=2,zero=3,offload=optimizer/none")
+    plan = _plan_of(job, strategy)
+    for target in ("deepspeed", "megatron", "torchtitan"):
+        with pytest.raises(UnsupportedPlan, match="offload=optimizer/none"):
+            emit_targets(plan, job, (target,))
+    assert [s.placement.offload for s in plan.stages] == ["optimizer", "none"]
+    assert emit_targets(plan, job, ("torch",))
 
 
 def _cli_compile(*args: str):

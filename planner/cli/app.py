@@ -19,7 +19,8 @@ from hardware import Cluster, load_catalog, load_cluster
 from models import ZOO, ModelGraph, list_models, load_model
 from models.zoo import close_matches
 from planner import __version__
-from planner.cli import compare_cmd, compile_cmd, render
+from planner.cli import compare_cmd, compile_cmd, render, simulate_cmd
+from planner.cli import sweep_cmd
 from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, user_errors
 from planner.cost import evaluate
 from planner.job import Job
@@ -193,8 +194,9 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
 @job_options
 @click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
               help="Comma-separated key=value: tp, pp, dp, cp, ep, mbs, vpp, sp, zero, shard, recompute, "
-                   "recompute_layers, offload, offload_device, schedule, tp_overlap, split, stage_pools. Omitted keys take "
-                   "their defaults; dp is derived from the GPU count.")
+                   "recompute_layers, offload, offload_device, offload_ratio, regather, schedule, tp_overlap, split, "
+                   "stage_pools (offload, offload_device, offload_ratio and regather also one value per stage: a/b/...). "
+                   "Omitted keys take their defaults; dp is derived from the GPU count.")
 @click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               metavar="FILE", help="Recommendation models: score this sharding_plan.json (or plan.json).")
 @json_option
@@ -262,6 +264,8 @@ def _estimate_embedding(job: Job, spec: str, sharding_file: Path | None, as_json
 
 cli.add_command(compile_cmd.compile_)
 cli.add_command(compare_cmd.compare_)
+cli.add_command(simulate_cmd.simulate_)
+cli.add_command(sweep_cmd.sweep_)
 cli.add_command(compile_cmd.schema)
 
 

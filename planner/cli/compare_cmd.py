@@ -51,8 +51,9 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
              as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
-    Dense models: ddp, zero1, zero2, zero3, hsdp, megatron and planner (the
-    compiler); recommendation models: torchrec-greedy and planner.  Every row
+    Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,
+    metis (clusters of more than one pool) and planner (the compiler);
+    recommendation models: torchrec-greedy and planner.  Every row
     comes from the same cost model, so the planner row is never slower than a
     baseline that fits.
 
@@ -60,6 +61,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     Examples:
         planner compare llama3-8b dgx-h100:4 -b 256 -s 4096
         planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv --plot out/compare.png
+        planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
     """
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,

@@ -2,7 +2,7 @@
 
 `compile` searches the strategy space (`planner.solve.compile_job`), turns
 the result into a Plan (`planner.plan.build_plan`) and prints a summary, the
-`--json` object, or writes plan.json and report.md into `-o DIR` atomically.
+`--json` object, or writes plan.json, report.md and its figures into `-o DIR` atomically.
 Search progress (incumbent and bound) goes to stderr when stderr is a
 terminal, or with `--progress`.
 """
@@ -10,6 +10,7 @@ terminal, or with `--progress`.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from planner.job import Job
 from planner.output import check_output_dir, write_outputs
 from planner.plan import build_plan, plan_json, plan_json_schema
 from planner.report import render_report
+from planner.report_plots import MEMORY_PNG, TIME_PNG, report_plots
 from planner.emit import DEFAULT_TARGETS, TARGETS, UnsupportedPlan, available_targets, emit_targets, space_limits
 from planner.solve import CompileOptions, compile_job
 from planner.space import SpaceOptions
@@ -58,8 +60,7 @@ def _emit_json(data: Any) -> None:
 
 def _progress(enabled: bool | None):
     """A progress callback printing to stderr, or None."""
-    stderr = click.get_text_stream("stderr")
-    if enabled is False or (enabled is None and not stderr.isatty()):
+    if enabled is False or (enabled is None and not sys.stderr.isatty()):
         return None
     return lambda message: click.echo(message, err=True)
 
@@ -79,25 +80,28 @@ def _progress(enabled: bool | None):
 @click.option("--fix", "fixed", default="", metavar="SPEC",
               help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              metavar="DIR", help="Write plan.json and report.md into DIR (atomically).")
+              metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it exists and is not empty.")
 @click.option("--strategy", type=click.Choice(["planner", "torchrec-greedy"]), default="planner", show_default=True,
               help="Recommendation models: the CP-SAT plan, or the TorchRec-style greedy baseline.")
+@click.option("--offload-search", type=click.Choice(["fallback", "always"]), default="fallback", show_default=True,
+              help="When stages may offload: only where nothing fits without it, or in every program (offload "
+                   "can buy fewer recomputed blocks or a better split; several times slower).")
 @click.option("--progress/--no-progress", default=None,
               help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
-             fixed: str, out_dir: Path | None, force: bool, strategy: str, progress: bool | None,
-             as_json: bool) -> None:
+             fixed: str, out_dir: Path | None, force: bool, strategy: str, offload_search: str,
+             progress: bool | None, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
     certificate (OPTIMAL, or FEASIBLE with objective, bound and gap).  With
-    -o DIR writes plan.json and report.md.  Exits 1 with an explanation
-    (what does not fit where, and the smallest change that would) when
-    nothing fits.
+    -o DIR writes plan.json, report.md with its figures (memory.png,
+    time.png) and launch folders.  Exits 1 with an explanation (what does
+    not fit where, and the smallest change that would) when nothing fits.
 
     \b
     Examples:
@@ -125,7 +129,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     explicit_targets = bool(targets)
     # named targets narrow the search to plans they all run; default targets do not
     limits = space_limits(targets) if explicit_targets else {}
-    space = SpaceOptions(fixed=_parse_fixed(fixed), **limits)
+    space = SpaceOptions(fixed=_parse_fixed(fixed), offload_search=offload_search, **limits)
     options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
     targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in targets if t not in available_targets()]
@@ -158,10 +162,12 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
                     raise PlannerInputError(f"--target {target}: {err}") from None
                 click.echo(f"note: no {target}/ files: {err}", err=True)  # a default target that does not apply
         targets = tuple(written)
-        files["report.md"] = render_report(plan, targets)
+        files["report.md"] = render_report(plan, targets, plots=True)
+        files.update(report_plots(plan))
         write_outputs(out_dir, files, force=force)
         folders = "".join(f", {t}/" for t in targets)
-        click.echo(f"wrote {out_dir}: plan.json, report.md{folders} (search {wall:.2f} s)", err=True)
+        click.echo(f"wrote {out_dir}: plan.json, report.md, {MEMORY_PNG}, {TIME_PNG}{folders} "
+                   f"(search {wall:.2f} s)", err=True)
 
 
 _SCHEMAS = {

@@ -2,7 +2,7 @@
 
 Called by `compile` when the model's family is recsys; writes plan.json (the
 embedding plan), sharding_plan.json (TorchRec-style ParameterSharding per
-table), report.md and, for the torch target, a torchrun launch of the DLRM
+table), report.md with ranks.png and, for the torch target, a torchrun launch of the DLRM
 runtime.
 """
 
@@ -21,6 +21,7 @@ from planner.emit.dlrm import emit_dlrm_torch
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.output import write_outputs
+from planner.report_plots import RANKS_PNG, ranks_png
 
 
 def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,
@@ -45,7 +46,7 @@ def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: flo
     if out_dir is None:
         return
     files = {"plan.json": to_json(plan), "sharding_plan.json": to_json(plan.sharding),
-             "report.md": render_embedding_report(plan)}
+             "report.md": render_embedding_report(plan, plots=True), RANKS_PNG: ranks_png(plan)}
     written = []
     for target in targets:
         if target == "torch":
@@ -56,4 +57,5 @@ def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: flo
                        "recommendation models (torch does)", err=True)
     write_outputs(out_dir, files, force=force)
     folders = "".join(f", {t}/" for t in written)
-    click.echo(f"wrote {out_dir}: plan.json, sharding_plan.json, report.md{folders} (search {wall:.2f} s)", err=True)
+    click.echo(f"wrote {out_dir}: plan.json, sharding_plan.json, report.md, {RANKS_PNG}{folders} "
+               f"(search {wall:.2f} s)", err=True)

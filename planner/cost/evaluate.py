@@ -3,13 +3,15 @@
 The step is composed per pipeline stage from per-layer tables (compute.py,
 comm.py, memory.py), so the integer program can be built from the same
 functions (`stage_cost`) and every solved plan re-checked by `evaluate`.
+Each stage is costed under its own placement (`Strategy.for_stage`).
 
 Pipeline time (Narayanan et al. 2021): with per-micro-batch stage times t_i,
 m micro-batches and v interleaved chunks,
     T = m * max_i t_i + (sum_i t_i - max_i t_i) / v
-which is DESIGN.md's (m-1) max t + sum t for v = 1.  After the flush, the
-data-parallel sync not hidden behind the last backward, the optimizer step
-and offload transfers follow.
+which is DESIGN.md's (m-1) max t + sum t for v = 1.  After the flush come
+the data-parallel syncs not hidden behind the last backward, a barrier (the
+global gradient norm of clipping), and each stage's own update: the
+optimizer step and offload transfers of its placement; the slowest ends it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def micro_batches(job: Job, strategy: Strategy) -> int:
 
 
 def stage_cost(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Catalog) -> StageCost:
-    """Everything one stage costs under a resolved strategy."""
+    """Everything one stage costs under a resolved strategy (with the stage's own placement)."""
+    strategy = strategy.for_stage(stage.index)
     groups = stage_groups(job, strategy, stage.site)
     modes = [(layer, strategy.layer_recompute(layer.block, stage.index, stage.blocks)) for layer in stage.layers]
     sums = sum_layers(modes, job, strategy, stage.site, groups, catalog)
@@ -92,10 +95,12 @@ def evaluate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Es
     bottleneck = costs[slowest]
     bubble = (sum(times) - times[slowest]) / s.vpp
     pipeline = m * times[slowest] + bubble
+    # after the flush: the data-parallel syncs, then a barrier (the global gradient norm for clipping,
+    # Megatron-LM and torchtitan), then every stage updates its own parameters; the last update ends the step
     dp_end = max(c.dp_exposed_end for c in costs)
-    optimizer = max(c.optimizer for c in costs)
-    offload = max(c.offload for c in costs)
-    step = pipeline + dp_end + optimizer + offload
+    last = max(range(len(costs)), key=lambda i: costs[i].update)
+    optimizer, offload = costs[last].optimizer, costs[last].offload
+    step = pipeline + dp_end + costs[last].update
 
     n = s.tp * s.cp * s.dp * s.pp
     tokens = job.tokens_per_step

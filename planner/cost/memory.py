@@ -60,9 +60,14 @@ class StageMemory:
         return self.total <= self.capacity
 
     @property
+    def fits_host(self) -> bool:
+        """Whether the rank's share of host DRAM and NVMe holds what is placed there."""
+        return self.host_offload <= self.host_capacity and self.nvme_offload <= self.nvme_capacity
+
+    @property
     def fits(self) -> bool:
         """Whether HBM, and the rank's share of host DRAM and NVMe, all hold what is placed there."""
-        return self.fits_hbm and self.host_offload <= self.host_capacity and self.nvme_offload <= self.nvme_capacity
+        return self.fits_hbm and self.fits_host
 
 
 def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:

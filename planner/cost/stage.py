@@ -112,13 +112,18 @@ class StageCost:
     memory: StageMemory
 
     @property
+    def update(self) -> float:
+        """Seconds of the stage's parameter update after the step's barrier: optimizer step and offload."""
+        return self.optimizer + self.offload
+
+    @property
     def microbatch(self) -> float:
         """Critical-path seconds of one micro-batch on this stage."""
         s = self.sums
         return s.compute + s.recompute + s.tp + s.cp + s.ep + self.pp + self.dp_exposed_microbatch
 
 
-def _host_rate(site: StageSite, catalog: Catalog) -> float:
+def host_rate(site: StageSite, catalog: Catalog) -> float:
     """Achieved host-to-GPU bytes/s of one GPU while every GPU of its node streams (they share the host links)."""
     node = site.node
     return node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
@@ -130,7 +135,7 @@ def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: St
     if not strategy.offloads_optimizer:
         return 0.0
     node = site.node
-    pcie = _host_rate(site, catalog)
+    pcie = host_rate(site, catalog)
     owned = strategy.offload_ratio * memory.params / (shard if strategy.zero >= 1 else 1)
     transfer = owned * (grad_reduce_bytes(job) + WEIGHT_BYTES) / pcie
     cpu_adam = owned * node.gpus_per_node / catalog.constant("cpu_adam_params_per_second")
@@ -141,14 +146,14 @@ def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: St
     return transfer + cpu_adam + swap
 
 
-def _param_fetch_seconds(memory: StageMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
+def param_fetch_seconds(memory: StageMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
     """Seconds per micro-batch to bring offloaded weight shards to the GPU (forward and backward)."""
     if not strategy.offloads_params:
         return 0.0
     shard_bytes = memory.params * WEIGHT_BYTES / max(1, strategy.dp)
     node = site.node
     if strategy.offload_device == "cpu":
-        rate = _host_rate(site, catalog)
+        rate = host_rate(site, catalog)
     else:
         rate = node.nvme_bandwidth * catalog.constant("nvme_efficiency") / node.gpus_per_node
     return 2.0 * shard_bytes / rate
@@ -167,8 +172,8 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     backward = sums.compute - sums.forward
     memory = stage_memory(job, strategy, site, sums, micro_batches, catalog)
     dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog,
-                            _host_rate(site, catalog) if strategy.regather == "host" else 0.0)
-    fetch = _param_fetch_seconds(memory, site, strategy, catalog)
+                            host_rate(site, catalog) if strategy.regather == "host" else 0.0)
+    fetch = param_fetch_seconds(memory, site, strategy, catalog)
     dp_micro = 0.0
     if dp.per_microbatch_forward or dp.per_microbatch_backward or fetch:
         dp_micro = (

@@ -6,6 +6,7 @@ from collections import Counter
 
 from planner.embedding.plan_doc import EmbeddingPlan
 from planner.report import md_table
+from planner.report_plots import RANKS_PNG
 
 GB = 1e9
 _TERMS = [("lookup_s", "embedding lookups (slowest rank)"), ("all_to_all_s", "all-to-all (slowest side)"),
@@ -51,8 +52,8 @@ def summary(plan: EmbeddingPlan, wall_s: float) -> str:
     return "\n".join(lines)
 
 
-def render_embedding_report(plan: EmbeddingPlan) -> str:
-    """report.md: the plan for a person."""
+def render_embedding_report(plan: EmbeddingPlan, plots: bool = False) -> str:
+    """report.md: the plan for a person; `plots`: link ranks.png (planner.report_plots), written beside it."""
     e, job = plan.estimate, plan.job
     lines = [f"# {job.model} on {job.cluster}", "", summary(plan, 0.0).split("\n")[1], ""]
     rows = [[label, f"{getattr(e.breakdown, key) * 1e3:.3f}", f"{100 * getattr(e.breakdown, key) / e.step_time_s:.1f}%"]
@@ -71,6 +72,8 @@ def render_embedding_report(plan: EmbeddingPlan) -> str:
                   f"{r.receive_s * 1e3:.3f}", f"{r.hbm_bytes / GB:.1f} / {r.hbm_capacity / GB:.0f}"] for r in busiest]
     lines += ["## Busiest ranks", "", md_table(["rank", "node", "units", "lookup ms", "send ms", "receive ms",
                                                  "HBM GB / capacity"], rank_rows, right=(0, 1, 2, 3, 4, 5)), ""]
+    if plots:
+        lines += [f"![memory and work per rank]({RANKS_PNG})", ""]
     host = max(e.nodes, key=lambda n: (n.host_bytes, -n.node))
     lines += [f"Host DRAM: node {host.node} holds the most cached-table bytes, {host.host_bytes / GB:.1f} GB of "
               f"{host.host_capacity / GB:.0f} GB usable.", ""]

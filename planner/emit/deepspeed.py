@@ -39,7 +39,7 @@ def _json(data: dict) -> str:
 
 # `--target deepspeed` keeps the search off what the PipelineEngine refuses (ZeRO-2/3) or cannot run
 # (interleaved chunks).
-SPACE_LIMITS = {"allow_zero_with_pp": False, "max_vpp": 1}
+SPACE_LIMITS = {"allow_zero_with_pp": False, "max_vpp": 1, "stage_placement": False}
 
 
 class _Decisions:

@@ -28,6 +28,9 @@ from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan import Plan
 
+# Megatron applies one offload setting (--optimizer-cpu-offload, --optimizer-offload-fraction) to every rank.
+SPACE_LIMITS = {"stage_placement": False}
+
 MEGATRON_VERSION = "Megatron-LM core_r0.12 (megatron/training/arguments.py)"
 
 

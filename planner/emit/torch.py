@@ -27,6 +27,7 @@ from planner.emit import UnsupportedPlan
 from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan import Plan
+from planner.strategy import placement_of
 
 # `--target torch` searches only what the runtime runs: FSDP2 offloads to CPU, never NVMe.
 SPACE_LIMITS = {"offload_devices": ("cpu",), "offload_ratios": ()}  # FSDP2 offloads all of a module or none
@@ -52,13 +53,15 @@ def strategy_problem(strategy: dict) -> str | None:
         return f"ep={strategy['ep']}: not supported by the planner torch runtime (its reference model is dense)"
     if strategy.get("schedule", "1f1b") not in ("1f1b", "gpipe", "interleaved"):
         return f"schedule={strategy['schedule']}: not supported by the planner torch runtime"
-    if strategy.get("offload_ratio", 1.0) < 1.0:
-        return (f"offload_ratio={strategy['offload_ratio']:g}: FSDP2 offloads a module's optimizer states whole, "
-                "not a share")
-    if strategy.get("regather") == "host":
-        return "regather=host: the planner torch runtime has no host-memory parameter cache (FCDP)"
-    if strategy.get("offload", "none") != "none" and strategy.get("offload_device") == "nvme":
-        return "offload_device=nvme: not supported by the planner torch runtime (FSDP2 offloads to cpu only)"
+    for stage in range(strategy.get("pp", 1)):  # each stage applies its own placement
+        place = placement_of(strategy, stage)
+        if place["offload_ratio"] < 1.0:
+            return (f"offload_ratio={place['offload_ratio']:g}: FSDP2 offloads a module's optimizer states whole, "
+                    "not a share")
+        if place["regather"] == "host":
+            return "regather=host: the planner torch runtime has no host-memory parameter cache (FCDP)"
+        if place["offload"] != "none" and place["offload_device"] == "nvme":
+            return "offload_device=nvme: not supported by the planner torch runtime (FSDP2 offloads to cpu only)"
     return None
 
 

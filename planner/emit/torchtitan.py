@@ -50,7 +50,7 @@ FLAVORS = {
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 # training.enable_cpu_offload moves parameters, gradients and optimizer states together: no partial share
-SPACE_LIMITS = {"offload_ratios": ()}
+SPACE_LIMITS = {"offload_ratios": (), "stage_placement": False}
 
 
 def _value(value: Any) -> str:

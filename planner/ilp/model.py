@@ -9,12 +9,15 @@ family), objective, then reading the solution.  Tables come from
     pool_is[s, p] 1 if stage s runs on pool p
     pool[s]       pool of stage s (mixed clusters; any order: the pipeline's ends hold the most
                   in flight and the embedding/head, so which pool sits where matters)
-    option[s]     index of stage s's row in its flattened table (content x pool)
+    option[s]     index of stage s's row in its flattened table (content x pool x placement)
     time[s]       critical-path nanoseconds of one micro-batch on stage s
+    dp_end[s]     stage s's step-end data-parallel sync not hidden (nanoseconds)
+    update[s]     stage s's optimizer step + offload nanoseconds after the barrier (its placement decides)
+    variant[s]    placement of stage s (only built when every stage must take the same one)
     bottleneck    max_s time[s]
 
 Step time (x v to stay integral), the pipeline formula of `evaluate`:
-    v * m * bottleneck + (sum_s time[s] - bottleneck) + v * (max dp_end + max optimizer + max offload)
+    v * m * bottleneck + (sum_s time[s] - bottleneck) + v * (max_s dp_end[s] + max_s update[s])
 Objective: the step time, or for --objective cost the step time (microseconds) times the
 price rate of the pools the stages occupy.
 """
@@ -32,7 +35,7 @@ _BIG = 1 << 50  # table filler for contents that are not allowed (their index is
 
 @dataclass
 class StageRows:
-    """Flattened table of one stage: row r = (content, pool)."""
+    """Flattened table of one stage: row r = (content, pool, placement)."""
 
     rows: list[tuple[tuple[int, ...], int, StageOption]]  # (counts, pool index, option)
 
@@ -58,7 +61,7 @@ def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
     rows = []
     for pool_index, options in enumerate(tables.options[stage]):
         for counts in sorted(options):
-            rows.append((counts, pool_index, options[counts]))
+            rows.extend((counts, pool_index, option) for option in options[counts])
     return StageRows(rows=rows)
 
 
@@ -164,6 +167,13 @@ def add_time_envelopes(model: cp_model.CpModel, tables: ConfigTables, rows: list
             model.add((x2 - x1) * time[s] >= (x2 - x1) * y1 + (y2 - y1) * (blocks - x1))
 
 
+def add_uniform_placement(model: cp_model.CpModel, rows: list[StageRows], option: list) -> None:
+    """Every stage takes the same placement (SpaceOptions.stage_placement off)."""
+    variants = add_stage_costs(model, rows, option, "variant")
+    for var in variants[1:]:
+        model.add(var == variants[0])
+
+
 def add_max(model: cp_model.CpModel, values: list, name: str) -> cp_model.IntVar:
     """max over stages (the bottleneck stage, or the slowest step-end term)."""
     top = model.new_int_var(0, max(list(v.proto.domain)[-1] for v in values), name)
@@ -190,11 +200,12 @@ def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: d
 
 
 def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None,
-                  mixed_cluster: bool = False, cutoff_ns: int | None = None) -> Program:
+                  mixed_cluster: bool = False, cutoff_ns: int | None = None, uniform_placement: bool = False
+                  ) -> Program:
     """The CP-SAT model of `tables`: minimise step time, or with `prices` (per pool, 1e-4 USD per
     GPU-hour) the cost per step.  `cutoff_ns`: only plans with a step time at most this (the
     incumbent's), so a configuration that cannot beat it ends INFEASIBLE, usually long before
-    its own optimum would be proved."""
+    its own optimum would be proved.  `uniform_placement`: one placement for every stage."""
     model = cp_model.CpModel()
     rows = [_stage_rows(tables, s) for s in range(tables.strategy.pp)]
 
@@ -203,12 +214,14 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
     option, pool, pool_is = add_stage_choice(model, tables, rows, count)
     if len(tables.pools) > 1:
         add_pool_capacity(model, tables, pool_is)
+    if uniform_placement and len(tables.variants) > 1:
+        add_uniform_placement(model, rows, option)
 
     # stage costs from the tables
     time = add_stage_costs(model, rows, option, "time")
     add_time_envelopes(model, tables, rows, count, time)
     tails = [add_max(model, add_stage_costs(model, rows, option, column), f"max_{column}")
-             for column in ("dp_end", "optimizer", "offload")]
+             for column in ("dp_end", "update")]
     bottleneck = add_max(model, time, "bottleneck")
 
     # step time: the pipeline formula, scaled by v to stay integral

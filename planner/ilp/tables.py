@@ -16,7 +16,6 @@ choice (no symmetric per-block variables).
 from __future__ import annotations
 
 import bisect
-import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -24,11 +23,12 @@ from hardware import Catalog, Pool
 from models.graph import Layer, ModelGraph
 from planner.cost.layout import StageGroups, StageSite, make_site, stage_groups
 from planner.cost.comm import p2p_seconds
+from planner.cost.memory import StageMemory, stage_memory
 from planner.cost.stage import StageCost, StageSums, compose_stage, sum_layers
+from planner.ilp.bounds import NS, slots_limit, smallest_sufficient
 from planner.job import Job
 from planner.strategy import Strategy
 
-NS = 1e9  # table units: nanoseconds (integer scaling lives only in the program builder)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def fixed_layers(model: ModelGraph) -> tuple[tuple[Layer, ...], tuple[Layer, ...
 
 @dataclass(frozen=True)
 class StageOption:
-    """One feasible content of a stage on a pool, with its costs in integer nanoseconds."""
+    """One feasible content and placement of a stage on a pool, with its costs in integer nanoseconds."""
 
     counts: tuple[int, ...]  # blocks per segment
     recompute: int  # blocks fully recomputed (per chunk when vpp > 1), from the start of the stage
@@ -86,7 +86,24 @@ class StageOption:
     dp_end: int  # step-end data-parallel sync not hidden
     optimizer: int
     offload: int
+    update: int  # optimizer + offload: the stage's update after the step's barrier
     cost: StageCost  # the full cost, for reports
+    variant: int = 0  # index of the stage's placement in ConfigTables.variants
+
+
+def pareto(options: list[StageOption]) -> tuple[StageOption, ...]:
+    """The options no other beats on the micro-batch time, the step-end sync and the update (placements of
+    one content)."""
+    kept: list[StageOption] = []
+    for option in sorted(options, key=lambda o: (o.time, o.dp_end, o.update, o.variant)):
+        if not any(k.dp_end <= option.dp_end and k.update <= option.update for k in kept):
+            kept.append(option)
+    return tuple(kept)
+
+
+def variants_key(variants: tuple[dict, ...]) -> tuple:
+    """A hashable form of placement variants (cache keys)."""
+    return tuple(tuple(sorted(v.items())) for v in variants)
 
 
 @dataclass
@@ -97,8 +114,9 @@ class ConfigTables:
     micro_batches: int
     segments: list[Segment]
     pools: list[Pool]
-    # options[s][pool index] maps stage content -> option
-    options: list[list[dict[tuple[int, ...], StageOption]]]
+    # options[s][pool index] maps stage content -> its Pareto-optimal placements
+    options: list[list[dict[tuple[int, ...], tuple[StageOption, ...]]]]
+    variants: tuple[dict, ...] = ({},)  # placements a stage may take (planner.space.placement_variants)
 
     @property
     def blocks(self) -> int:
@@ -200,13 +218,13 @@ class TableBuilder:
         return (m - 1 / v) * lo + self._sum_term(strategy, pools) / v
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
-                      enough: float = float("inf")) -> float:
+                      enough: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> float:
         """A memory-aware bound (inf when the blocks cannot be placed at all).
 
         For each pool, time[n] is the fastest a stage of n blocks can run there:
-        the fewest recomputed blocks its HBM allows, at the pipeline position
-        with the least in flight, without embedding or head (each only makes a
-        stage slower).  The bottleneck is at least the smallest T at which the
+        the fewest recomputed blocks its HBM allows (under its best placement),
+        at the pipeline position with the least in flight, without embedding or
+        head (each only makes a stage slower).  The bottleneck is at least the smallest T at which the
         pp best stage slots hold all B blocks within T each.
 
         `enough`: a value that settles the question (the incumbent).  Profiles
@@ -219,12 +237,12 @@ class TableBuilder:
         blocks = sum(seg.size for seg in self.segments)
         if len(pools) == 1:
             # one pool: some stage holds at least ceil(B / pp) blocks
-            fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p)) if blocks else 0.0
+            fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p), variants) if blocks else 0.0
             return (m - 1 / v) * fastest + self._sum_term(strategy, pools) / v
         sum_term = self._sum_term(strategy, pools) / v
         # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
         cap = (enough - sum_term) / (m - 1 / v) if enough < float("inf") and m * v > 1 else float("inf")
-        profiles = [(self._slot_profile(strategy, pool, m, cap), pool.gpus // ranks) for pool in pools]
+        profiles = [(self._slot_profile(strategy, pool, m, cap, variants), pool.gpus // ranks) for pool in pools]
 
         def held(limit: float) -> int:
             fits = sorted(((bisect.bisect_right(times, limit), slots) for times, slots in profiles), reverse=True)
@@ -242,21 +260,24 @@ class TableBuilder:
             return enough
         return (m - 1 / v) * limit + sum_term
 
-    def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int) -> float:
+    def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int,
+                     variants: tuple[dict, ...]) -> float:
         """Fastest seconds per micro-batch of any stage of `blocks` blocks on `pool` (inf if none fits)."""
         site = self.site(strategy.pp - 1, (pool,))
         bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
                        for seg in self.segments)
-        options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"), with_fixed=False)
-                   for counts in stage_contents(bounds, blocks)]
-        return min((o.cost.microbatch for o in options if o is not None), default=float("inf"))
+        options = [o for counts in stage_contents(bounds, blocks)
+                   for o in self.placed_options(strategy.pp - 1, counts, strategy, variants, site, micro_batches,
+                                                float("inf"), with_fixed=False)]
+        return min((o.cost.microbatch for o in options), default=float("inf"))
 
     def _slot_profile(self, strategy: Strategy, pool: Pool, micro_batches: int,
-                      cap: float = float("inf")) -> list[float]:
+                      cap: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> list[float]:
         """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound),
         for every n whose time is at most `cap`."""
         key = ("profile", strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.mbs, strategy.zero,
-               strategy.shard, strategy.regather, strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
+               strategy.shard, strategy.regather, strategy.offload, strategy.offload_device, strategy.offload_ratio,
+               variants_key(variants), strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
                strategy.pp if strategy.vpp > 1 else strategy.pp > 1, strategy.recompute, micro_batches, pool.name)
         cached = self._work_cache.get(key)
         if cached is not None and cached[1] >= cap:
@@ -269,13 +290,13 @@ class TableBuilder:
         floor = 0
         complete = float("inf")  # the profile holds every n (it stopped where nothing fits)
         for n in range(1, bounds[-1][1] + 1):
-            options = [self.option(strategy.pp - 1, counts, strategy, site, micro_batches, float("inf"),
-                                   with_fixed=False, min_recompute=floor) for counts in stage_contents(bounds, n)]
-            fits = [o for o in options if o is not None]
+            fits = [o for counts in stage_contents(bounds, n)
+                    for o in self.placed_options(strategy.pp - 1, counts, strategy, variants, site, micro_batches,
+                                                 float("inf"), with_fixed=False, min_recompute=floor, prune=False)]
             if not fits:
                 break  # n blocks do not fit even fully recomputed; more never will
             if len(bounds) == 1:
-                floor = fits[0].recompute
+                floor = min(o.recompute for o in fits)  # the least any placement needs
             times.append(max(min(o.cost.microbatch for o in fits), times[-1] if times else 0.0))
             if times[-1] > cap:
                 complete = cap  # longer stages are slower still: the rest cannot be within the cap
@@ -332,43 +353,77 @@ class TableBuilder:
                 total = total + self.block_sums(k, strategy.recompute, strategy, site).times(count - full)
         return total
 
-    def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
-               micro_batches: int, time_cap: float, with_fixed: bool = True,
-               min_recompute: int = 0) -> StageOption | None:
-        """The cheapest feasible recompute for this content, or None (does not fit, or slower than time_cap).
+    def placed_options(self, stage: int, counts: tuple[int, ...], config: Strategy, variants: tuple[dict, ...],
+                       site: StageSite, micro_batches: int, time_cap: float, with_fixed: bool = True,
+                       min_recompute: int = 0, prune: bool = True) -> tuple[StageOption, ...]:
+        """The content's option under each placement variant that fits, Pareto-pruned unless `prune` is off."""
+        found = []
+        fewest: dict[tuple, int | None] = {}  # by the placement's HBM-relevant keys (the FCDP cache is host-only)
+        for index, variant in enumerate(variants):
+            strategy = config.model_copy(update=variant) if variant else config
+            hbm_key = tuple(sorted((k, v) for k, v in variant.items() if k != "regather"))
+            if hbm_key not in fewest:
+                fewest[hbm_key] = self.fewest_recompute(stage, counts, strategy, site, micro_batches, with_fixed,
+                                                        min_recompute)
+            recompute = fewest[hbm_key]
+            if recompute is None:
+                continue  # does not fit (the cache only adds host bytes: neither does its variant)
+            option = self.option(stage, counts, strategy, site, micro_batches, time_cap, with_fixed,
+                                 variant=index, recompute=recompute)
+            if option is not None:
+                found.append(option)
+        return pareto(found) if prune else tuple(found)
 
-        min_recompute: a known lower bound on the fewest recomputed blocks that fit (e.g. what a
-        stage of one block fewer of the same kind needed), where the search starts."""
-        groups = self.groups(strategy, site)
-        blocks = sum(counts)
-        chunk = blocks // strategy.vpp
+    def fewest_recompute(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
+                         micro_batches: int, with_fixed: bool = True, min_recompute: int = 0) -> int | None:
+        """The fewest fully recomputed blocks (per chunk) with which the stage fits, or None.
+
+        Only memory is evaluated: the host tiers do not depend on recomputation, HBM falls as more
+        blocks recompute (bisection).  min_recompute: a known lower bound (e.g. what a stage of one
+        block fewer of the same kind needed), where the search starts."""
+        chunk = sum(counts) // strategy.vpp
         can_recompute = strategy.recompute == "none"
 
-        def cost_at(r: int) -> StageCost:
+        def memory_at(r: int) -> StageMemory:
             sums = self.stage_sums(stage, counts, r, strategy, site, with_fixed)
-            return compose_stage(self.job, strategy, site, groups, sums, micro_batches, self.catalog)
+            return stage_memory(self.job, strategy, site, sums, micro_batches, self.catalog)
 
         recompute = min(min_recompute, chunk) if can_recompute else 0
-        cost = cost_at(recompute)
-        if not cost.memory.fits:
-            if not can_recompute or chunk == 0:
-                return None
-            # memory falls as more blocks recompute: the fewest that fit, by bisection
-            if not cost_at(chunk).memory.fits:
-                return None
-            lo, hi = recompute + 1, chunk
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if cost_at(mid).memory.fits:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            recompute, cost = lo, cost_at(lo)
-        if cost.microbatch > time_cap:
+        memory = memory_at(recompute)
+        if not memory.fits_host:
+            return None  # host DRAM or NVMe: no recomputation helps
+        if memory.fits_hbm:
+            return recompute
+        if not can_recompute or chunk == 0 or not memory_at(chunk).fits_hbm:
             return None
-        return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS),
-                           dp_end=round(cost.dp_exposed_end * NS), optimizer=round(cost.optimizer * NS),
-                           offload=round(cost.offload * NS), cost=cost)
+        lo, hi = recompute + 1, chunk
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if memory_at(mid).fits_hbm:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
+               micro_batches: int, time_cap: float, with_fixed: bool = True,
+               min_recompute: int = 0, variant: int = 0, recompute: int | None = None) -> StageOption | None:
+        """The stage at its fewest feasible recompute (`recompute` when known), or None (does not fit,
+        or slower than time_cap)."""
+        if recompute is None:
+            recompute = self.fewest_recompute(stage, counts, strategy, site, micro_batches, with_fixed,
+                                              min_recompute)
+            if recompute is None:
+                return None
+        sums = self.stage_sums(stage, counts, recompute, strategy, site, with_fixed)
+        cost = compose_stage(self.job, strategy, site, self.groups(strategy, site), sums, micro_batches,
+                             self.catalog)
+        if not cost.memory.fits or cost.microbatch > time_cap:
+            return None
+        dp_end, optimizer, offload = (round(x * NS) for x in (cost.dp_exposed_end, cost.optimizer, cost.offload))
+        return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS), dp_end=dp_end,
+                           optimizer=optimizer, offload=offload, update=optimizer + offload, cost=cost,
+                           variant=variant)
 
 
 def _busy(sums: StageSums) -> float:
@@ -394,8 +449,11 @@ def stage_pools_for(job: Job, strategy: Strategy) -> list[Pool]:
     return [pool for pool in job.cluster.pools if pool.gpus >= ranks]
 
 
-def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, time_cap: float) -> ConfigTables | None:
-    """Every stage's feasible options no slower than `time_cap` seconds per micro-batch.
+def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, time_cap: float,
+                 variants: tuple[dict, ...] = ({},), prune: bool = True) -> ConfigTables | None:
+    """Every stage's feasible options, under each placement variant, no slower than `time_cap` seconds
+    per micro-batch.  `prune`: keep only each content's Pareto-optimal placements (off when every stage
+    must take the same placement: one stage's dominated placement may be the only one all share).
 
     Stage lengths grow until every content of a length is over the time cap or
     cannot fit even fully recomputed (both only get worse with more blocks).
@@ -415,18 +473,19 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
         lengths = [blocks // pp]  # interleaved chunks stay even
     else:
         lengths = list(range(1, blocks - pp + 2))
-    options: list[list[dict[tuple[int, ...], StageOption]]] = []
+    options: list[list[dict[tuple[int, ...], tuple[StageOption, ...]]]] = []
     for stage in range(pp):
         per_pool = []
         for pool in pools:
             site = builder.site(stage, (pool,))
-            found: dict[tuple[int, ...], StageOption] = {}
+            found: dict[tuple[int, ...], tuple[StageOption, ...]] = {}
             for length in lengths:
                 fresh = 0
                 for counts in (stage_contents(bounds, length) if segments else [()]):
-                    option = builder.option(stage, counts, strategy, site, micro_batches, time_cap)
-                    if option is not None:
-                        found[counts] = option
+                    placed = builder.placed_options(stage, counts, strategy, variants, site, micro_batches, time_cap,
+                                                    prune=prune)
+                    if placed:
+                        found[counts] = placed
                         fresh += 1
                 if fresh == 0:
                     break  # a longer stage is slower and needs more memory still
@@ -435,78 +494,4 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
             return None
         options.append(per_pool)
     return ConfigTables(strategy=strategy, micro_batches=micro_batches, segments=segments, pools=pools,
-                        options=options)
-
-
-def bottleneck_bound(tables: ConfigTables) -> float:
-    """Seconds no split in these tables beats: the smallest T such that the stages, each holding
-    the most blocks it can within T (any pool), hold every block; then the pipeline formula with
-    each stage at its fastest entry for the sum."""
-    strategy = tables.strategy
-    v, m = strategy.vpp, tables.micro_batches
-    entries = []  # per stage: (time, blocks) pairs
-    for per_pool in tables.options:
-        entries.append(sorted((o.time, sum(c)) for options in per_pool for c, o in options.items()))
-    blocks = tables.blocks
-
-    def held(limit: int) -> int:
-        return sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)
-
-    limit = smallest_sufficient(sorted({t for stage in entries for t, _ in stage}), held, blocks)
-    fastest = sum(stage[0][0] for stage in entries)
-    return ((m - 1 / v) * limit + fastest / v) / NS
-
-
-def slots_limit(pools: list[tuple[float, float, int]], stages: int, need: float) -> float:
-    """Smallest T at which `stages` stage slots hold `need` blocks within T seconds each.
-
-    A slot of pool (w, c, k) holds max(0, (T - c) / w) blocks and the pool has k slots.  The best
-    slots at T are taken greedily by that gain, so capacity(T) is the largest, over the orders of
-    the pools, of filling the slots in that order: T = min over orders of the T solving that
-    order's piecewise-linear equation (exact; bisection beyond 6 pools).
-    """
-    if len(pools) > 6:
-        def capacity(limit: float) -> float:
-            left, held = stages, 0.0
-            for gain, slots in sorted((((limit - c) / w, k) for w, c, k in pools), reverse=True):
-                take = min(left, slots)
-                held += take * max(0.0, gain)
-                left -= take
-            return held
-
-        lo, hi = 0.0, max(need * w + c for w, c, _ in pools)
-        for _ in range(48):  # lo stays a valid bound at any precision
-            mid = (lo + hi) / 2
-            lo, hi = (lo, mid) if capacity(mid) >= need else (mid, hi)
-        return lo
-    best = float("inf")
-    for order in itertools.permutations(range(len(pools))):
-        left, rates = stages, []
-        for i in order:
-            w, c, k = pools[i]
-            take = min(left, k)
-            if take:
-                rates.append((c, take / w))
-            left -= take
-        rates.sort()
-        slope = offset = 0.0  # held(T) = slope * T - offset between consecutive transfer costs
-        for j, (c, rate) in enumerate(rates):
-            slope, offset = slope + rate, offset + rate * c
-            limit = (need + offset) / slope
-            if j + 1 == len(rates) or limit <= rates[j + 1][0]:
-                best = min(best, limit)
-                break
-    return best
-
-
-def smallest_sufficient(candidates: list, held, need: int) -> float:
-    """The smallest candidate time limit at which `held(limit)` blocks reach `need` (inf if none),
-    by bisection: held only grows with the limit."""
-    lo, hi = 0, len(candidates)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if held(candidates[mid]) >= need:
-            hi = mid
-        else:
-            lo = mid + 1
-    return candidates[lo] if lo < len(candidates) else float("inf")
+                        options=options, variants=variants)

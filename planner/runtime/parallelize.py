@@ -52,6 +52,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.emit.torch import strategy_problem
 from planner.plan import Plan
+from planner.strategy import placement_of
 from planner.runtime.model import Transformer
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -309,7 +310,8 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
             apply_ac(chunk, blocks=recompute_per_chunk)
         # (5) data parallel: FSDP2 over dp_shard x cp for zero >= 1 (HSDP with shard=node).
         if dp_mesh is not None:
-            offload = s.get("offload", "none") != "none" and device.type == "cuda"
+            # this stage's own placement (stages may differ: plan.json's stage_offload)
+            offload = placement_of(s, stage_index)["offload"] != "none" and device.type == "cuda"
             apply_fsdp(chunk, dp_mesh=dp_mesh, reshard_after_forward=s["zero"] == 3, offload=offload)
     if s["pp"] > 1:
         out.stages, out.schedule = build_schedule(chunks, plan, stage_index=stage_index, pp_mesh=mesh["pp"],

@@ -1,0 +1,63 @@
+"""HBM over time per stage: model states plus the activations of the micro-batches in flight.
+
+A chunk's forward saves its units' activations from its first unit's start;
+its backward frees them at its end, and with full recompute re-materialises
+the largest unit's working set while it runs (planner.cost.memory's terms,
+Korthikanti et al. 2022).  Reserve and fragmentation scale as in
+`stage_memory`: reserve + (1 + fragmentation) * allocated bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.simulate.simulator import SimulationRun
+
+
+@dataclass(frozen=True)
+class MemoryCurve:
+    """Bytes of one GPU of a stage, a step function: bytes[k] holds from times[k] to times[k + 1]."""
+
+    stage: int
+    times: list[float]
+    bytes: list[float]
+    capacity: float
+    analytic_peak: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.bytes)
+
+
+def memory_curves(sim: SimulationRun) -> list[MemoryCurve]:
+    """One curve per stage over the simulated step."""
+    tl = sim.timeline
+    deltas: dict[int, list[tuple[float, float]]] = {w.index: [] for w in sim.works}
+    for record in sim.ops:
+        work = sim.works[record.stage]
+        units = work.chunks[record.op.chunk]
+        kept = sum(u.kept_bytes for u in units)
+        events = deltas[record.stage]
+        if record.op.phase == "F":
+            events.append((tl.start[record.first], kept))
+        else:
+            working = max((u.working_bytes for u in units), default=0.0)
+            events += [(tl.start[record.first], working), (tl.end[record.last], -kept - working)]
+    curves = []
+    for work in sim.works:
+        static = work.static_bytes
+        times, values, live = [0.0], [static], 0.0
+        # frees before allocations at the same instant: a backward ending as the next forward starts
+        for time, delta in sorted(deltas[work.index], key=lambda e: (e[0], e[1])):
+            live += delta
+            if time == times[-1]:
+                values[-1] = static + live
+            else:
+                times.append(time)
+                values.append(static + live)
+        times.append(sim.step_time)
+        values.append(static + live)  # the step's end: what is still held (nothing, when every backward freed)
+        scale = 1.0 + sim.fragmentation
+        curves.append(MemoryCurve(stage=work.index, times=times, bytes=[sim.reserve_bytes + scale * v for v in values],
+                                  capacity=work.capacity, analytic_peak=work.cost.memory.total))
+    return curves

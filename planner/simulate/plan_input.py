@@ -1,0 +1,118 @@
+"""Rebuild the job(s) and strategies of a plan.json, and simulate them.
+
+A plan names its model and cluster (`plan.job`): zoo names and PRESET:NODES
+load as they are; a model or cluster that came from a file is only named, so
+the caller passes the file (`--model`, `--cluster`), and it is checked
+against the plan (parameters, GPUs).  Replica-group plans simulate every
+group on its pool and add the cross-group sync (planner.cost.groups).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hardware import Catalog, HardwareInputError, load_catalog, load_cluster
+from models import ModelInputError, load_model
+from planner.cost.groups import group_job, sync_seconds
+from planner.errors import PlannerInputError
+from planner.job import Job
+from planner.plan import Plan
+from planner.simulate.result import TOLERANCE, SimulationResult, summarize
+from planner.simulate.simulator import SimulationRun, simulate
+from planner.strategy import Strategy
+
+EMBEDDING_SCHEMA = "planner.embedding-plan/1"
+
+
+class GroupSimulation(BaseModel):
+    """One simulated strategy of a plan: the whole plan, or one replica group."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pool: str | None = Field(description="The replica group's pool (None for a single-strategy plan).")
+    batch: int = Field(description="Sequences per step this strategy trains on.")
+    result: SimulationResult = Field(description="The simulated step against evaluate().")
+
+
+class PlanSimulation(BaseModel):
+    """A plan's simulated step against the step time it records."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    simulated_step_s: float = Field(description="Slowest simulated group's step plus the cross-group sync, seconds.")
+    analytic_step_s: float = Field(description="The plan's recorded step time (plan.time.step_time_s), seconds.")
+    difference: float = Field(description="(simulated - analytic) / analytic.")
+    agrees: bool = Field(description=f"|difference| <= {TOLERANCE:.0%}.")
+    sync_s: float = Field(description="Cross-group gradient all-reduce after the groups' steps (0: one strategy).")
+    groups: list[GroupSimulation] = Field(description="Each simulated strategy (one for a single-strategy plan).")
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan in `path`, or one line naming the file and what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlannerInputError(f"{path}: no such plan file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise PlannerInputError(f"{path}: cannot read the plan ({err.__class__.__name__})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PlannerInputError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+    if isinstance(data, dict) and data.get("schema") == EMBEDDING_SCHEMA:
+        raise PlannerInputError(f"{path}: schema: a recommendation-model plan ({EMBEDDING_SCHEMA}); simulate covers "
+                                "dense (pipeline) plans only")
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "plan"
+        raise PlannerInputError(f"{path}: {where}: {first['msg']} (not a planner plan.json, schema 2)") from None
+
+
+def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | None = None) -> Job:
+    """The plan's job from its zoo model / cluster preset names, or from the given files."""
+    j = plan.job
+    try:
+        graph = load_model(model or j.model)
+    except ModelInputError as err:
+        if model:
+            raise
+        raise PlannerInputError(f"{path}: job.model: '{j.model}' does not load ({err}); pass --model FILE") from None
+    if graph.params != j.model_params:
+        raise PlannerInputError(f"{path}: job.model_params: the plan's model has {j.model_params:,} parameters, "
+                                f"{model or j.model} has {graph.params:,}")
+    try:
+        topology = load_cluster(cluster or j.cluster)
+    except HardwareInputError as err:
+        if cluster:
+            raise
+        raise PlannerInputError(f"{path}: job.cluster: '{j.cluster}' does not load ({err}); pass --cluster FILE") from None
+    if topology.num_gpus != j.cluster_gpus:
+        raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "
+                                f"{cluster or j.cluster} has {topology.num_gpus}")
+    return Job(model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
+               flash_attention=j.flash_attention, fused_kernels=j.fused_kernels)
+
+
+def plan_runs(plan: Plan, job: Job, catalog: Catalog | None = None) -> tuple[list[tuple[str | None, int,
+                                                                                       SimulationRun]], float]:
+    """(pool, batch, run) of every strategy in the plan, and the cross-group sync seconds."""
+    catalog = catalog or load_catalog()
+    if not plan.groups:
+        return [(None, job.global_batch, simulate(job, Strategy.model_validate(plan.strategy), catalog))], 0.0
+    runs = [(g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), Strategy.model_validate(g.plan.strategy),
+                                       catalog))
+            for g in plan.groups]
+    return runs, sync_seconds(job, [g.pool for g in plan.groups], catalog)
+
+
+def simulate_plan(plan: Plan, runs: list[tuple[str | None, int, SimulationRun]], sync: float) -> PlanSimulation:
+    """The plan's simulated step: the slowest group plus the sync, against plan.time.step_time_s."""
+    groups = [GroupSimulation(pool=pool, batch=batch, result=summarize(run)) for pool, batch, run in runs]
+    simulated = max(g.result.simulated_step_s for g in groups) + sync
+    analytic = plan.time.step_time_s
+    difference = (simulated - analytic) / analytic
+    return PlanSimulation(simulated_step_s=simulated, analytic_step_s=analytic, difference=difference,
+                          agrees=abs(difference) <= TOLERANCE, sync_s=sync, groups=groups)

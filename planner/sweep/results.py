@@ -1,0 +1,114 @@
+"""The sweep's tables: results.csv (deterministic), timings.csv (wall clock) and summary.md.
+
+results.csv holds only what the cost model and the solver decide: rows in
+task order (scenario order of the sweep file, whatever the completion order),
+floats with one fixed format, so the same sweep gives byte-identical files on
+every executor.  Wall-clock numbers (planning time, task time, which worker)
+vary from run to run and go to timings.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from planner.sweep.tasks import SweepTask, TaskResult
+
+RESULT_FIELDS = ("scenario", "model", "cluster", "nodes", "gpus", "batch", "seq_len", "precision", "strategy",
+                 "fits", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
+                 "spec", "why")
+TIMING_FIELDS = ("scenario", "model", "cluster", "batch", "seq_len", "strategy", "planning_s", "task_s", "worker")
+
+
+def number(value: float | None, digits: int = 9) -> str:
+    """A float with `digits` significant digits ('' for None): stable text for equal values."""
+    return "" if value is None else format(value, f".{digits}g")
+
+
+def result_record(task: SweepTask, result: TaskResult) -> dict[str, Any]:
+    """One results.csv row as typed values (also the `--json` output)."""
+    row = result.row
+    return {"scenario": task.scenario, "model": task.model, "cluster": task.cluster,
+            "nodes": task.job.cluster.num_nodes, "gpus": task.job.cluster.num_gpus, "batch": task.batch,
+            "seq_len": task.seq_len, "precision": task.precision, "strategy": task.strategy, "fits": row.fits,
+            "step_time_s": row.step_time_s, "tokens_per_s_per_gpu": row.tokens_per_s_per_gpu, "mfu": row.mfu,
+            "peak_hbm_bytes": row.peak_hbm_bytes, "host_bytes": row.host_bytes, "nvme_bytes": row.nvme_bytes,
+            "spec": row.spec, "why": row.why}
+
+
+def _csv(fields: Sequence[str], records: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for record in records:
+        writer.writerow({k: number(v) if isinstance(v, float) else ("" if v is None else v)
+                         for k, v in record.items() if k in fields})
+    return buffer.getvalue()
+
+
+def results_csv(tasks: Sequence[SweepTask], results: Sequence[TaskResult]) -> str:
+    """results.csv text, rows in task order."""
+    by_index = {r.index: r for r in results}
+    return _csv(RESULT_FIELDS, [result_record(t, by_index[t.index]) for t in sorted(tasks, key=lambda t: t.index)])
+
+
+def timings_csv(tasks: Sequence[SweepTask], results: Sequence[TaskResult]) -> str:
+    """timings.csv text: planning and task wall time per row, and the worker that ran it."""
+    by_index = {r.index: r for r in results}
+    records = []
+    for task in sorted(tasks, key=lambda t: t.index):
+        result = by_index[task.index]
+        records.append({"scenario": task.scenario, "model": task.model, "cluster": task.cluster,
+                        "batch": task.batch, "seq_len": task.seq_len, "strategy": task.strategy,
+                        "planning_s": f"{result.row.planning_s:.3f}", "task_s": f"{result.wall_s:.3f}",
+                        "worker": result.worker})
+    return _csv(TIMING_FIELDS, records)
+
+
+def best_per_scenario(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario (in order): the fastest fitting strategy, the runner-up, and how many fit."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(record["scenario"], []).append(record)
+    out = []
+    for scenario, rows in sorted(groups.items()):
+        fitting = sorted((r for r in rows if r["fits"] and r["step_time_s"] is not None),
+                         key=lambda r: (r["step_time_s"], r["strategy"]))
+        first = rows[0]
+        out.append({"scenario": scenario, "model": first["model"], "cluster": first["cluster"],
+                    "gpus": first["gpus"], "batch": first["batch"], "seq_len": first["seq_len"],
+                    "precision": first["precision"], "best": fitting[0] if fitting else None,
+                    "runner_up": fitting[1] if len(fitting) > 1 else None, "fits": len(fitting), "scored": len(rows)})
+    return out
+
+
+def summary_table(best: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Rows of the best-strategy table (shared by summary.md and the terminal)."""
+    body = []
+    for b in best:
+        top, second = b["best"], b["runner_up"]
+        margin = f"{second['step_time_s'] / top['step_time_s']:.2f}x {second['strategy']}" if second else "-"
+        body.append([b["model"], b["cluster"], str(b["gpus"]), str(b["batch"]), str(b["seq_len"]),
+                     top["strategy"] if top else "none fits",
+                     f"{top['tokens_per_s_per_gpu']:,.0f}" if top else "-",
+                     f"{100 * top['mfu']:.1f}" if top and top["mfu"] is not None else "-",
+                     number(top["step_time_s"], 4) if top else "-", margin, f"{b['fits']}/{b['scored']}"])
+    return body
+
+
+SUMMARY_HEADERS = ("model", "cluster", "GPUs", "batch", "seq", "best", "tok/s/GPU", "MFU %", "step s",
+                   "runner-up (its step time / best)", "fit")
+
+
+def summary_md(title: str, best: Sequence[dict[str, Any]], plots: Sequence[str]) -> str:
+    """summary.md: the best strategy per scenario, and the list of files."""
+    lines = [f"# {title}", "", "Best strategy per scenario: the fastest step time among the strategies that fit "
+             "(every number from `planner.cost.evaluate`).", "",
+             "| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in summary_table(best)]
+    lines += ["", "Files:", "", "- `results.csv`: one row per scenario and strategy (deterministic)",
+              "- `timings.csv`: planning and task wall time per row, and the worker that ran it"]
+    lines += [f"- `{name}`" for name in plots]
+    return "\n".join(lines) + "\n"
