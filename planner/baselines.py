@@ -8,9 +8,9 @@
   faster.
 * uniform_pp: the best strategy whose pipeline stages hold equal numbers of
   blocks (the even split of Megatron-LM and DeepSpeed's PipelineModule
-  `partition_method="uniform"`), every block recomputing alike: each global
-  configuration of the compiler's space with pp dividing the blocks, scored
-  under no, selective and full recompute, within the time limit.
+  `partition_method="uniform"`): the compiler itself on the space with
+  `even_split` (pp divides the blocks, every stage blocks / pp of them), so
+  the row is certified and deterministic like the planner's.
 * metis_greedy (mixed clusters only): a greedy after Metis (Um et al., "Metis:
   Fast Automatic Distributed Training on Heterogeneous GPUs", USENIX ATC 2024),
   which assigns device groups to pipeline stages, balances the layer
@@ -44,7 +44,9 @@ from planner.cost.estimate import Estimate
 from planner.cost.evaluate import micro_batches
 from planner.cost.layout import place_stages, stage_groups
 from planner.cost.stage import StageSums, compose_stage, sum_layers
+from planner.errors import InfeasibleError
 from planner.job import Job
+from planner.solve import CompileOptions, compile_job
 from planner.space import SpaceOptions, global_configs
 from planner.strategy import Recompute, Strategy
 
@@ -98,23 +100,13 @@ def megatron_recipe(job: Job) -> Strategy | None:
 
 
 def uniform_pp(job: Job, time_limit: float) -> Strategy | None:
-    """The fastest fitting strategy with an even layer split (see the module docstring)."""
-    start = time.perf_counter()
-    blocks = max(1, job.model.num_blocks)
-    best = None
-    for config in global_configs(job, SpaceOptions()):
-        if blocks % config.pp or (config.vpp > 1 and blocks % (config.pp * config.vpp)):
-            continue
-        if config.tp * config.cp * config.dp * config.pp != job.cluster.num_gpus:
-            continue  # mixed clusters: without stage pools the ranks fill every GPU in pool order
-        for recompute in ("none", "selective", "full"):
-            strategy = config.model_copy(update={"recompute": recompute})
-            estimate = evaluate(job, strategy)
-            if estimate.memory.fits and (best is None or estimate.step_time_s < best[0]):
-                best = (estimate.step_time_s, strategy)
-        if time.perf_counter() - start > time_limit:
-            break
-    return best[1] if best else None
+    """The fastest fitting strategy with an even layer split: the compiler on the even-split space."""
+    options = CompileOptions(time_limit=time_limit, runners_up=0,
+                             space=SpaceOptions(even_split=True, replica_groups=False))
+    try:
+        return compile_job(job, options).strategy
+    except InfeasibleError:
+        return None
 
 
 # ---------------------------------------------------------------- Metis-style greedy

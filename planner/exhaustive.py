@@ -34,10 +34,10 @@ from planner.space import SpaceOptions, global_configs, placement_variants
 from planner.strategy import PLACEMENT_KEYS, Strategy
 
 
-def _splits(blocks: int, pp: int, vpp: int) -> Iterator[tuple[int, ...] | None]:
+def _splits(blocks: int, pp: int, vpp: int, even: bool = False) -> Iterator[tuple[int, ...] | None]:
     if pp == 1:
         yield None
-    elif vpp > 1:
+    elif vpp > 1 or even:
         yield (blocks // pp,) * pp
     else:  # compositions of `blocks` into pp positive parts: choose pp - 1 cut points
         for cuts in itertools.combinations(range(1, blocks), pp - 1):
@@ -61,10 +61,10 @@ def _pool_assignments(job: Job, config: Strategy) -> list[tuple[str, ...] | None
 
 
 @lru_cache(maxsize=None)
-def _split_count(blocks: int, pp: int, vpp: int, per_stage_recompute: bool) -> int:
+def _split_count(blocks: int, pp: int, vpp: int, per_stage_recompute: bool, even: bool = False) -> int:
     """(split, recompute vector) pairs: compositions weighted by each part's recompute choices."""
     weight = (lambda n: n // vpp + 1) if per_stage_recompute else (lambda n: 1)
-    if pp == 1 or vpp > 1:
+    if pp == 1 or vpp > 1 or even:
         return weight(blocks // pp) ** pp
     ways = [1] + [0] * blocks  # ways[n]: weighted compositions of n blocks into the stages so far
     for _ in range(pp):
@@ -85,10 +85,10 @@ def _placed(config: Strategy, placements: tuple[dict, ...]) -> dict:
     return {f"stage_{key}": tuple(p.get(key, getattr(config, key)) for p in placements) for key in PLACEMENT_KEYS}
 
 
-def _count(job: Job, config: Strategy, placements: int) -> int:
+def _count(job: Job, config: Strategy, placements: int, even: bool = False) -> int:
     """Candidates of one configuration, without listing them."""
     pp, pools = config.pp, job.cluster.pools
-    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.recompute == "none") * placements
+    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.recompute == "none", even) * placements
     if len(pools) == 1:
         return splits
     ranks = config.tp * config.cp * config.dp
@@ -99,10 +99,11 @@ def _count(job: Job, config: Strategy, placements: int) -> int:
     return splits * ways[pp]
 
 
-def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]]) -> Iterator[Strategy]:
+def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], even: bool = False
+                ) -> Iterator[Strategy]:
     blocks = max(1, job.model.num_blocks)
     pools = _pool_assignments(job, config)
-    for split in _splits(blocks, config.pp, config.vpp):
+    for split in _splits(blocks, config.pp, config.vpp, even):
         for layers in _recomputes(config, split or (blocks,)):
             update: dict = {"split": split}
             if layers is not None:
@@ -125,12 +126,12 @@ def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog, l
                   for c in configs}
     total = 0
     for config in configs:  # the guard first: nothing is scored on a space over the limit
-        total += _count(job, config, len(placements[id(config)]))
+        total += _count(job, config, len(placements[id(config)]), space.even_split)
         if total > limit:
             raise ValueError(f"exhaustive search would score more than limit={limit} candidates")
     best: tuple[float, str, Strategy] | None = None
     for config in configs:
-        for strategy in _candidates(job, config, placements[id(config)]):
+        for strategy in _candidates(job, config, placements[id(config)], space.even_split):
             estimate = evaluate(job, strategy, catalog)
             if not estimate.memory.fits:
                 continue

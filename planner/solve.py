@@ -194,7 +194,8 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     floor = _rate_floor(search, config, _pools(search.job, config))
     cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
     uniform = not search.options.space.stage_placement
-    tables = build_tables(search.builder, config, micro_batches, cap, variants, prune=not uniform)
+    tables = build_tables(search.builder, config, micro_batches, cap, variants, prune=not uniform,
+                          even=search.options.space.even_split)
     if tables is None:
         return
     table_bound = bottleneck_bound(tables) * floor

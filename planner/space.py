@@ -56,6 +56,10 @@ class SpaceOptions(BaseModel):
         "(fallback), or in every program, where offload can buy fewer recomputed blocks or a better split "
         "(always; slower to search)."
     )
+    even_split: bool = Field(
+        False, description="Only pipeline splits with the same number of blocks on every stage (pp divides the "
+        "blocks): the uniform-pp baseline (Megatron-LM's and DeepSpeed's uniform partition)."
+    )
     stage_placement: bool = Field(
         True, description="Let each pipeline stage choose its own placement (offload, device, ratio, regather); "
         "False: one placement for every stage (frameworks that take one offload setting for all ranks)."
@@ -114,7 +118,8 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
     experts = model.num_experts
     for tp in _allowed(options, "tp", tps):
         for cp in _allowed(options, "cp", cps):
-            pps = [p for p in range(1, blocks + 1) if model.family != "recsys" or p == 1]
+            pps = [p for p in range(1, blocks + 1) if (model.family != "recsys" or p == 1)
+                   and not (options.even_split and blocks % p)]
             for pp in _allowed(options, "pp", pps):
                 if homogeneous:
                     if gpus % (tp * cp * pp):

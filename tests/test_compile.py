@@ -379,3 +379,13 @@ def test_stages_take_different_placements_where_they_hold_different_state():
     uniform = compile_job(job, CompileOptions(space=space.model_copy(update={"stage_placement": False})))
     assert not uniform.strategy.per_stage_placement
     assert result.certificate.objective <= uniform.certificate.objective * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("layers, batch", [(4, 8), (6, 16)])
+def test_compile_matches_exhaustive_on_even_splits(layers, batch):
+    # the uniform-pp baseline's space: pp divides the blocks and every stage holds blocks / pp
+    job = _job(_model(layers, 64, 4, 2, 192, 256), CPU4, batch, 128)
+    space = SpaceOptions(**SMALL, even_split=True)
+    result, _ = assert_matches_oracle(job, space)
+    s = result.strategy
+    assert layers % s.pp == 0 and (s.split is None or set(s.split) == {layers // s.pp})

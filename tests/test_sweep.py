@@ -28,6 +28,7 @@ batches: [8]
 seq_lens: 128
 strategies: [zero3, megatron, planner]
 time_limit: 20
+simulate: true
 """
 
 
@@ -135,7 +136,8 @@ def local_sweep(tmp_path_factory):
 def test_cli_writes_every_file_and_prints_the_best_strategy(local_sweep):
     _, out, output = local_sweep
     names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert names == ["plots/tiny-llama-b8-s128-bf16.png", "results.csv", "summary.md", "timings.csv"]
+    assert names == ["plots/compare-0.png", "plots/compare-1.png", "plots/timeline-0.png", "plots/timeline-1.png",
+                     "plots/tiny-llama-b8-s128-bf16.png", "report.md", "results.csv", "summary.md", "timings.csv"]
     assert "6/6" in output  # the progress bar (CliRunner mixes stderr in)
     summary = (out / "summary.md").read_text()
     assert summary.count("| tiny-llama | cpu:") == 2 and "plots/tiny-llama-b8-s128-bf16.png" in summary
@@ -182,9 +184,37 @@ def test_local_ray_gives_byte_identical_outputs(local_sweep):
         ray.shutdown()
     assert result.files["results.csv"] == (out / "results.csv").read_text()
     assert result.files["summary.md"] == (out / "summary.md").read_text()
+    assert result.files["report.md"] == (out / "report.md").read_text()
     assert result.files["plots/tiny-llama-b8-s128-bf16.png"] == (out / "plots/tiny-llama-b8-s128-bf16.png").read_bytes()
     workers = {line.rsplit(",", 1)[1] for line in result.files["timings.csv"].splitlines()[1:]}
     assert workers and all(":" in w for w in workers)
+
+
+def test_report_compares_every_strategy_and_checks_the_planner_plan_by_simulation(local_sweep):
+    import matplotlib.image
+
+    _, out, _ = local_sweep
+    report = (out / "report.md").read_text()
+    sections = report.split("\n## ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["1. tiny-llama on cpu:1 (4 GPUs), batch 8 x 128",
+                                                   "2. tiny-llama on cpu:2 (8 GPUs), batch 8 x 128"]
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    for index, section in enumerate(sections):
+        mine = [r for r in rows if r["scenario"] == str(index)]
+        assert all(f"| {r['strategy']} | " in section for r in mine)
+        planner = next(r for r in mine if r["strategy"] == "planner")
+        # the simulated step is the one simulate() gives for the planner row's strategy
+        from planner.simulate import simulate
+        from planner.strategy import parse_strategy
+        job = Job(model=load_model("tiny-llama"), cluster=load_cluster(planner["cluster"]), global_batch=8,
+                  seq_len=128)
+        run = simulate(job, parse_strategy(planner["spec"]))
+        assert f"Simulated (`planner simulate`, {len(run.timeline.end):,} events): {run.step_time:.4g} s" in section
+        for name in (f"plots/compare-{index}.png", f"plots/timeline-{index}.png"):
+            assert f"]({name})" in section
+            pixels = matplotlib.image.imread(out / name)
+            assert (out / name).read_bytes()[:8] == PNG_SIGNATURE and pixels.std() > 0.01
 
 
 def test_progress_bar_counts_and_estimates():

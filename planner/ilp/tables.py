@@ -450,10 +450,11 @@ def stage_pools_for(job: Job, strategy: Strategy) -> list[Pool]:
 
 
 def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, time_cap: float,
-                 variants: tuple[dict, ...] = ({},), prune: bool = True) -> ConfigTables | None:
+                 variants: tuple[dict, ...] = ({},), prune: bool = True, even: bool = False) -> ConfigTables | None:
     """Every stage's feasible options, under each placement variant, no slower than `time_cap` seconds
     per micro-batch.  `prune`: keep only each content's Pareto-optimal placements (off when every stage
     must take the same placement: one stage's dominated placement may be the only one all share).
+    `even`: every stage holds blocks / pp blocks (SpaceOptions.even_split).
 
     Stage lengths grow until every content of a length is over the time cap or
     cannot fit even fully recomputed (both only get worse with more blocks).
@@ -469,7 +470,7 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
         lengths = [0]  # no transformer blocks: the single stage holds the fixed layers only
     elif pp == 1:
         lengths = [blocks]
-    elif strategy.vpp > 1:
+    elif strategy.vpp > 1 or even:
         lengths = [blocks // pp]  # interleaved chunks stay even
     else:
         lengths = list(range(1, blocks - pp + 2))

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from planner.sweep.executors import run_tasks
 from planner.sweep.plots import scaling_plots
 from planner.sweep.progress import ProgressBar
+from planner.sweep.report import report_md
 from planner.sweep.results import best_per_scenario, result_record, results_csv, summary_md, timings_csv
 from planner.sweep.scenarios import expand, load_sweep
 from planner.sweep.tasks import SweepTask, TaskResult
@@ -37,13 +38,17 @@ def plan_sweep(path: str | Path) -> list[SweepTask]:
 
 def sweep_files(path: str | Path, tasks: list[SweepTask], results: list[TaskResult]) -> SweepOutput:
     """The output directory's files for finished `results`."""
+    spec = load_sweep(path)
+    title = spec.title or f"planner sweep {Path(path).name}"
     records = [result_record(t, r) for t, r in zip(tasks, results)]
     best = best_per_scenario(records)
     plots = scaling_plots(records)
+    jobs = {t.scenario: t.job for t in tasks}
+    report = report_md(title, records, jobs, spec.simulate)
     files: dict[str, str | bytes] = {"results.csv": results_csv(tasks, results),
                                      "timings.csv": timings_csv(tasks, results),
-                                     "summary.md": summary_md(f"planner sweep {Path(path).name}", best, list(plots)),
-                                     **plots}
+                                     "summary.md": summary_md(title, best, list(plots) + ["report.md"]),
+                                     **plots, **report}
     # uniform-pp and an unproven compile stop at the time limit, so what they found depends on the machine.
     limited = [f"{t.model} {t.cluster} b{t.batch} s{t.seq_len} {t.strategy}" for t, r in zip(tasks, results)
                if r.row.planning_s >= t.time_limit]

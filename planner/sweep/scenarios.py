@@ -78,6 +78,9 @@ class SweepSpec(BaseModel):
     )
     time_limit: float = Field(60.0, gt=0, description="Search budget in seconds of each compiled strategy.")
     scenarios: list[ExtraScenario] = Field(default_factory=list, description="Explicit scenarios outside the grid.")
+    title: str | None = Field(None, description="Heading of summary.md and report.md; default: the file name.")
+    simulate: bool = Field(False, description="Also simulate each scenario's planner plan (`planner simulate`) "
+                           "and report the agreement with the analytic step in report.md.")
 
     @field_validator("models", "clusters", "batches", "seq_lens", mode="before")
     @classmethod
