@@ -189,10 +189,16 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
                   variants: tuple[dict, ...], runner_up: bool = False) -> None:
     """Build the configuration's tables and program and solve it; runner_up: only to learn its value
     for the report (no incumbent cap, a short time limit, the certificate untouched)."""
-    # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay)
+    # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay);
+    # for step time, (m - 1/v) t_s + (the least sum of stage times) / v <= step bounds every stage
     mixed = len(search.job.cluster.pools) > 1
-    floor = _rate_floor(search, config, _pools(search.job, config))
+    pools = _pools(search.job, config)
+    floor = _rate_floor(search, config, pools)
+    v, m = config.vpp, micro_batches
     cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
+    if search.options.objective == "time" and search.incumbent < float("inf") and m * v > 1:
+        least_sum = search.builder.sum_floor(config, pools)
+        cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
     uniform = not search.options.space.stage_placement
     tables = build_tables(search.builder, config, micro_batches, cap, variants, prune=not uniform,
                           even=search.options.space.even_split)

@@ -256,7 +256,10 @@ class Strategy(BaseModel):
 
     def _placement_spec(self, key: str, omit_when) -> str | None:
         """`key=value`, or one value per stage joined by '/'; None when it is `omit_when` everywhere."""
-        values = getattr(self, f"stage_{key}") or (getattr(self, key),)
+        values = getattr(self, f"stage_{key}")
+        if values is None:  # the common case, kept cheap: specs sort the solver's configurations
+            value = getattr(self, key)
+            return None if value == omit_when else f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
         if omit_when is not None and all(v == omit_when for v in values):
             return None
         return f"{key}={'/'.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)}"

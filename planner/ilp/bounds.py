@@ -6,6 +6,7 @@ builder's configuration bounds and the solver's pruning.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,19 @@ def slots_limit(pools: list[tuple[float, float, int]], stages: int, need: float)
     A slot of pool (w, c, k) holds max(0, (T - c) / w) blocks and the pool has k slots.  The best
     slots at T are taken greedily by that gain, so capacity(T) is the largest, over the orders of
     the pools, of filling the slots in that order: T = min over orders of the T solving that
-    order's piecewise-linear equation (exact; bisection beyond 6 pools).
+    order's piecewise-linear equation (exact; bisection beyond 6 pools).  Every stage holds at
+    least one block, so T is also at least w + c of the `stages`-th fastest slot.
     """
+    return max(_fluid_limit(pools, stages, need), _one_block_each(pools, stages))
+
+
+def _one_block_each(pools: list[tuple[float, float, int]], stages: int) -> float:
+    """The least T at which `stages` slots each run one block: the stages-th smallest w + c over the slots."""
+    slots = sorted(w + c for w, c, k in pools for _ in range(min(k, stages)))
+    return slots[stages - 1] if len(slots) >= stages else float("inf")
+
+
+def _fluid_limit(pools: list[tuple[float, float, int]], stages: int, need: float) -> float:
     if len(pools) > 6:
         def capacity(limit: float) -> float:
             left, held = stages, 0.0
@@ -88,3 +100,64 @@ def smallest_sufficient(candidates: list, held, need: int) -> float:
         else:
             lo = mid + 1
     return candidates[lo] if lo < len(candidates) else float("inf")
+
+
+def _hull_increments(times: list[float]) -> list[float]:
+    """Increments of the lower convex hull of (n, times[n-1]), n = 1..len(times): non-decreasing, and
+    times[0] + the first j of them <= times[j] (the hull lies below every point)."""
+    hull: list[tuple[int, float]] = []
+    for n, t in enumerate(times, start=1):
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (y2 - y1) * (n - x1) >= (t - y1) * (x2 - x1):  # hull[-1] is not below the chord
+                hull.pop()
+            else:
+                break
+        hull.append((n, t))
+    out: list[float] = []
+    for (x1, y1), (x2, y2) in zip(hull, hull[1:]):
+        out += [(y2 - y1) / (x2 - x1)] * (x2 - x1)
+    return out
+
+
+def pipeline_fill_bound(profiles: list[tuple[list[float], int]], stages: int, blocks: int, micro: float,
+                        chunks: int, start: float, enough: float) -> float:
+    """A bound on (micro - 1/v) max_s t_s + sum_s t_s / v over every choice of `stages` stage slots.
+
+    profiles: per pool (times[n-1] = the fastest a stage of n blocks can run there, complete up to
+    the cap, non-decreasing; slots of the pool).  At a bottleneck T a slot runs between 1 and
+    n_p(T) = #{times <= T} blocks.  Whichever slots the stages take, their one-block times add up to
+    at least the `stages` smallest one-block times within T, and their further blocks cost at least
+    the cheapest increments of the pools' convex hulls (non-decreasing), offered once per slot.  The
+    step at T is at least (micro - 1/v) T + that sum / v, whose sum part is constant between profile
+    breakpoints, so the bound is the least of it over the breakpoints from `start` (the bottleneck
+    bound) on; `enough` when none is below it.
+    """
+    increments = [_hull_increments(times) for times, _ in profiles]
+    best = enough
+    for limit in sorted({t for times, _ in profiles for t in times if t >= start}):
+        if (micro - 1 / chunks) * limit >= best:
+            break  # the sum only adds
+        usable = [(times, slots, steps) for (times, slots), steps in zip(profiles, increments)
+                  if slots and times[0] <= limit]
+        firsts = sorted(times[0] for times, slots, _ in usable for _ in range(min(slots, stages)))
+        offered = sorted(d for times, slots, steps in usable
+                         for d in steps[: bisect.bisect_right(times, limit) - 1] for _ in range(slots))
+        extra = blocks - stages
+        if len(firsts) < stages or len(offered) < extra:
+            continue  # the slots cannot run every stage, or hold every block, within this limit
+        best = min(best, (micro - 1 / chunks) * limit + (sum(firsts[:stages]) + sum(offered[:extra])) / chunks)
+    return best
+
+
+def even_pipeline_bound(profiles: list[tuple[list[float], int]], stages: int, per_stage: int, micro: float,
+                        chunks: int, enough: float) -> float:
+    """The bound when every stage holds `per_stage` blocks (interleaved chunks, even splits): the stages
+    take `stages` slots, so the bottleneck is at least the stages-th smallest time of such a stage over
+    the slots and the sum at least the `stages` smallest; `enough` when too few slots run one within the
+    profiles (complete up to the cap)."""
+    one = sorted(times[per_stage - 1] for times, slots in profiles if len(times) >= per_stage
+                 for _ in range(min(slots, stages)))
+    if len(one) < stages:
+        return enough
+    return (micro - 1 / chunks) * one[stages - 1] + sum(one[:stages]) / chunks

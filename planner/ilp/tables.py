@@ -25,7 +25,7 @@ from planner.cost.layout import StageGroups, StageSite, make_site, stage_groups
 from planner.cost.comm import p2p_seconds
 from planner.cost.memory import StageMemory, stage_memory
 from planner.cost.stage import StageCost, StageSums, compose_stage, sum_layers
-from planner.ilp.bounds import NS, slots_limit, smallest_sufficient
+from planner.ilp.bounds import NS, even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -135,6 +135,7 @@ class TableBuilder:
         self._groups_cache: dict[tuple, StageGroups] = {}
         self._work_cache: dict[tuple, object] = {}  # bound ingredients, by the fields they depend on
         self._site_cache: dict[tuple, StageSite] = {}
+        self._stage_sums_cache: dict[tuple, StageSums] = {}
 
     def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
         """The site of `stage` on `pools`, cached."""
@@ -215,7 +216,7 @@ class TableBuilder:
             lo = need * w / p + c  # balanced stages
         else:
             lo = slots_limit([(w, c, k) for w, c, _, k in per_pool], p, need)
-        return (m - 1 / v) * lo + self._sum_term(strategy, pools) / v
+        return (m - 1 / v) * lo + self.sum_floor(strategy, pools) / v
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
                       enough: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> float:
@@ -238,8 +239,8 @@ class TableBuilder:
         if len(pools) == 1:
             # one pool: some stage holds at least ceil(B / pp) blocks
             fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p), variants) if blocks else 0.0
-            return (m - 1 / v) * fastest + self._sum_term(strategy, pools) / v
-        sum_term = self._sum_term(strategy, pools) / v
+            return (m - 1 / v) * fastest + self.sum_floor(strategy, pools) / v
+        sum_term = self.sum_floor(strategy, pools) / v
         # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
         cap = (enough - sum_term) / (m - 1 / v) if enough < float("inf") and m * v > 1 else float("inf")
         profiles = [(self._slot_profile(strategy, pool, m, cap, variants), pool.gpus // ranks) for pool in pools]
@@ -249,6 +250,8 @@ class TableBuilder:
             left, total = p, 0
             for most, slots in fits:
                 take = min(left, slots)
+                if take and most == 0:
+                    return -1  # every stage holds a block: pp stages do not all run within the limit
                 total += take * most
                 left -= take
             return total
@@ -258,7 +261,12 @@ class TableBuilder:
             # profiles are complete only up to the cap: all we know is that no placement fits within it,
             # so the bound is at least `enough`
             return enough
-        return (m - 1 / v) * limit + sum_term
+        bound = (m - 1 / v) * limit + sum_term
+        if blocks and v > 1:  # interleaved chunks: every stage holds blocks / pp
+            return max(bound, even_pipeline_bound(profiles, p, blocks // p, m, v, enough))
+        if blocks:  # the stages fill the slots they take: their sum bounds the bubble
+            bound = max(bound, pipeline_fill_bound(profiles, p, blocks, m, v, limit, enough))
+        return bound
 
     def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int,
                      variants: tuple[dict, ...]) -> float:
@@ -304,12 +312,24 @@ class TableBuilder:
         self._work_cache[key] = (times, complete)
         return times
 
-    def _sum_term(self, strategy: Strategy, pools: list[Pool]) -> float:
-        """A lower bound on sum_s t_s: the cheapest pool's work plus pp of the cheapest transfers."""
+    def sum_floor(self, strategy: Strategy, pools: list[Pool]) -> float:
+        """A lower bound on sum_s t_s: the cheapest pool's work plus pp of the cheapest transfers; on a
+        mixed cluster also every stage's first block on the pp cheapest slots (pool capacities) and the
+        other blocks at the cheapest pool's work."""
         blocks = sum(seg.size for seg in self.segments)
         works = [self._work_by_layer_group(strategy, pool) for pool in pools]
         transfers = [self._transfer(strategy, pool) for pool in pools]
-        return blocks * min(w for _, w in works) + min(f for f, _ in works) + strategy.pp * min(transfers)
+        cheapest = min(w for _, w in works)
+        fixed = min(f for f, _ in works)
+        total = blocks * cheapest + fixed + strategy.pp * min(transfers)
+        p = strategy.pp
+        if len(pools) > 1 and blocks >= p:
+            ranks = strategy.tp * strategy.cp * strategy.dp
+            firsts = sorted(w + c for (_, w), c, pool in zip(works, transfers, pools)
+                            for _ in range(min(pool.gpus // ranks, p)))
+            if len(firsts) >= p:
+                total = max(total, sum(firsts[:p]) + (blocks - p) * cheapest + fixed)
+        return total
 
     def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> tuple[float, float]:
         """(fixed layers' seconds, cheapest block's seconds) per micro-batch on `pool`, linear part only."""
@@ -339,7 +359,20 @@ class TableBuilder:
     def stage_sums(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy,
                    site: StageSite, with_fixed: bool = True) -> StageSums:
         """Sums of a stage holding `counts` blocks per segment, the first `recompute` of them
-        (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head."""
+        (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head.
+
+        Cached: configurations that differ in dp, ZeRO or placement share them."""
+        key = (with_fixed and stage == 0, with_fixed and stage == strategy.pp - 1, counts, recompute, strategy.vpp,
+               strategy.recompute, strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel,
+               strategy.tp_overlap, strategy.pp > 1, tuple(p.name for p in site.pools))
+        cached = self._stage_sums_cache.get(key)
+        if cached is None:
+            cached = self._stage_sums_cache[key] = self._stage_sums(stage, counts, recompute, strategy, site,
+                                                                    with_fixed)
+        return cached
+
+    def _stage_sums(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy,
+                    site: StageSite, with_fixed: bool) -> StageSums:
         total = self.fixed_sums(stage, strategy, site) if with_fixed else StageSums()
         # the positions Strategy.layer_recompute recomputes: the first `recompute` of each chunk
         chunk = max(1, sum(counts) // strategy.vpp)
