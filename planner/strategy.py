@@ -183,18 +183,19 @@ class Strategy(BaseModel):
             return self.schedule
         return "interleaved" if self.vpp > 1 else "1f1b"
 
-    def _offloads(self) -> set[str]:
-        return set(self.stage_offload) if self.stage_offload is not None else {self.offload}
-
     @property
     def offloads_optimizer(self) -> bool:
         """Optimizer states live off the GPU (on some stage)."""
-        return bool(self._offloads() & {"optimizer", "all"})
+        if self.stage_offload is None:
+            return self.offload in ("optimizer", "all")
+        return any(o in ("optimizer", "all") for o in self.stage_offload)
 
     @property
     def offloads_params(self) -> bool:
         """Weights live off the GPU between uses (on some stage)."""
-        return bool(self._offloads() & {"params", "all"})
+        if self.stage_offload is None:
+            return self.offload in ("params", "all")
+        return any(o in ("params", "all") for o in self.stage_offload)
 
     def stage_recompute_count(self, stage: int) -> int | None:
         """Fully recomputed blocks per stage (per chunk), None for all."""

@@ -21,7 +21,7 @@ from planner.embedding.compile import TableChoice
 from planner.embedding.options import ShardingType
 from planner.embedding.sharding_plan import sharding_plan
 from planner.embedding.sites import JobSites
-from ports import free_port
+from ports import MULTIPROCESS, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,6 +96,7 @@ def _expected_bytes(plan: dict, world: int) -> list[int]:
     return held
 
 
+@MULTIPROCESS
 def test_runtime_applies_sharding_plan_with_reference_losses(tmp_path):
     pytest.importorskip("torch")
     from planner.runtime.dlrm import train
@@ -116,6 +117,7 @@ def test_runtime_applies_sharding_plan_with_reference_losses(tmp_path):
     assert reference["table_bytes"] == [sum(e["rows"] * e["dim"] * 4 for e in plan["tables"].values())]
 
 
+@MULTIPROCESS
 def test_emitted_launch_script_runs_the_compiled_plan(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "dlrm"

@@ -26,7 +26,7 @@ deepspeed = pytest.importorskip("deepspeed")
 ds_runtime_config = pytest.importorskip("deepspeed.runtime.config")
 
 from hardware import load_cluster  # noqa: E402
-from ports import free_port  # noqa: E402
+from ports import MULTIPROCESS, free_port  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.cli import cli  # noqa: E402
 from planner.cost.evaluate import evaluate  # noqa: E402
@@ -305,6 +305,7 @@ def _gloo_ok() -> bool:
     return dist.is_available() and dist.is_gloo_available()
 
 
+@MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 def test_engine_trains_zero3_plan_on_cpu(tmp_path):
     cluster = tmp_path / "cpu-2.yaml"  # one node of 2 CPU "GPUs": a dp=2 plan for 2 processes
@@ -329,6 +330,7 @@ def test_engine_trains_zero3_plan_on_cpu(tmp_path):
     assert losses["losses"][-1] < losses["losses"][0]
 
 
+@MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 def test_pipeline_engine_trains_pp2_plan_on_cpu(tmp_path):
     """DeepSpeed's PipelineEngine runs a pp=2 plan split at pipeline.json's `parts` (not DeepSpeed's own split)."""

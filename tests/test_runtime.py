@@ -28,7 +28,7 @@ from planner.runtime.model import Transformer  # noqa: E402
 from planner.runtime.parallelize import _check_supported, apply_ac, mesh_shape  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from planner.runtime.train import synthetic_batch  # noqa: E402
-from ports import free_port  # noqa: E402
+from ports import MULTIPROCESS, free_port  # noqa: E402
 
 
 def _count(module) -> int:
@@ -165,6 +165,7 @@ def _launch(out: Path, tmp_path: Path, steps: int = 6) -> tuple[list[float], dic
     return losses, data
 
 
+@MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("fix, zero, schedule", [
     ("pp=2,dp=2,zero=3,vpp=1", 3, "1f1b"),       # pipeline + FSDP2 (ZeRO-3)
@@ -188,6 +189,7 @@ def test_launch_sh_trains_and_matches_param_prediction(tmp_path, fix, zero, sche
         assert got == want  # and in fact exactly the cost model's parameters
 
 
+@MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 def test_context_and_interleaved_parallel_train_the_same_model_as_data_parallel(tmp_path):
     # Same init, same data, same global mean loss: splitting sequences over cp (K/V all-gathered)

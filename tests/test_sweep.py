@@ -18,6 +18,7 @@ from planner.job import Job
 from planner.sweep.progress import ProgressBar
 from planner.sweep.run import plan_sweep, run_sweep
 from planner.sweep.scenarios import expand, load_sweep
+from ports import MULTIPROCESS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -125,7 +126,8 @@ def test_bad_options_exit_2_before_any_solve(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def local_sweep(tmp_path_factory):
-    """The SMALL sweep through the CLI: two worker processes."""
+    """The SMALL sweep through the CLI: two worker processes (so its tests are MULTIPROCESS, which also
+    computes this fixture once, on one xdist worker)."""
     root = tmp_path_factory.mktemp("sweep")
     path = write(root, SMALL)
     result = CliRunner().invoke(cli, ["sweep", str(path), "-o", str(root / "out"), "--workers", "2"])
@@ -133,6 +135,7 @@ def local_sweep(tmp_path_factory):
     return path, root / "out", result.output
 
 
+@MULTIPROCESS
 def test_cli_writes_every_file_and_prints_the_best_strategy(local_sweep):
     _, out, output = local_sweep
     names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
@@ -147,6 +150,7 @@ def test_cli_writes_every_file_and_prints_the_best_strategy(local_sweep):
     assert all(float(t["task_s"]) >= float(t["planning_s"]) >= 0 for t in timings)
 
 
+@MULTIPROCESS
 def test_csv_rows_match_compare_called_directly(local_sweep):
     _, out, _ = local_sweep
     with (out / "results.csv").open() as handle:
@@ -163,6 +167,7 @@ def test_csv_rows_match_compare_called_directly(local_sweep):
     assert f"| {best.strategy} |" in summary_row
 
 
+@MULTIPROCESS
 def test_plots_are_valid_pngs(local_sweep):
     import matplotlib.image
 
@@ -174,6 +179,7 @@ def test_plots_are_valid_pngs(local_sweep):
     assert pixels.std() > 0.01  # not a blank canvas
 
 
+@MULTIPROCESS
 def test_local_ray_gives_byte_identical_outputs(local_sweep):
     import ray  # in the test extra: this test must run, not skip
     path, out, _ = local_sweep
@@ -190,6 +196,7 @@ def test_local_ray_gives_byte_identical_outputs(local_sweep):
     assert workers and all(":" in w for w in workers)
 
 
+@MULTIPROCESS
 def test_report_compares_every_strategy_and_checks_the_planner_plan_by_simulation(local_sweep):
     import matplotlib.image
 

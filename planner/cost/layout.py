@@ -7,7 +7,7 @@ rank range and, on a mixed cluster, whichever pool that range falls on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec, Pool
 from hardware.collectives import CommGroup
@@ -24,11 +24,11 @@ class StageSite:
     pools: tuple[Pool, ...]  # pools its ranks touch (one on homogeneous clusters)
     device: DeviceSpec  # the slowest device of the stage (bounds its compute)
     hbm_bytes: float  # the smallest HBM among its devices
+    node: NodeSpec = field(init=False, compare=False)  # the node type of the stage's slowest device
 
-    @property
-    def node(self) -> NodeSpec:
-        """The node type of the stage's slowest device."""
-        return next(p.node for p in self.pools if p.node.device == self.device.name)
+    def __post_init__(self) -> None:
+        # looked up once: the cost model asks for it in every memory and time term
+        object.__setattr__(self, "node", next(p.node for p in self.pools if p.node.device == self.device.name))
 
 
 def make_site(index: int, pools: tuple[Pool, ...], catalog: Catalog) -> StageSite:

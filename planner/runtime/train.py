@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
             report = {"losses": losses, "param_bytes": {str(r): b for r, b in enumerate(everyone)},
                       "strategy": plan.strategy_spec}
             args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        # every rank done with its collectives before any tears the group down (gloo aborted a rank
+        # whose peers had already left, once, under heavy load)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
