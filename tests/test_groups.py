@@ -136,14 +136,8 @@ def test_group_plan_lists_each_group_with_its_own_plan():
     assert "## Replica groups" in report and "## Group a100: batch 6" in report and "### Stages" in report
 
 
-def test_cli_compiles_replica_groups_and_refuses_single_strategy_targets(tmp_path):
-    cluster = tmp_path / "mix.yaml"
-    cluster.write_text("name: mix\npools:\n"
-                       "  - {name: a100, preset: dgx-a100-80g, nodes: 1, overrides: {gpus_per_node: 4}}\n"
-                       "  - {name: h100, preset: dgx-h100, nodes: 1, overrides: {gpus_per_node: 2}}\n")
-    spec = tmp_path / "wide.yaml"
-    spec.write_text("builder: llama\nname: wide\nnum_layers: 2\nhidden: 8192\nheads: 64\nkv_heads: 8\n"
-                    "ffn: 28672\nvocab: 32000\n")
+def test_cli_compiles_replica_groups_and_refuses_single_strategy_targets(tmp_path, mixed_job_files):
+    spec, cluster = mixed_job_files
     args = ["compile", str(spec), str(cluster), "-b", "16", "-s", "4096", "--fix", "cp=1"]
     out = tmp_path / "out"
     run = CliRunner().invoke(cli, [*args, "-o", str(out)])

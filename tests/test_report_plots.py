@@ -82,14 +82,8 @@ def test_offloading_plan_gets_a_host_memory_panel(tiny_outputs):
     assert memory_png(offloading) == memory_png(offloading)
 
 
-def test_replica_group_plan_plots_and_links_once(tmp_path):
-    cluster = tmp_path / "mix.yaml"
-    cluster.write_text("name: mix\npools:\n"
-                       "  - {name: a100, preset: dgx-a100-80g, nodes: 1, overrides: {gpus_per_node: 4}}\n"
-                       "  - {name: h100, preset: dgx-h100, nodes: 1, overrides: {gpus_per_node: 2}}\n")
-    spec = tmp_path / "wide.yaml"
-    spec.write_text("builder: llama\nname: wide\nnum_layers: 2\nhidden: 8192\nheads: 64\nkv_heads: 8\n"
-                    "ffn: 28672\nvocab: 32000\n")
+def test_replica_group_plan_plots_and_links_once(mixed_job_files):
+    spec, cluster = mixed_job_files
     result = run("compile", spec, cluster, "-b", "16", "-s", "4096", "--fix", "cp=1", "--json")
     assert result.exit_code == 0, result.output
     plan = Plan.model_validate(json.loads(result.stdout)["plan"])

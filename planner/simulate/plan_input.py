@@ -71,24 +71,24 @@ def read_plan(path: Path) -> Plan:
         raise PlannerInputError(f"{path}: {where}: {first['msg']} (not a planner plan.json, schema 2)") from None
 
 
+def _load(loader, error: type[Exception], given: str | None, named: str, path: Path, field: str):
+    """The model or cluster: the file the user gave (its own errors), or the one the plan names."""
+    try:
+        return loader(given or named)
+    except error as err:
+        if given:
+            raise
+        raise PlannerInputError(f"{path}: job.{field}: '{named}' does not load ({err}); pass --{field} FILE") from None
+
+
 def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | None = None) -> Job:
     """The plan's job from its zoo model / cluster preset names, or from the given files."""
     j = plan.job
-    try:
-        graph = load_model(model or j.model)
-    except ModelInputError as err:
-        if model:
-            raise
-        raise PlannerInputError(f"{path}: job.model: '{j.model}' does not load ({err}); pass --model FILE") from None
+    graph = _load(load_model, ModelInputError, model, j.model, path, "model")
     if graph.params != j.model_params:
         raise PlannerInputError(f"{path}: job.model_params: the plan's model has {j.model_params:,} parameters, "
                                 f"{model or j.model} has {graph.params:,}")
-    try:
-        topology = load_cluster(cluster or j.cluster)
-    except HardwareInputError as err:
-        if cluster:
-            raise
-        raise PlannerInputError(f"{path}: job.cluster: '{j.cluster}' does not load ({err}); pass --cluster FILE") from None
+    topology = _load(load_cluster, HardwareInputError, cluster, j.cluster, path, "cluster")
     if topology.num_gpus != j.cluster_gpus:
         raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "
                                 f"{cluster or j.cluster} has {topology.num_gpus}")

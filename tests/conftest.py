@@ -1,0 +1,19 @@
+"""Fixtures shared by several test modules."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def mixed_job_files(tmp_path):
+    """(model spec, cluster file) of a small job whose best plan is replica groups: a wide 2-layer
+    llama on one A100 node of 4 GPUs and one H100 node of 2."""
+    cluster = tmp_path / "mix.yaml"
+    cluster.write_text("name: mix\npools:\n"
+                       "  - {name: a100, preset: dgx-a100-80g, nodes: 1, overrides: {gpus_per_node: 4}}\n"
+                       "  - {name: h100, preset: dgx-h100, nodes: 1, overrides: {gpus_per_node: 2}}\n")
+    spec = tmp_path / "wide.yaml"
+    spec.write_text("builder: llama\nname: wide\nnum_layers: 2\nhidden: 8192\nheads: 64\nkv_heads: 8\n"
+                    "ffn: 28672\nvocab: 32000\n")
+    return spec, cluster
