@@ -44,7 +44,8 @@ from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.ilp.model import Program, build_program
 from planner.ilp.bounds import bottleneck_bound
-from planner.ilp.tables import NS, TableBuilder, build_tables, stage_pools_for
+from planner.ilp.build import build_tables, stage_pools_for
+from planner.ilp.tables import NS, TableBuilder
 from planner.cost.groups import GroupsEstimate, evaluate_groups, group_job
 from planner.job import Job
 from planner.solve_groups import GroupSearch, search_groups, share_grid

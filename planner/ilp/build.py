@@ -1,0 +1,68 @@
+"""Build one configuration's cost tables: every stage's feasible contents and placements per pool.
+
+The contents grow stage length by stage length until none is left that fits
+or beats the time cap (a longer stage is only slower and needs more memory);
+each entry comes from `TableBuilder.placed_options`, the cost model itself.
+"""
+
+from __future__ import annotations
+
+from hardware import Pool
+from planner.ilp.tables import ConfigTables, StageOption, TableBuilder, stage_contents
+from planner.job import Job
+from planner.strategy import Strategy
+
+
+def stage_pools_for(job: Job, strategy: Strategy) -> list[Pool]:
+    """Pools a stage of this configuration can occupy whole."""
+    ranks = strategy.tp * strategy.cp * strategy.dp
+    return [pool for pool in job.cluster.pools if pool.gpus >= ranks]
+
+
+def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, time_cap: float,
+                 variants: tuple[dict, ...] = ({},), prune: bool = True, even: bool = False) -> ConfigTables | None:
+    """Every stage's feasible options, under each placement variant, no slower than `time_cap` seconds
+    per micro-batch.  `prune`: keep only each content's Pareto-optimal placements (off when every stage
+    must take the same placement: one stage's dominated placement may be the only one all share).
+    `even`: every stage holds blocks / pp blocks (SpaceOptions.even_split).
+
+    Stage lengths grow until every content of a length is over the time cap or
+    cannot fit even fully recomputed (both only get worse with more blocks).
+    Returns None when some stage has no option at all.
+    """
+    job = builder.job
+    pools = stage_pools_for(job, strategy) if len(job.cluster.pools) > 1 else list(job.cluster.pools)
+    segments = builder.segments
+    blocks = sum(seg.size for seg in segments)
+    bounds = tuple((seg.start - segments[0].start, seg.end - segments[0].start) for seg in segments)
+    pp = strategy.pp
+    if not segments:
+        lengths = [0]  # no transformer blocks: the single stage holds the fixed layers only
+    elif pp == 1:
+        lengths = [blocks]
+    elif strategy.vpp > 1 or even:
+        lengths = [blocks // pp]  # interleaved chunks stay even
+    else:
+        lengths = list(range(1, blocks - pp + 2))
+    options: list[list[dict[tuple[int, ...], tuple[StageOption, ...]]]] = []
+    for stage in range(pp):
+        per_pool = []
+        for pool in pools:
+            site = builder.site(stage, (pool,))
+            found: dict[tuple[int, ...], tuple[StageOption, ...]] = {}
+            for length in lengths:
+                fresh = 0
+                for counts in (stage_contents(bounds, length) if segments else [()]):
+                    placed = builder.placed_options(stage, counts, strategy, variants, site, micro_batches, time_cap,
+                                                    prune=prune)
+                    if placed:
+                        found[counts] = placed
+                        fresh += 1
+                if fresh == 0:
+                    break  # a longer stage is slower and needs more memory still
+            per_pool.append(found)
+        if not any(per_pool):
+            return None
+        options.append(per_pool)
+    return ConfigTables(strategy=strategy, micro_batches=micro_batches, segments=segments, pools=pools,
+                        options=options, variants=variants)
