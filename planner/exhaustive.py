@@ -31,7 +31,7 @@ from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
 from planner.solve_groups import share_grid
 from planner.space import SpaceOptions, global_configs, placement_variants
-from planner.strategy import PLACEMENT_KEYS, Strategy
+from planner.strategy import Strategy
 
 
 def _splits(blocks: int, pp: int, vpp: int, even: bool = False) -> Iterator[tuple[int, ...] | None]:
@@ -78,13 +78,6 @@ def _placements(config: Strategy, variants: tuple[dict, ...], uniform: bool) -> 
     return list(itertools.product(variants, repeat=config.pp))
 
 
-def _placed(config: Strategy, placements: tuple[dict, ...]) -> dict:
-    """The strategy fields of per-stage placements (uniform ones fold into the plain keys)."""
-    if not any(placements):
-        return {}
-    return {f"stage_{key}": tuple(p.get(key, getattr(config, key)) for p in placements) for key in PLACEMENT_KEYS}
-
-
 def _count(job: Job, config: Strategy, placements: int, even: bool = False) -> int:
     """Candidates of one configuration, without listing them."""
     pp, pools = config.pp, job.cluster.pools
@@ -110,8 +103,7 @@ def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], 
                 update.update(recompute="full", recompute_layers=layers)
             for stage_pools in pools:
                 for placement in placements:
-                    yield Strategy.model_validate({**config.model_dump(), **update, "stage_pools": stage_pools,
-                                                   **_placed(config, placement)})
+                    yield config.with_stage_placements(placement, **update, stage_pools=stage_pools)
 
 
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:

@@ -50,7 +50,7 @@ from planner.cost.groups import GroupsEstimate, evaluate_groups, group_job
 from planner.job import Job
 from planner.solve_groups import GroupSearch, search_groups, share_grid
 from planner.space import SpaceOptions, global_configs, placement_variants
-from planner.strategy import PLACEMENT_KEYS, Strategy
+from planner.strategy import Strategy
 
 Status = Literal["OPTIMAL", "FEASIBLE"]
 
@@ -158,13 +158,7 @@ def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
         update.update(recompute="full", recompute_layers=recompute)
     if program.mixed_cluster:
         update["stage_pools"] = tuple(tables.pools[pool].name for _, pool, _ in chosen)
-    placements = [tables.variants[option.variant] for _, _, option in chosen]
-    if any(placements):
-        # per-stage values; the constructor folds values equal on every stage into the plain key
-        update.update({f"stage_{key}": tuple(p.get(key, getattr(base, key)) for p in placements)
-                       for key in PLACEMENT_KEYS})
-        return Strategy.model_validate({**base.model_dump(), **update})
-    return base.model_copy(update=update)
+    return base.with_stage_placements([tables.variants[option.variant] for _, _, option in chosen], **update)
 
 
 def _even_hint(program: Program) -> list[int] | None:
@@ -197,7 +191,8 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     floor = _rate_floor(search, config, pools)
     v, m = config.vpp, micro_batches
     cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
-    if search.options.objective == "time" and search.incumbent < float("inf") and m * v > 1:
+    if search.options.objective == "time" and search.incumbent < float("inf") and m * v > 1 and not runner_up:
+        # (a runner-up is slower than the incumbent by definition: it keeps the plain cap)
         least_sum = search.builder.sum_floor(config, pools)
         cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
     uniform = not search.options.space.stage_placement

@@ -7,7 +7,7 @@ reads DESIGN.md's SPEC string: comma-separated key=value pairs.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -166,6 +166,15 @@ class Strategy(BaseModel):
             update[f"stage_{key}"] = None
         return self.model_copy(update=update)
 
+    def with_stage_placements(self, placements: "Sequence[dict]", **update) -> "Strategy":
+        """This strategy (with `update`) where stage i takes placement placements[i] (keys of PLACEMENT_KEYS
+        that differ from this strategy's; {} keeps its own).  Values equal on every stage fold into the
+        plain key."""
+        if not any(placements):
+            return self.model_copy(update=update)
+        stages = {f"stage_{key}": tuple(p.get(key, getattr(self, key)) for p in placements) for key in PLACEMENT_KEYS}
+        return Strategy.model_validate({**self.model_dump(), **update, **stages})
+
     def stage_placement(self, stage: int) -> dict:
         """{offload, offload_device, offload_ratio, regather} of one stage."""
         view = self.for_stage(stage)
@@ -268,11 +277,10 @@ class Strategy(BaseModel):
 
 def placement_of(resolved: dict, stage: int) -> dict:
     """A stage's {offload, offload_device, offload_ratio, regather} from a resolved strategy dict (plan.json)."""
-    defaults = {"offload": "none", "offload_device": "cpu", "offload_ratio": 1.0, "regather": "network"}
     out = {}
     for key in PLACEMENT_KEYS:
         per_stage = resolved.get(f"stage_{key}")
-        out[key] = per_stage[stage] if per_stage else resolved.get(key, defaults[key])
+        out[key] = per_stage[stage] if per_stage else resolved.get(key, Strategy.model_fields[key].default)
     return out
 
 

@@ -86,9 +86,13 @@ class StageOption:
     dp_end: int  # step-end data-parallel sync not hidden
     optimizer: int
     offload: int
-    update: int  # optimizer + offload: the stage's update after the step's barrier
     cost: StageCost  # the full cost, for reports
     variant: int = 0  # index of the stage's placement in ConfigTables.variants
+
+    @property
+    def update(self) -> int:
+        """optimizer + offload: the stage's update after the step's barrier."""
+        return self.optimizer + self.offload
 
 
 def pareto(options: list[StageOption]) -> tuple[StageOption, ...]:
@@ -401,8 +405,8 @@ class TableBuilder:
             recompute = fewest[hbm_key]
             if recompute is None:
                 continue  # does not fit (the cache only adds host bytes: neither does its variant)
-            option = self.option(stage, counts, strategy, site, micro_batches, time_cap, with_fixed,
-                                 variant=index, recompute=recompute)
+            option = self.option(stage, counts, strategy, site, micro_batches, time_cap, recompute, with_fixed,
+                                 variant=index)
             if option is not None:
                 found.append(option)
         return pareto(found) if prune else tuple(found)
@@ -439,15 +443,10 @@ class TableBuilder:
         return lo
 
     def option(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
-               micro_batches: int, time_cap: float, with_fixed: bool = True,
-               min_recompute: int = 0, variant: int = 0, recompute: int | None = None) -> StageOption | None:
-        """The stage at its fewest feasible recompute (`recompute` when known), or None (does not fit,
-        or slower than time_cap)."""
-        if recompute is None:
-            recompute = self.fewest_recompute(stage, counts, strategy, site, micro_batches, with_fixed,
-                                              min_recompute)
-            if recompute is None:
-                return None
+               micro_batches: int, time_cap: float, recompute: int, with_fixed: bool = True,
+               variant: int = 0) -> StageOption | None:
+        """The stage with `recompute` blocks recomputed (its fewest that fit HBM), or None (host tiers
+        do not fit, or slower than time_cap)."""
         sums = self.stage_sums(stage, counts, recompute, strategy, site, with_fixed)
         cost = compose_stage(self.job, strategy, site, self.groups(strategy, site), sums, micro_batches,
                              self.catalog)
@@ -455,8 +454,7 @@ class TableBuilder:
             return None
         dp_end, optimizer, offload = (round(x * NS) for x in (cost.dp_exposed_end, cost.optimizer, cost.offload))
         return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS), dp_end=dp_end,
-                           optimizer=optimizer, offload=offload, update=optimizer + offload, cost=cost,
-                           variant=variant)
+                           optimizer=optimizer, offload=offload, cost=cost, variant=variant)
 
 
 def _busy(sums: StageSums) -> float:
