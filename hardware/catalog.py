@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hardware.errors import HardwareInputError
+from hardware.yamlio import UniqueKeyLoader
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -159,7 +160,7 @@ class Catalog(BaseModel):
 
 def _read_yaml(name: str) -> dict:
     text = resources.files("hardware").joinpath("data", name).read_text()
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a repeated device or node key would hide the first
 
 
 @lru_cache(maxsize=1)

@@ -38,6 +38,7 @@ line naming the file and the field path, e.g.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hardware.catalog import DeviceSpec, NodeSpec, load_catalog
 from hardware.errors import HardwareInputError
+from hardware.yamlio import MAX_INPUT_BYTES, UniqueKeyLoader
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -200,29 +202,55 @@ def _render(error: ValidationError, prefix: Callable[[tuple], tuple] = lambda lo
     items = []
     for e in error.errors():
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "missing" and tuple(e["loc"]) == ("pools",):
+            msg += " (a cluster file lists its node pools there; see examples/clusters/)"
         msg = msg.removeprefix("Value error, ")
         loc = _loc(prefix(e["loc"]) + tuple(e["loc"]))
         items.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(items)
 
 
-def _parse(path: Path, label: str) -> Any:
+def _read_text(path: Path, label: str) -> str:
+    """The UTF-8 text of a cluster file of at most MAX_INPUT_BYTES."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HardwareInputError(f"{label}: cannot read ({exc})") from None
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            # read one byte past the cap: a pipe or device file has no size to check beforehand
+            data = handle.read(MAX_INPUT_BYTES + 1) if size <= MAX_INPUT_BYTES else b""
+    except OSError as exc:
+        raise HardwareInputError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    if size > MAX_INPUT_BYTES or len(data) > MAX_INPUT_BYTES:
+        raise HardwareInputError(f"{label}: file too large ({max(size, len(data)) / 2**20:.1f} MiB or more); "
+                                 f"input files are limited to {MAX_INPUT_BYTES // 2**20} MiB")
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark is harmless; any other non-UTF-8 byte is not
+    except UnicodeDecodeError as exc:
+        raise HardwareInputError(f"{label}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                                 f"{exc.start}); save the file as UTF-8") from None
+
+
+def _parse(path: Path, label: str) -> Any:
+    text = _read_text(path, label)
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise HardwareInputError(f"{label}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except ValueError as exc:  # an integer of thousands of digits
+            raise HardwareInputError(f"{label}: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise HardwareInputError(f"{label}: not valid JSON (nested too deeply)") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise HardwareInputError(f"{label}: not valid YAML ({where}{problem})") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise HardwareInputError(f"{label}: not valid YAML ({exc})") from None
+    except RecursionError:
+        raise HardwareInputError(f"{label}: not valid YAML (nested too deeply)") from None
 
 
 def _build_node(entry: PoolEntry, index: int, label: str) -> NodeSpec:
@@ -291,6 +319,8 @@ def _load_shorthand(arg: str) -> Cluster:
 def load_cluster(arg: str) -> Cluster:
     """A cluster from ``PRESET:NODES`` (e.g. ``dgx-h100:16``) or a YAML/JSON cluster file."""
     path = Path(arg)
+    if path.is_dir():
+        raise HardwareInputError(f"{arg}: is a directory, not a cluster file")
     if path.is_file():
         return _load_file(path, arg)
     if path.suffix.lower() in (".yaml", ".yml", ".json"):

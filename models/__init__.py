@@ -7,14 +7,13 @@ spec file (models/spec.py documents the format).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from models.errors import ModelInputError
 from models.graph import AttentionShape, EmbeddingTable, Layer, LayerKind, ModelGraph, MoEShape
 from models.hf import load_hf_config
 from models.recsys import DLRMConfig, build_dlrm
-from models.spec import load_model_file
+from models.spec import load_model_file, parse_json, read_text
 from models.transformer import MLAConfig, MoEConfig, TransformerConfig, build_transformer
 from models.zoo import ZOO, ZooEntry, close_matches, get_model, list_models
 
@@ -30,9 +29,9 @@ def _is_hf_config(path: Path) -> bool:
     if path.suffix.lower() != ".json":
         return False
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False  # the spec loader reports the parse error with its position
+        data = parse_json(read_text(path), str(path))
+    except ModelInputError:
+        return False  # the spec loader reports the problem with its position
     return isinstance(data, dict) and "model_type" in data
 
 
@@ -41,8 +40,10 @@ def load_model(arg: str) -> ModelGraph:
     if arg in ZOO:
         return get_model(arg)
     path = Path(arg)
-    if path.is_dir() and (path / "config.json").is_file():  # a downloaded HF model folder
-        return load_hf_config(path / "config.json")
+    if path.is_dir():
+        if (path / "config.json").is_file():  # a downloaded HF model folder
+            return load_hf_config(path / "config.json")
+        raise ModelInputError(f"{arg}: is a directory without a config.json, not a model file")
     if path.is_file():
         return load_hf_config(path) if _is_hf_config(path) else load_model_file(path)
     raise ModelInputError(

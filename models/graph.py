@@ -20,7 +20,7 @@ Units are SI: bytes, FLOP, counts.  Nothing here knows about hardware.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -42,6 +42,20 @@ class LayerKind(StrEnum):
 
 RecomputeMode = Literal["none", "selective", "full"]
 
+# Upper bounds on the sizes a user writes (spec files, config.json).  Generous (hidden 2**20 is 64x
+# llama3-405b's), yet they keep every parameter, FLOP and byte count a finite float.  Strict: true, 4.0
+# and "4" are refused, not read as 1 and 4.
+MAX_WIDTH = 2**20  # hidden, ffn, head widths, heads, experts, MLP widths, embedding dims
+MAX_VOCAB = 2**31  # vocabulary, context length, token types
+MAX_LAYERS = 100_000  # transformer blocks
+MAX_ROWS = 2**40  # rows of one recommendation table
+MAX_PARAMS = 2**53  # parameters of one layer (exact as a float; 5000x llama3-405b)
+Width = Annotated[int, Field(strict=True, le=MAX_WIDTH)]
+VocabSize = Annotated[int, Field(strict=True, le=MAX_VOCAB)]
+LayerCount = Annotated[int, Field(strict=True, le=MAX_LAYERS)]
+RowCount = Annotated[int, Field(strict=True, le=MAX_ROWS)]
+ParamCount = Annotated[int, Field(strict=True, le=MAX_PARAMS)]
+
 _FIELD = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -49,9 +63,9 @@ class AttentionShape(BaseModel):
     """Head structure of an attention layer (MHA: kv_heads == heads; MQA: 1)."""
 
     model_config = _FIELD
-    heads: int = Field(gt=0, description="Number of query heads.")
-    kv_heads: int = Field(gt=0, description="Number of key/value heads (GQA groups).")
-    head_dim: int = Field(gt=0, description="Width of one head.")
+    heads: Width = Field(gt=0, description="Number of query heads.")
+    kv_heads: Width = Field(gt=0, description="Number of key/value heads (GQA groups).")
+    head_dim: Width = Field(gt=0, description="Width of one head.")
     causal: bool = Field(True, description="Decoder (causal) or encoder (bidirectional) attention.")
 
     @model_validator(mode="after")
@@ -65,10 +79,10 @@ class MoEShape(BaseModel):
     """Mixture-of-experts structure of a MoE layer."""
 
     model_config = _FIELD
-    num_experts: int = Field(gt=0, description="Routed experts.")
-    top_k: int = Field(gt=0, description="Routed experts each token visits.")
-    shared_experts: int = Field(0, ge=0, description="Always-active experts (DeepSeek style).")
-    expert_ffn: int = Field(gt=0, description="Hidden width of one expert's feed-forward.")
+    num_experts: Width = Field(gt=0, description="Routed experts.")
+    top_k: Width = Field(gt=0, description="Routed experts each token visits.")
+    shared_experts: Width = Field(0, ge=0, description="Always-active experts (DeepSeek style).")
+    expert_ffn: Width = Field(gt=0, description="Hidden width of one expert's feed-forward.")
 
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoEShape":
@@ -81,16 +95,20 @@ class EmbeddingTable(BaseModel):
     """One categorical feature table of a recommendation model."""
 
     model_config = _FIELD
-    rows: int = Field(gt=0, description="Number of rows (distinct categories).")
-    dim: int = Field(gt=0, description="Embedding width.")
-    pooling_factor: float = Field(1.0, gt=0, description="Mean lookups per sample (multi-hot size).")
+    rows: RowCount = Field(gt=0, description="Number of rows (distinct categories).")
+    dim: Width = Field(gt=0, description="Embedding width.")
+    pooling_factor: float = Field(
+        1.0, gt=0, le=MAX_WIDTH, description="Mean lookups per sample (multi-hot size)."
+    )
     zipf_alpha: float = Field(1.05, ge=0, description="Access skew: row r is read with probability ~ r^-alpha.")
     access_histogram: list[float] | None = Field(
         None, min_length=1,
         description="Measured access counts of equal-size row buckets (any order; caching keeps the hottest); "
         "overrides zipf_alpha for the hit rate of an HBM cache.",
     )
-    bytes_per_element: int = Field(4, gt=0, description="Storage bytes per element (fp32 tables: 4).")
+    bytes_per_element: Annotated[int, Field(strict=True, le=64)] = Field(
+        4, gt=0, description="Storage bytes per element (fp32 tables: 4)."
+    )
 
 
     @model_validator(mode="after")
@@ -103,27 +121,27 @@ class EmbeddingTable(BaseModel):
 class Layer(BaseModel):
     """One node of the model graph with everything the cost model reads."""
 
-    model_config = _FIELD
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str = Field(description="Unique layer name, e.g. 'block.3.attention'.")
     kind: LayerKind = Field(description="Layer kind; decides communication and sharding rules.")
-    block: int | None = Field(
+    block: LayerCount | None = Field(
         None, description="Transformer block index; pipeline stages cut only between blocks."
     )
-    params: int = Field(ge=0, description="Parameter count (all experts included).")
-    active_params: int | None = Field(
+    params: ParamCount = Field(ge=0, description="Parameter count (all experts included).")
+    active_params: ParamCount | None = Field(
         None, ge=0, description="Parameters touched per token (MoE); defaults to params."
     )
-    tp_replicated_params: int = Field(
+    tp_replicated_params: ParamCount = Field(
         0, ge=0,
         description="Parameters every tensor-parallel rank keeps whole (norm weights, row-parallel biases, "
         "position tables, MoE routers); the rest of a tp_splittable layer is split.",
     )
-    tied_params: int = Field(
+    tied_params: ParamCount = Field(
         0, ge=0,
         description="Parameters counted in another layer but held again here when the two sit on "
         "different pipeline stages (a head tied to the input embedding).",
     )
-    hidden: int = Field(gt=0, description="Width of the activation this layer outputs per token.")
+    hidden: Width = Field(gt=0, description="Width of the activation this layer outputs per token.")
     flops_per_token: float = Field(
         ge=0, description="Forward FLOPs per token that do not depend on the sequence length."
     )
@@ -200,12 +218,12 @@ class ModelGraph(BaseModel):
     name: str = Field(description="Model name.")
     family: Literal["decoder", "encoder", "recsys", "generic"] = Field(description="Model family.")
     layers: list[Layer] = Field(min_length=1, description="Layers in execution order.")
-    hidden: int = Field(gt=0, description="Model width (d_model, or the dense width for recsys).")
-    num_blocks: int = Field(ge=0, description="Transformer blocks (0 for non-transformer models).")
-    heads: int = Field(1, gt=0, description="Attention heads (1 when there is no attention).")
-    kv_heads: int = Field(1, gt=0, description="Key/value heads.")
-    vocab: int = Field(0, ge=0, description="Vocabulary size (0 when there is none).")
-    num_experts: int = Field(0, ge=0, description="Routed experts per MoE layer (0 for dense models).")
+    hidden: Width = Field(gt=0, description="Model width (d_model, or the dense width for recsys).")
+    num_blocks: LayerCount = Field(ge=0, description="Transformer blocks (0 for non-transformer models).")
+    heads: Width = Field(1, gt=0, description="Attention heads (1 when there is no attention).")
+    kv_heads: Width = Field(1, gt=0, description="Key/value heads.")
+    vocab: VocabSize = Field(0, ge=0, description="Vocabulary size (0 when there is none).")
+    num_experts: Width = Field(0, ge=0, description="Routed experts per MoE layer (0 for dense models).")
     source: str = Field("", description="Where the sizes come from (paper, model card, config).")
     edges: list[tuple[str, str]] = Field(
         default_factory=list,

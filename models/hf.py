@@ -22,7 +22,6 @@ transformers configuration classes):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from pydantic import ValidationError
 
 from models.errors import ModelInputError
 from models.graph import ModelGraph
-from models.spec import format_validation_error
+from models.spec import format_validation_error, parse_json, read_text
 from models.transformer import TransformerConfig, build_transformer
 
 _COMMON = {
@@ -168,7 +167,7 @@ def hf_config_to_transformer(data: Mapping[str, Any], where: str = "config.json"
     """Map a parsed config.json onto a TransformerConfig (errors name `where` and the HF key)."""
     c = _Config(data, where)
     model_type = c.req("model_type")
-    if model_type not in _MAPPERS:
+    if not isinstance(model_type, str) or model_type not in _MAPPERS:  # a list is unhashable
         raise ModelInputError(f"{where}: model_type: unsupported '{model_type}'; supported: {', '.join(SUPPORTED)}")
     kw, rename = _MAPPERS[model_type](c)
     kw = {k: v for k, v in kw.items() if v is not None}
@@ -185,12 +184,7 @@ def load_hf_config(source: str | Path | Mapping[str, Any], name: str | None = No
     if isinstance(source, Mapping):
         return build_transformer(hf_config_to_transformer(source, "config.json", name))
     path = Path(source)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ModelInputError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ModelInputError(f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    data = parse_json(read_text(path, "Hugging Face config.json"), str(source))
     if not isinstance(data, dict):
         raise ModelInputError(f"{source}: expected a JSON object, got {type(data).__name__}")
     return build_transformer(hf_config_to_transformer(data, str(source), name, path))

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from models.graph import EmbeddingTable, Layer, LayerKind, ModelGraph
+from models.graph import EmbeddingTable, Layer, LayerKind, ModelGraph, Width
 
 FP32 = 4  # bytes per activation element
 
@@ -29,11 +29,11 @@ class DLRMConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, description="Model name shown in plans and reports.")
-    dense_features: int = Field(13, gt=0, description="Continuous input features (Criteo: 13).")
-    bottom_mlp: list[int] = Field(
+    dense_features: Width = Field(13, gt=0, description="Continuous input features (Criteo: 13).")
+    bottom_mlp: list[Width] = Field(
         min_length=1, description="Output widths of the bottom MLP layers; the input width is dense_features."
     )
-    top_mlp: list[int] = Field(
+    top_mlp: list[Width] = Field(
         min_length=1, description="Output widths of the top MLP layers; the input width follows the interaction."
     )
     tables: list[EmbeddingTable] = Field(min_length=1, description="Categorical feature tables.")

@@ -29,12 +29,15 @@ A spec is one mapping in one of four shapes::
     num_blocks: 1
     layers: [{name: embedding, kind: embedding, params: 16384, hidden: 64, flops_per_token: 0}, ...]
 
-Every error is a ModelInputError of one line, ``path: field.path: message``.
+Sizes are integers (not true, 4.0 or "4") under generous bounds (models/graph.py: MAX_WIDTH, MAX_VOCAB,
+MAX_LAYERS, MAX_ROWS).  A file over 8 MiB (models/yamlio.py: MAX_INPUT_BYTES), not UTF-8, or with a key
+repeated in one mapping is refused.  Every error is a ModelInputError of one line, ``path: field.path: message``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +50,7 @@ from models.recsys import DLRMConfig, build_dlrm
 from models.transformer import TransformerConfig, bert, build_transformer, gpt, llama
 from models.zoo import ZOO, build_config, close_matches
 from models.zoo.entry import ZooEntry
+from models.yamlio import MAX_INPUT_BYTES, UniqueKeyLoader
 
 # builder name -> function from the spec's fields to a config
 BUILDERS: dict[str, Callable[..., BaseModel]] = {
@@ -70,27 +74,61 @@ def format_validation_error(where: str, err: ValidationError, prefix: str = "", 
         loc = (rename or {}).get(loc, loc)
         loc = ".".join(p for p in (prefix, loc) if p)
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "int_type":  # strict sizes: say what came instead (true, 4.0, "4")
+            msg += f", got {type(e['input']).__name__}"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return f"{where}: {'; '.join(parts)}"
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file that must hold one mapping."""
+def read_text(path: str | Path, what: str = "model file") -> str:
+    """The text of a user file: a regular file of at most MAX_INPUT_BYTES of UTF-8, else ModelInputError."""
     p = Path(path)
+    if p.is_dir():
+        raise ModelInputError(f"{path}: is a directory, not a {what}")
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            # read one byte past the cap: a pipe or device file has no size to check beforehand
+            data = handle.read(MAX_INPUT_BYTES + 1) if size <= MAX_INPUT_BYTES else b""
     except OSError as exc:
         raise ModelInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if size > MAX_INPUT_BYTES or len(data) > MAX_INPUT_BYTES:
+        raise ModelInputError(f"{path}: file too large ({max(size, len(data)) / 2**20:.1f} MiB or more); "
+                              f"input files are limited to {MAX_INPUT_BYTES // 2**20} MiB")
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark is harmless; any other non-UTF-8 byte is not
+    except UnicodeDecodeError as exc:
+        raise ModelInputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                              "save the file as UTF-8") from None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """json.loads with every failure as one ModelInputError line naming `where`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelInputError(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise ModelInputError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ModelInputError(f"{where}: not valid JSON: nested too deeply") from None
+
+
+def read_mapping(path: str | Path, what: str = "model file") -> dict[str, Any]:
+    """Parse a YAML or JSON file that must hold one mapping (repeated YAML keys are errors)."""
+    p = Path(path)
+    text = read_text(p, what)
     if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ModelInputError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        data = parse_json(text, str(path))
     else:
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=UniqueKeyLoader)
         except yaml.YAMLError as exc:
             raise ModelInputError(f"{path}: not valid YAML: {_yaml_message(exc)}") from None
+        except ValueError as exc:  # an integer of thousands of digits
+            raise ModelInputError(f"{path}: not valid YAML: {exc}") from None
+        except RecursionError:
+            raise ModelInputError(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise ModelInputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

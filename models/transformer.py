@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from models.graph import AttentionShape, Layer, LayerKind, ModelGraph, MoEShape
+from models.graph import AttentionShape, Layer, LayerCount, LayerKind, ModelGraph, MoEShape, VocabSize, Width
 
 _CONFIG = ConfigDict(extra="forbid")
 GATED = ("swiglu", "geglu")
@@ -35,14 +35,14 @@ class MoEConfig(BaseModel):
     """Mixture-of-experts feed-forward (Mixtral, DeepSeek)."""
 
     model_config = _CONFIG
-    num_experts: int = Field(gt=0, description="Routed experts per MoE block.")
-    top_k: int = Field(gt=0, description="Routed experts each token visits.")
-    expert_ffn: int = Field(gt=0, description="Hidden width of one expert's feed-forward.")
-    shared_experts: int = Field(0, ge=0, description="Always-active experts of width expert_ffn (DeepSeek).")
-    first_dense_layers: int = Field(
+    num_experts: Width = Field(gt=0, description="Routed experts per MoE block.")
+    top_k: Width = Field(gt=0, description="Routed experts each token visits.")
+    expert_ffn: Width = Field(gt=0, description="Hidden width of one expert's feed-forward.")
+    shared_experts: Width = Field(0, ge=0, description="Always-active experts of width expert_ffn (DeepSeek).")
+    first_dense_layers: LayerCount = Field(
         0, ge=0, description="Leading blocks that keep a dense MLP of width `ffn` (DeepSeek first_k_dense_replace)."
     )
-    every: int = Field(
+    every: LayerCount = Field(
         1, gt=0, description="Block i >= first_dense_layers is MoE when i % every == 0 (HF moe_layer_freq)."
     )
 
@@ -57,11 +57,11 @@ class MLAConfig(BaseModel):
     """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434)."""
 
     model_config = _CONFIG
-    q_lora_rank: int | None = Field(None, gt=0, description="Query down-projection rank; None: full-rank wq.")
-    kv_lora_rank: int = Field(gt=0, description="Compressed key/value latent width.")
-    qk_nope_head_dim: int = Field(gt=0, description="Per-head query/key width without rotary embedding.")
-    qk_rope_head_dim: int = Field(gt=0, description="Per-head query/key width carrying rotary embedding.")
-    v_head_dim: int = Field(gt=0, description="Per-head value width.")
+    q_lora_rank: Width | None = Field(None, gt=0, description="Query down-projection rank; None: full-rank wq.")
+    kv_lora_rank: Width = Field(gt=0, description="Compressed key/value latent width.")
+    qk_nope_head_dim: Width = Field(gt=0, description="Per-head query/key width without rotary embedding.")
+    qk_rope_head_dim: Width = Field(gt=0, description="Per-head query/key width carrying rotary embedding.")
+    v_head_dim: Width = Field(gt=0, description="Per-head value width.")
 
 
 class TransformerConfig(BaseModel):
@@ -69,13 +69,13 @@ class TransformerConfig(BaseModel):
 
     model_config = _CONFIG
     name: str = Field(min_length=1, description="Model name shown in plans and reports.")
-    num_layers: int = Field(gt=0, description="Transformer blocks.")
-    hidden: int = Field(gt=0, description="Model width d_model.")
-    heads: int = Field(gt=0, description="Query heads.")
-    kv_heads: int | None = Field(None, gt=0, description="Key/value heads (GQA); default: heads (MHA).")
-    head_dim: int | None = Field(None, gt=0, description="Width of one head; default: hidden // heads.")
-    ffn: int = Field(gt=0, description="Dense MLP hidden width (for gated MLPs: width of gate and up).")
-    vocab: int = Field(gt=0, description="Vocabulary size.")
+    num_layers: LayerCount = Field(gt=0, description="Transformer blocks.")
+    hidden: Width = Field(gt=0, description="Model width d_model.")
+    heads: Width = Field(gt=0, description="Query heads.")
+    kv_heads: Width | None = Field(None, gt=0, description="Key/value heads (GQA); default: heads (MHA).")
+    head_dim: Width | None = Field(None, gt=0, description="Width of one head; default: hidden // heads.")
+    ffn: Width = Field(gt=0, description="Dense MLP hidden width (for gated MLPs: width of gate and up).")
+    vocab: VocabSize = Field(gt=0, description="Vocabulary size.")
     activation: Literal["gelu", "swiglu", "geglu", "squared_relu", "relu"] = Field(
         "gelu", description="MLP activation; swiglu/geglu are gated (three matrices)."
     )
@@ -90,13 +90,13 @@ class TransformerConfig(BaseModel):
         None, description="Biases on the Q, K, V projections; default: `bias` (Qwen2 has only these)."
     )
     position: Literal["rope", "learned"] = Field("rope", description="Rotary (no params) or learned position table.")
-    max_positions: int = Field(4096, gt=0, description="Context length; sizes the learned position table.")
+    max_positions: VocabSize = Field(4096, gt=0, description="Context length; sizes the learned position table.")
     tied_embeddings: bool = Field(False, description="Output head shares the input embedding matrix.")
     dropout: bool = Field(False, description="Training uses dropout (adds masks to saved activations).")
     causal: bool = Field(True, description="Causal decoder; False builds a bidirectional encoder.")
     moe: MoEConfig | None = Field(None, description="Mixture-of-experts feed-forward; None: dense.")
     mla: MLAConfig | None = Field(None, description="Multi-head latent attention; None: standard MHA/GQA.")
-    type_vocab: int = Field(0, ge=0, description="Token-type (segment) embeddings (BERT: 2).")
+    type_vocab: VocabSize = Field(0, ge=0, description="Token-type (segment) embeddings (BERT: 2).")
     encoder_heads: bool = Field(
         False,
         description="Add BERT pre-training heads to `head`: pooler (h^2+h), MLM transform (h^2+h + norm), "

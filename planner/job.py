@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from hardware import Cluster
 from models.graph import ModelGraph
@@ -32,6 +32,28 @@ class Job(BaseModel):
         description="Element-wise work runs in fused kernels (Megatron/Transformer Engine fusions or "
         "torch.compile); False for eager PyTorch, whose unfused kernels move more bytes.",
     )
+
+    @field_validator("seq_len")
+    @classmethod
+    def _one_sample_per_sequence(cls, seq_len: int, info: ValidationInfo) -> int:
+        # a recommendation model's "token" is a sample: seq_len > 1 would silently scale its dense layers
+        model = info.data.get("model")
+        if model is not None and model.family == "recsys" and seq_len != 1:
+            raise ValueError(f"{model.name} is a recommendation model: --seq-len must be 1, got {seq_len} "
+                             "(a sample is one token; --batch counts samples)")
+        return seq_len
+
+    @field_validator("precision")
+    @classmethod
+    def _fp8_needs_hardware(cls, precision: str, info: ValidationInfo) -> str:
+        # the cost model would score fp8 GEMMs at the bf16 rate while the plan says fp8
+        cluster = info.data.get("cluster")
+        if precision == "fp8" and cluster is not None:
+            for pool in cluster.pools:
+                if "fp8" not in pool.device_spec().peak_flops:
+                    raise ValueError(f"--precision fp8 needs FP8 hardware: device {pool.node.device} (pool "
+                                     f"{pool.name}) has none in the hardware catalog; use --precision bf16")
+        return precision
 
     @property
     def tokens_per_step(self) -> int:

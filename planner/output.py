@@ -1,20 +1,34 @@
-"""Atomic output directories (DESIGN.md principle 7: no half-written plan on error).
+"""Atomic output directories (docs: design principle 7, no half-written plan on error).
 
 `write_outputs` writes every file into a fresh temporary directory beside the
 target, then renames it into place.  An existing target is replaced only with
-`force`, and then by a rename too: the old directory is moved aside, the new
-one moved in, and the old one removed; if the swap fails the old one is put
-back.  Either the complete new output is there, or what was there before.
+`force`, only when planner wrote it (it holds one of `MARKERS`), and then by a
+rename too: the old directory is moved aside, the new one moved in, and the
+old one removed; if the swap fails the old one is put back.  Either the
+complete new output is there, or what was there before.
+
+Paths whose replacement would cost the user data are refused outright: the
+filesystem root, the home directory, the current directory or one of its
+parents, and the root of a git repository.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import signal
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from planner.errors import PlannerInputError
+
+# Files that only planner's outputs hold at their top level: plan.json (compile) and results.csv
+# (sweep).  `--force` replaces a non-empty directory only when it holds one of them.
+MARKERS = ("plan.json", "results.csv")
 
 
 def _check_name(name: str) -> PurePosixPath:
@@ -30,21 +44,54 @@ def _umask_mode() -> int:
     return 0o777 & ~mask
 
 
+def refuse_unsafe_path(out_dir: Path | str) -> None:
+    """Raise PlannerInputError for an output path that must never be written or replaced."""
+    if str(out_dir).strip() == "":
+        raise PlannerInputError("output directory: empty path; name a new folder, e.g. -o out/plan")
+    target = Path(out_dir).expanduser().resolve()
+    cwd = Path.cwd().resolve()
+    why = None
+    if target == Path(target.anchor):
+        why = "is the filesystem root"
+    elif target == Path.home().resolve():
+        why = "is the home directory"
+    elif target == cwd or target in cwd.parents:
+        why = "is the current directory" if target == cwd else "holds the current directory"
+    elif (target / ".git").exists():
+        why = "is the root of a git repository"
+    if why is not None:
+        raise PlannerInputError(f"output directory {out_dir}: {why}; name a new folder, e.g. -o out/plan")
+
+
+def written_by_planner(out_dir: Path) -> bool:
+    """True when `out_dir` holds one of planner's marker files at its top level."""
+    return any((out_dir / name).is_file() for name in MARKERS)
+
+
 def check_output_dir(out_dir: Path, force: bool = False) -> None:
-    """Raise PlannerInputError unless `out_dir` may be written: absent, empty, or `force` (a directory)."""
+    """Raise PlannerInputError unless `out_dir` may be written.
+
+    It may when it is absent or an empty directory, or, with `force`, a directory that planner wrote.
+    """
+    refuse_unsafe_path(out_dir)
     out_dir = Path(out_dir)
     if out_dir.exists() or out_dir.is_symlink():
         if not out_dir.is_dir():
             raise PlannerInputError(f"{out_dir} exists and is not a directory")
-        if not force and any(out_dir.iterdir()):
+        if not any(out_dir.iterdir()):
+            return
+        if not force:
             raise PlannerInputError(f"{out_dir} exists; use --force")
+        if out_dir.is_symlink() or not written_by_planner(out_dir):
+            raise PlannerInputError(f"{out_dir} exists and was not written by planner (no {' or '.join(MARKERS)}); "
+                                    "--force only replaces planner's own output: choose another folder")
 
 
 def write_outputs(out_dir: Path, files: dict[str, str | bytes], force: bool = False) -> None:
     """Write `files` (relative path -> text or bytes) as the directory `out_dir`, atomically.
 
-    Raises PlannerInputError when `out_dir` exists and is not empty (unless
-    `force`), or is not a directory.
+    Raises PlannerInputError when `out_dir` may not be written (see `check_output_dir`), also when a
+    directory appeared there while planner was working (two runs racing for one folder: one wins).
     """
     out_dir = Path(out_dir)
     names = {name: _check_name(name) for name in files}
@@ -54,42 +101,114 @@ def write_outputs(out_dir: Path, files: dict[str, str | bytes], force: bool = Fa
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise PlannerInputError(f"{out_dir}: cannot create the parent directory ({err.strerror})") from None
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
-    except OSError as err:
-        raise PlannerInputError(f"{out_dir}: cannot write beside it ({err.strerror})") from None
-    try:
-        os.chmod(staging, _umask_mode())
-        for name, content in sorted(files.items()):
-            target = staging.joinpath(*names[name].parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            data = content.encode("utf-8") if isinstance(content, str) else content
-            with open(target, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if target.suffix == ".sh":
-                target.chmod(0o755)  # launch scripts run as they are
-        _swap_in(staging, out_dir.absolute())
-    except OSError as err:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise PlannerInputError(f"{out_dir}: cannot write ({err.strerror or err})") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with _signals_held():  # an interrupt waits until the folder is whole, or gone, and nothing is left beside it
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+        except OSError as err:
+            raise PlannerInputError(f"{out_dir}: cannot write beside it ({err.strerror})") from None
+        try:
+            os.chmod(staging, _umask_mode())
+            for name, content in sorted(files.items()):
+                _write_file(staging.joinpath(*names[name].parts), content)
+            _swap_in(staging, out_dir.absolute(), force)
+        except OSError as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise PlannerInputError(f"{out_dir}: cannot write ({err.strerror or err})") from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
 
-def _swap_in(staging: Path, out_dir: Path) -> None:
-    """Rename `staging` to `out_dir`, replacing an existing `out_dir` (moved aside, then removed)."""
-    if not out_dir.exists():
-        os.rename(staging, out_dir)
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs; a signal that came meanwhile is delivered after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # Python runs handlers in the main thread only; another thread has nothing to hold back
         return
-    backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    os.rmdir(backup)  # only its unique name is wanted
-    os.rename(out_dir, backup)
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        os.rename(staging, out_dir)
-    except BaseException:
-        os.rename(backup, out_dir)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _write_file(target: Path, content: str | bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    with open(target, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if target.suffix == ".sh":
+        target.chmod(0o755)  # launch scripts run as they are
+
+
+def _appeared(out_dir: Path) -> PlannerInputError:
+    return PlannerInputError(f"{out_dir} appeared while planner was working (another run?); nothing was replaced")
+
+
+def _swap_in(staging: Path, out_dir: Path, force: bool) -> None:
+    """Rename `staging` to `out_dir`; with `force`, replace planner's earlier output (moved aside, then removed).
+
+    rename(2) onto a non-empty directory fails, so a folder that another run filled since the
+    check is never replaced silently; the existing folder is re-checked here, not trusted.
+    """
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not force or not written_by_planner(out_dir):
+            raise _appeared(out_dir)
+        backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        os.rmdir(backup)  # only its unique name is wanted
+        os.rename(out_dir, backup)
+        try:
+            _rename_into(staging, out_dir)
+        except BaseException:
+            os.rename(backup, out_dir)
+            raise
+        shutil.rmtree(backup, ignore_errors=True)
+        return
+    _rename_into(staging, out_dir)
+
+
+def _rename_into(staging: Path, out_dir: Path) -> None:
+    try:
+        os.rename(staging, out_dir)  # succeeds onto nothing or an empty directory only
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise _appeared(out_dir) from None
         raise
-    shutil.rmtree(backup, ignore_errors=True)
+
+
+def check_file_target(path: Path) -> None:
+    """Raise PlannerInputError now, before any work, when the file `path` could not be written later."""
+    path = Path(path)
+    if path.is_dir():
+        raise PlannerInputError(f"{path}: is a directory; name a file")
+    folder = next((p for p in (path.absolute().parent, *path.absolute().parents) if p.exists()), None)
+    if folder is None or not folder.is_dir():
+        raise PlannerInputError(f"{path}: cannot create its folder")
+    probe = path if path.exists() else folder
+    if not os.access(probe, os.W_OK):
+        raise PlannerInputError(f"{path}: cannot write (permission denied)")
+
+
+def write_file(path: Path, content: str | bytes) -> None:
+    """Write one file atomically (a temporary file beside it, renamed over it): a whole file or none."""
+    path = Path(path)
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    except OSError as err:
+        raise PlannerInputError(f"{path}: cannot write ({err.strerror or err})") from None
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.chmod(tmp_name, 0o666 & _umask_mode())
+        os.replace(tmp_name, path)
+    except OSError as err:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise PlannerInputError(f"{path}: cannot write ({err.strerror or err})") from None
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -205,6 +205,10 @@ class PlanSolver(BaseModel):
     pruned: int = Field(description="Configurations pruned by their lower bound.")
     time_limit_s: float = Field(description="The search's wall-clock budget.")
     max_step_time_s: float | None = Field(description="Step-time limit with the cost objective, if any.")
+    stopped: Literal["time_limit"] | None = Field(
+        None, description="None: the search ran to its end, so the same inputs give this plan on any machine; "
+        "time_limit: the wall-clock budget cut it short, so the plan depends on the machine's speed and load "
+        "and another run may differ (a larger time_limit_s gives a reproducible plan).")
 
 
 class PlanRunnerUp(BaseModel):
@@ -239,6 +243,10 @@ class Plan(BaseModel):
     inputs_digest: str = Field(
         description="sha256 (hex) of the canonical JSON of the model, cluster, job parameters and compile options."
     )
+    options: dict | None = Field(
+        None, description="The compile options (what `planner.search` was asked: objective, limits, space), part of "
+        "inputs_digest; `planner simulate` recomputes the digest from them and the model and cluster it loads. "
+        "None in plans written before it was recorded.")
     job: PlanJob = Field(description="The job.")
     strategy: dict = Field(description="The chosen strategy, every field resolved (as `estimate --json`).")
     strategy_spec: str = Field(description="The chosen strategy as a SPEC string.")
@@ -260,9 +268,9 @@ PlanGroup.model_rebuild()
 # ---------------------------------------------------------------- digest
 
 
-def inputs_digest(job: Job, options: BaseModel) -> str:
+def inputs_digest(job: Job, options: BaseModel | dict) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of everything the plan depends on (`options`: the
-    compile options, dense or embedding)."""
+    compile options, dense or embedding, as a model or as the JSON object plan.json records)."""
     payload = {
         "model": job.model.model_dump(mode="json"),
         "cluster": job.cluster.model_dump(mode="json"),
@@ -270,7 +278,7 @@ def inputs_digest(job: Job, options: BaseModel) -> str:
             "global_batch": job.global_batch, "seq_len": job.seq_len, "precision": job.precision,
             "optimizer": job.optimizer, "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
         },
-        "options": options.model_dump(mode="json"),
+        "options": options.model_dump(mode="json") if isinstance(options, BaseModel) else options,
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -429,6 +437,7 @@ def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan
     return Plan(
         planner_version=__version__,
         inputs_digest=inputs_digest(job, options),
+        options=options.model_dump(mode="json"),
         job=plan_job(job, estimate.num_gpus),
         strategy=estimate.strategy,
         strategy_spec=estimate.strategy_spec,
@@ -460,7 +469,7 @@ def plan_solver(cert: Certificate, options: CompileOptions) -> PlanSolver:
     return PlanSolver(
         objective_kind=options.objective, status=cert.status, objective=cert.objective, bound=cert.bound,
         gap=cert.gap, configurations=cert.configurations, solved=cert.solved, pruned=cert.pruned,
-        time_limit_s=options.time_limit, max_step_time_s=options.max_step_time,
+        time_limit_s=options.time_limit, max_step_time_s=options.max_step_time, stopped=cert.stopped,
     )
 
 

@@ -49,6 +49,7 @@ def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -
     return Plan(
         planner_version=__version__,
         inputs_digest=inputs_digest(job, options),
+        options=options.model_dump(mode="json"),
         job=plan_job(job, estimate.num_gpus),
         strategy={"replica_groups": [{"pool": g.pool, "batch": g.batch, **g.plan.strategy} for g in groups],
                   "sync_s": estimate.sync_s},

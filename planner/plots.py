@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from planner.compare import CompareRow
+from planner.output import write_file
 
 
 def compare_figure(rows: list[CompareRow], title: str) -> bytes:
@@ -37,6 +38,5 @@ def compare_figure(rows: list[CompareRow], title: str) -> bytes:
 
 
 def plot_compare(rows: list[CompareRow], title: str, path: Path) -> None:
-    """Write `compare_figure` to `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(compare_figure(rows, title))
+    """Write `compare_figure` to `path` (whole or not at all)."""
+    write_file(path, compare_figure(rows, title))

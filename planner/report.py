@@ -148,6 +148,10 @@ def _solver(plan: Plan) -> list[str]:
         f"- gap: {100 * s.gap:.2f}%",
         f"- configurations: {s.configurations} in the space, {s.solved} solved, {s.pruned} pruned by their bound",
         f"- time limit: {s.time_limit_s:g} s",
+        ("- search: **stopped by the time limit**: the plan depends on this machine's speed and load, so it is "
+         "not reproducible (another run may choose differently); a larger limit gives a reproducible plan"
+         if s.stopped == "time_limit" else
+         "- search: complete (reproducible: the same inputs give the same plan)"),
     ]
     if s.max_step_time_s is not None:
         lines.append(f"- step-time limit: {s.max_step_time_s:g} s")

@@ -14,6 +14,19 @@
    (time limit) and the best bounds of programs stopped early.  Gap =
    (objective - bound) / objective.  OPTIMAL means gap 0 up to table rounding.
 
+The time limit is a wall-clock budget for the whole search, replica groups and
+runners-up included.  The budget is checked before every configuration,
+every CP-SAT solve and every runner-up; each solve may run for at most the
+time left, and for at most `solve_work` of CP-SAT's deterministic time (a
+machine-independent measure of work, about a second each): a program stopped
+by that limit stops at the same point on any machine under any load.  Once
+the budget is spent (and a plan exists: before the first plan the search goes
+on until it has one) the search returns its incumbent as FEASIBLE, with the
+bounds of what it did not solve in the certificate, and marks the certificate
+`stopped="time_limit"`: what it found depends on the machine's speed and load,
+so another run may choose differently.  A search the wall clock never cut is
+reproducible: the same inputs give the same plan.
+
 Offload is tried only where no configuration fits without it (it adds time
 and saves only memory, so it cannot win where something else fits).  Where
 state lives is decided per stage inside each program: every stage picks one
@@ -33,73 +46,41 @@ from __future__ import annotations
 import math
 import time as clock
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable
 
 from ortools.sat.python import cp_model
-from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog, load_catalog
-from planner.cost import Estimate, evaluate
+from planner.cost import evaluate
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.ilp.model import Program, build_program
 from planner.ilp.bounds import bottleneck_bound
 from planner.ilp.build import build_tables, stage_pools_for
 from planner.ilp.tables import NS, TableBuilder
-from planner.cost.groups import GroupsEstimate, evaluate_groups, group_job
+from planner.cost.groups import evaluate_groups, group_job
+# the compile's types live in planner.compile_result; importers of planner.solve keep finding them here
+from planner.compile_result import Certificate, CompileOptions, CompileResult, RunnerUp, Status  # noqa: F401
 from planner.job import Job
-from planner.solve_groups import GroupSearch, search_groups, share_grid
+from planner.solve_groups import GroupSearch, cluster_floor, search_groups, share_grid
 from planner.space import SpaceOptions, global_configs, placement_variants
 from planner.strategy import Strategy
 
-Status = Literal["OPTIMAL", "FEASIBLE"]
+def _now() -> float:
+    """The search's clock: monotonic seconds (tests replace it to drive the budget)."""
+    return clock.perf_counter()
 
 
-class CompileOptions(BaseModel):
-    """What to optimise and how long to search."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    objective: Literal["time", "cost"] = Field("time", description="Minimise step time, or cost per step.")
-    max_step_time: float | None = Field(None, gt=0, description="With objective=cost: step time limit, seconds.")
-    time_limit: float = Field(60.0, gt=0, description="Wall-clock budget of the search, seconds.")
-    space: SpaceOptions = Field(default_factory=SpaceOptions, description="The strategy space.")
-    runners_up: int = Field(5, ge=0, description="Best other configurations to report.")
+FIRST_PLAN_SECONDS = 1.0  # wall seconds a CP-SAT solve may take while the search has no plan yet
+SOLVE_WORK_SHARE = 0.25  # deterministic time of one solve: this share of the time limit ...
+MIN_SOLVE_WORK = 1.0  # ... but at least this much (short limits)
 
 
-class Certificate(BaseModel):
-    """How good the returned plan is known to be."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    status: Status = Field(description="OPTIMAL (proved) or FEASIBLE (time limit: see gap).")
-    objective: float = Field(description="Objective of the plan (seconds per step, or USD per step).")
-    bound: float = Field(description="No plan in the space does better than this.")
-    gap: float = Field(description="(objective - bound) / objective.")
-    wall_s: float = Field(description="Search wall time, seconds.")
-    configurations: int = Field(description="Global configurations in the space.")
-    solved: int = Field(description="Configurations whose program was solved.")
-    pruned: int = Field(description="Configurations pruned by their lower bound.")
-
-
-class RunnerUp(BaseModel):
-    """A next-best configuration, for the report."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    strategy: str = Field(description="Its SPEC string.")
-    objective: float = Field(description="Its objective.")
-
-
-class CompileResult(BaseModel):
-    """The chosen strategy, its evaluation and the certificate (or, on a mixed cluster, replica groups)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    strategy: Strategy | None = Field(description="The plan's strategy; None for a replica-group plan.")
-    estimate: Estimate | None = Field(description="evaluate() of the strategy; None for a replica-group plan.")
-    certificate: Certificate
-    runners_up: list[RunnerUp]
-    groups: GroupsEstimate | None = Field(None, description="The replica groups (one strategy and batch share "
-                                          "per pool) when they beat every single-strategy plan.")
-    group_results: dict[str, "CompileResult"] = Field(
-        default_factory=dict, description="Each group's compile of its pool sub-job, by pool.")
+def solve_work(options: CompileOptions) -> float:
+    """CP-SAT deterministic time one configuration's program may spend: a function of the inputs only, so
+    a program it stops stops at the same point on every machine (the wall clock caps it too: see
+    _Search.solve_seconds)."""
+    return max(MIN_SOLVE_WORK, SOLVE_WORK_SHARE * options.time_limit)
 
 
 @dataclass
@@ -111,7 +92,7 @@ class _Search:
     catalog: Catalog
     builder: TableBuilder
     progress: Callable[[str], None] | None
-    start: float = field(default_factory=clock.perf_counter)
+    start: float = field(default_factory=lambda: _now())
     incumbent: float = float("inf")
     best: Strategy | None = None
     best_peak: float = float("inf")  # peak HBM of the best plan (tie-break)
@@ -119,16 +100,28 @@ class _Search:
     open_bounds: list[float] = field(default_factory=list)
     pruned: int = 0
     near: list = field(default_factory=list)  # (bound, spec, config, m, variants) the incumbent cap closed
+    stopped: bool = False  # the wall-clock budget cut something short: the result depends on the machine
+    need_plan: bool = True  # go on past the budget until a first plan exists (a replica group's compile does not)
 
     def elapsed(self) -> float:
-        return clock.perf_counter() - self.start
+        return _now() - self.start
 
     def remaining(self) -> float:
-        """Seconds left; the limit binds only once a first plan (or a cap) exists (a time limit returns
-        the best plan found, so the search always finds one if the space has one)."""
-        if self.incumbent == float("inf"):
-            return max(1.0, self.options.time_limit - self.elapsed())
+        """Wall seconds left of the budget (<= 0 once it is spent)."""
         return self.options.time_limit - self.elapsed()
+
+    def spent(self) -> bool:
+        """Stop searching: the budget is spent and a plan (or a cap) exists.  Without one the search
+        goes on to a first plan (a time limit returns the best plan found, so it finds one if the
+        space has one), unless need_plan is off."""
+        return (self.incumbent < float("inf") or not self.need_plan) and self.remaining() <= 0
+
+    def solve_seconds(self) -> float:
+        """Wall-clock cap of the next CP-SAT solve: the time left (while a first plan is still
+        needed, at least FIRST_PLAN_SECONDS)."""
+        if self.incumbent == float("inf") and self.need_plan:
+            return max(FIRST_PLAN_SECONDS, self.remaining())
+        return max(0.0, self.remaining())
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -216,6 +209,10 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
               else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
                             mixed_cluster=mixed, cutoff_ns=cutoff, uniform_placement=uniform)
+    if not runner_up and search.spent():  # the budget ran out while the tables were built
+        search.open_bounds.append(bound)
+        search.stopped = True
+        return
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):
@@ -223,14 +220,20 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic
     solver.parameters.random_seed = 0
+    # CP-SAT would install its own SIGINT handler and leave SIG_DFL behind after the solve: a later Ctrl-C
+    # then kills the process without the unwinding that removes a half-written output (cli/signals.py)
+    solver.parameters.catch_sigint_signal = False
     # CP-SAT's symmetry detection finds the orbitopes of identical stages but spends seconds of presolve
     # on it (40x the whole solve on 1,000-block models); the tables already merge identical contents.
     solver.parameters.symmetry_level = 0
-    if runner_up:  # a deterministic limit: the same runners-up on any machine
-        solver.parameters.max_deterministic_time = RUNNER_UP_WORK
-    else:
-        solver.parameters.max_time_in_seconds = max(0.05, search.remaining())
+    # a deterministic limit (the same result on any machine) and the wall-clock time left (a stop by the
+    # latter makes the result depend on the machine: flagged)
+    work = RUNNER_UP_WORK if runner_up else solve_work(search.options)
+    solver.parameters.max_deterministic_time = work
+    solver.parameters.max_time_in_seconds = max(0.0, search.remaining()) if runner_up else search.solve_seconds()
     status = solver.solve(program.model)
+    if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and solver.deterministic_time < work * (1 - 1e-6):
+        search.stopped = True  # the wall clock, not the work limit, ended this solve
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.UNKNOWN and not runner_up:
             search.open_bounds.append(bound)
@@ -264,6 +267,7 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     options = options or CompileOptions()
     catalog = catalog or load_catalog()
     search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress)
+    legal = _legal_configs(job, options.space)  # counts the space (bounded after the replica groups)
     grouped = None
     if len(job.cluster.pools) > 1 and options.objective == "time" and options.space.replica_groups:
         # replica groups first: a good plan from them prunes most single-strategy configurations
@@ -274,13 +278,14 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
         grouped = search_groups(
             job, lambda sub, cap: _compile_pool(search, sub, cap, builders[sub.cluster.pools[0].name], grain),
             catalog, remaining=search.remaining)
+        search.stopped = search.stopped or grouped.stopped
         if grouped.groups is not None:
             search.incumbent = grouped.objective * (1 + 1e-9)
             search.say(f"[{search.elapsed():6.2f}s] replica groups {grouped.objective:.6g} "
                        f"({grouped.compiled} pool compiles)")
     has_groups = grouped is not None and grouped.groups is not None
     # offload only where nothing fits without it: replica groups that fit count
-    configs = _search_configs(search, retry_offload=not has_groups)
+    configs = _search_configs(search, legal, retry_offload=not has_groups)
     if search.best is None and not has_groups:
         if not configs:
             raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size "
@@ -298,8 +303,12 @@ def _runners_up(search: _Search) -> None:
     known = {spec for _, spec, _ in search.solved}
     closest = sorted(search.near, key=lambda item: item[:2])[: search.options.runners_up]
     for bound, spec, config, m, variants in closest:
-        if spec not in known:
-            _solve_config(search, config, m, bound, variants, runner_up=True)
+        if spec in known:
+            continue
+        if search.remaining() <= 0:  # the budget binds the report's extras too
+            search.stopped = True
+            return
+        _solve_config(search, config, m, bound, variants, runner_up=True)
 
 
 def _space_limits_note(space: SpaceOptions) -> str:
@@ -312,10 +321,10 @@ def _space_limits_note(space: SpaceOptions) -> str:
     return f" under {'; '.join(notes)}" if notes else ""
 
 
-def _search_configs(search: _Search, retry_offload: bool = True) -> list:
+def _search_configs(search: _Search, legal: list[tuple[int, Strategy]], retry_offload: bool = True) -> list:
     """Branch and bound over the configurations, then with offload if nothing was found; the configurations."""
     space = search.options.space
-    configs = _bounded_configs(search, space)
+    configs = _bounded_configs(search, legal)
     _branch_and_bound(search, configs, offload=space.offload_search == "always")
     if search.best is None and retry_offload and space.offload_search == "fallback":
         # nothing fits: retry with offload among each stage's placements, which trades time for memory
@@ -330,11 +339,14 @@ def _compile_pool(parent: _Search, job: Job, cap: float, builder: TableBuilder,
     `cap`, on the parent's clock."""
     space = parent.options.space.model_copy(update={"batch_grain": grain})
     options = parent.options.model_copy(update={"runners_up": 0, "space": space})
+    # past the budget, a compile under a cap stops with or without a plan (there is a plan to beat, or the
+    # configurations find the first one); one without a cap, asked while no split has a plan, goes on to one
     search = _Search(job=job, options=options, catalog=parent.catalog, builder=builder, progress=None,
-                     start=parent.start)
+                     start=parent.start, need_plan=parent.need_plan and cap == float("inf"))
     if cap < float("inf"):
         search.incumbent = cap * (1 + 1e-9)
-    configs = _search_configs(search)
+    configs = _search_configs(search, _legal_configs(job, space))
+    parent.stopped = parent.stopped or search.stopped
     if search.best is None:
         return float("inf"), min([cap, *search.open_bounds]), None
     result = _result(search, len(configs))
@@ -359,6 +371,7 @@ def _certificate(search: _Search, objective: float, other_bound: float, configur
     return Certificate(
         status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,
         wall_s=search.elapsed(), configurations=configurations, solved=len(search.solved), pruned=search.pruned,
+        stopped="time_limit" if search.stopped else None,
     )
 
 
@@ -368,16 +381,29 @@ def _runner_ups(search: _Search, exclude: str | None) -> list[RunnerUp]:
     return [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
 
 
-def _bounded_configs(search: _Search, space: SpaceOptions) -> list[tuple[float, int, Strategy]]:
+def _legal_configs(job: Job, space: SpaceOptions) -> list[tuple[int, Strategy]]:
+    """(micro-batches, configuration) of every legal configuration some pool can hold, in space order."""
+    return [(job.global_batch // (config.dp * config.mbs), config) for config in global_configs(job, space)
+            if _pools(job, config)]
+
+
+def _bounded_configs(search: _Search, legal: list[tuple[int, Strategy]]) -> list[tuple[float, int, Strategy]]:
+    """The configurations with their lower bounds, in bound order.  Once the budget is spent the rest
+    get the cheap compute floor instead, and no order but the least bound first (the search stops
+    before solving any of them)."""
     out = []
     job = search.job
-    for config in global_configs(job, space):
-        m = job.global_batch // (config.dp * config.mbs)
+    for index, (m, config) in enumerate(legal):
+        if search.spent():
+            floor = cluster_floor(job, search.catalog)
+            if search.options.objective == "cost":
+                out += [(floor * _rate_floor(search, c, _pools(job, c)), n, c) for n, c in legal[index:]]
+            else:
+                out += [(floor, n, c) for n, c in legal[index:]]
+            out.sort(key=lambda item: item[0])
+            return out
         pools = _pools(job, config)
-        if not pools:
-            continue
-        bound = search.builder.lower_bound(config, pools, m) * _rate_floor(search, config, pools)
-        out.append((bound, m, config))
+        out.append((search.builder.lower_bound(config, pools, m) * _rate_floor(search, config, pools), m, config))
     out.sort(key=lambda item: (item[0], item[2].spec()))
     return out
 
@@ -400,8 +426,9 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
         if bound >= search.incumbent * (1 - 1e-9):
             search.pruned += len(configs) - index
             return
-        if search.remaining() <= 0:
+        if search.spent():
             search.open_bounds.extend(b for b, _, _ in configs[index:])
+            search.stopped = True
             return
         variants = placement_variants(search.job, config, search.options.space, offload)
         if search.incumbent < float("inf"):

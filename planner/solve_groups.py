@@ -22,6 +22,11 @@ search.  Then:
    exists iff the pools' largest shares under that limit (binary search over
    n, by monotonicity) add up to N; if one does, it becomes the incumbent and
    the check restarts.  When no set improves, U is optimal over the space.
+
+Past the time limit only the shares of a first split are still compiled (no
+cap: the search has no plan yet); then the search returns what it has, with
+`stopped` set, and the bound falls back to the compute floor of the whole
+cluster for what it never asked.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class GroupSearch:
     bound: float = 0.0
     results: dict = field(default_factory=dict)  # pool -> its group's CompileResult
     compiled: int = 0  # pool sub-jobs compiled
+    stopped: bool = False  # the time limit cut the search short (what it found depends on the machine)
 
 
 def share_grid(batch: int) -> int:
@@ -77,6 +83,13 @@ def compute_floor(job: Job, pool: str, batch: int, catalog: Catalog) -> float:
     return flops / (node.gpus * rate)
 
 
+def cluster_floor(job: Job, catalog: Catalog) -> float:
+    """Seconds no plan of the whole job beats, replica groups or one strategy: its FLOPs at the best GEMM
+    rate of every GPU of the cluster (the pools' compute_floor rates added)."""
+    floors = [compute_floor(job, pool.name, job.global_batch, catalog) for pool in job.cluster.pools]
+    return 0.0 if min(floors) <= 0 else 1.0 / sum(1.0 / f for f in floors)
+
+
 class _Shares:
     """The lazily compiled table T[p, n] and the questions asked of it."""
 
@@ -87,6 +100,7 @@ class _Shares:
         self.grain = job.global_batch // self.shares
         self.entries: dict[tuple[str, int], Entry] = {}
         self.compiled = 0
+        self.stopped = False  # a share went uncompiled for want of time
 
     def entry(self, pool: str, n: int) -> Entry:
         if (pool, n) not in self.entries:
@@ -100,8 +114,12 @@ class _Shares:
         e = self.entry(pool, n)
         if e.value is not None:
             return e.value if e.value <= cap else float("inf")
-        if e.above >= cap or self.remaining() <= 0:
+        if e.above >= cap:
             return float("inf")
+        if self.remaining() <= 0:
+            self.stopped = True
+            if cap < float("inf"):  # past the budget only the first plan is still sought (uncapped)
+                return float("inf")
         value, bound, result = self.compile_pool(group_job(self.job, pool, n * self.grain), cap)
         self.compiled += 1
         if result is not None:
@@ -174,7 +192,10 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
         subset = subset[:-1]
     # 2. proof: no set of active pools has a split faster than the incumbent
     improved = True
-    while improved and remaining() > 0:
+    while improved:
+        if remaining() <= 0:
+            table.stopped = True
+            break
         improved = False
         for size in range(1, len(table.pools) + 1):
             for subset in itertools.combinations(table.pools, size):
@@ -187,16 +208,19 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
                     before = best
                     consider(split)
                     improved = improved or best < before
-    result = GroupSearch(compiled=table.compiled)
+    result = GroupSearch(compiled=table.compiled, stopped=table.stopped)
     if best_split:
         chosen = [(p, best_split[p]) for p in table.pools if best_split.get(p, 0) > 0]  # cluster pool order
         result.groups = [ReplicaGroup(pool=p, batch=n * table.grain, strategy=table.entry(p, n).result.strategy)
                          for p, n in chosen]
         result.results = {p: table.entry(p, n).result for p, n in chosen}
         result.objective = best
-    # what is not known exactly (a compile at its time limit, or never asked) caps the bound
+    # what is not known exactly (a compile at its time limit, or never asked) caps the bound: shares never
+    # asked, past the time limit, by the compute floor of the whole cluster (no split beats it)
     inexact = [e.above for e in table.entries.values() if not e.exact]
-    result.bound = min([best, *inexact]) if remaining() > 0 else min([best, *inexact, 0.0])
+    if table.stopped:
+        inexact.append(cluster_floor(job, catalog))
+    result.bound = min([best, *inexact])
     return result
 
 

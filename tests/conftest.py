@@ -17,3 +17,22 @@ def mixed_job_files(tmp_path):
     spec.write_text("builder: llama\nname: wide\nnum_layers: 2\nhidden: 8192\nheads: 64\nkv_heads: 8\n"
                     "ffn: 28672\nvocab: 32000\n")
     return spec, cluster
+
+
+@pytest.fixture(autouse=True)
+def _one_multiprocess_test_at_a_time(request, tmp_path_factory):
+    """Tests marked `multiprocess` (tests/ports.py) hold an exclusive lock shared by every xdist worker."""
+    if request.node.get_closest_marker("multiprocess") is None:
+        yield
+        return
+    import fcntl
+
+    # every worker's basetemp (…/popen-gwN) sits in the session's shared folder
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if root.name.startswith("popen-gw") else root
+    with open(shared / "multiprocess.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -80,7 +80,8 @@ CASES = {
                    3, "nvme", "nvme"),
     "fp16-recompute-partial": (direct, ("llama3-8b", "dgx-h100:1", 16, 4096,
                                         "tp=2,pp=2,mbs=1,zero=1,recompute=full,recompute_layers=4"), 1, None, None),
-    "fp8-hsdp": (direct, ("tiny-llama", "cpu:2", 16, 128, "tp=1,mbs=1,zero=3,shard=node"), 3, None, None),
+    # fp8 needs a device with FP8 (the job refuses it elsewhere): 2 DGX H100 nodes, sharded within each
+    "fp8-hsdp": (direct, ("tiny-llama", "dgx-h100:2", 16, 128, "tp=1,mbs=1,zero=3,shard=node"), 3, None, None),
     "partial-offload": (direct, ("llama3-8b", "pcie-t4:2", 16, 4096,
                                  "tp=2,mbs=1,zero=3,recompute=full,offload=optimizer,offload_ratio=0.5"),
                         3, "cpu", None),
@@ -196,7 +197,10 @@ def test_substitutions_are_explained(case):
     if plan.strategy["offload_device"] == "nvme" and opt == "cpu":
         assert "nvme -> cpu" in readme
     if plan.strategy["shard"] == "node" and zero == 3:
-        assert config["zero_optimization"]["zero_hpz_partition_size"] == 4
+        # hpZ's secondary partition is one node (4 ranks on the cpu preset, 8 on a DGX)
+        per_node = plan.stages[0].ranks.spans[0].gpus_per_node
+        assert config["zero_optimization"]["zero_hpz_partition_size"] == per_node == {"cpu": 4, "dgx-h100": 8}[
+            plan.job.cluster.split(":")[0]]
     if name == "fp16-recompute-partial":
         assert "recompute=full on part of the blocks" in readme
 

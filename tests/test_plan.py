@@ -137,13 +137,13 @@ def test_report_mentions_every_stage_and_runner_up(case):
 
 def test_write_outputs_refuses_non_empty_dir_without_force(tmp_path):
     out = tmp_path / "out"
-    write_outputs(out, {"a.txt": "one\n", "sub/b.bin": b"\x00\x01"})
+    write_outputs(out, {"plan.json": "{}", "a.txt": "one\n", "sub/b.bin": b"\x00\x01"})
     assert (out / "a.txt").read_text() == "one\n" and (out / "sub" / "b.bin").read_bytes() == b"\x00\x01"
     with pytest.raises(PlannerInputError, match="exists; use --force"):
-        write_outputs(out, {"a.txt": "two\n"})
+        write_outputs(out, {"plan.json": "{}", "a.txt": "two\n"})
     assert (out / "a.txt").read_text() == "one\n"
-    write_outputs(out, {"a.txt": "two\n"}, force=True)
-    assert sorted(p.name for p in out.iterdir()) == ["a.txt"] and (out / "a.txt").read_text() == "two\n"
+    write_outputs(out, {"plan.json": "{}", "a.txt": "two\n"}, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "plan.json"] and (out / "a.txt").read_text() == "two\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directories left
 
 

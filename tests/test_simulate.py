@@ -4,6 +4,7 @@ memory curves, trace, plots and command line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -212,14 +213,17 @@ def test_cli_simulate_bad_plan_exits_2_with_one_line(tmp_path, content, message)
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
-def test_cli_simulate_needs_the_model_file_of_a_file_plan(plan_path, tmp_path):
-    data = json.loads(plan_path.read_text())
-    data["job"]["model"] = "my-model"  # as a plan compiled from a model file names it
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(data))
+def test_cli_simulate_needs_the_model_file_of_a_file_plan(tmp_path):
+    spec = tmp_path / "my-model.yaml"  # a plan compiled from a model file names the model only
+    spec.write_text(Path("examples/models/tiny-llama.yaml").read_text().replace("name: tiny-llama", "name: my-model"))
+    compiled = CliRunner().invoke(cli, ["compile", str(spec), "dgx-h100:1", "-b", "16", "-s", "512", "-o",
+                                        str(tmp_path / "p"), "--time-limit", "10", "--target", "deepspeed"])
+    assert compiled.exit_code == 0, compiled.output
+    path = tmp_path / "p" / "plan.json"
+    assert json.loads(path.read_text())["job"]["model"] == "my-model"
     result = CliRunner().invoke(cli, ["simulate", str(path)])
     assert result.exit_code == 2 and "--model" in result.output and "job.model" in result.output
-    ok = CliRunner().invoke(cli, ["simulate", str(path), "--model", "examples/models/tiny-llama.yaml"])
+    ok = CliRunner().invoke(cli, ["simulate", str(path), "--model", str(spec)])
     assert ok.exit_code == 0, ok.output
     wrong = CliRunner().invoke(cli, ["simulate", str(path), "--model", "llama3-8b"])
     assert wrong.exit_code == 2 and "job.model_params" in wrong.output
@@ -241,3 +245,30 @@ def test_replica_group_plan_simulates_every_group_and_the_sync():
     assert summary.agrees
     pids = {e["pid"] for e in json.loads(trace_json([(p or "", r) for p, _, r in runs]))["traceEvents"]}
     assert {0, 1000} <= pids  # each group's stage 0
+
+
+def test_simulate_refuses_a_plan_for_other_inputs_or_edited(plan_path, tmp_path):
+    # An H100 plan simulated on A100s used to compare against the stored H100 step time (+175.8%).
+    other = CliRunner().invoke(cli, ["simulate", str(plan_path), "--cluster", "dgx-a100-80g:1"])
+    assert other.exit_code == 2 and "inputs_digest" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    data = json.loads(plan_path.read_text())
+    data["job"]["global_batch"] = 32  # edited by hand
+    edited = tmp_path / "plan.json"
+    edited.write_text(json.dumps(data))
+    result = CliRunner().invoke(cli, ["simulate", str(edited)])
+    assert result.exit_code == 2 and "inputs_digest" in result.stderr
+
+
+def test_simulate_compares_with_the_strategy_re_evaluated_not_the_stored_time(plan_path, tmp_path):
+    data = json.loads(plan_path.read_text())
+    data["time"]["step_time_s"] *= 3  # a stored time that no longer matches the strategy
+    edited = tmp_path / "plan.json"
+    edited.write_text(json.dumps(data))
+    fresh = json.loads(CliRunner().invoke(cli, ["simulate", str(plan_path), "--json"]).output)
+    result = CliRunner().invoke(cli, ["simulate", str(edited), "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    assert got["analytic_step_s"] == fresh["analytic_step_s"] and got["difference"] == fresh["difference"]
+    assert got["recorded_step_s"] == pytest.approx(3 * fresh["recorded_step_s"])
+    text = CliRunner().invoke(cli, ["simulate", str(edited)]).output
+    assert "note: plan.json records" in text

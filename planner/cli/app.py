@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from hardware import Cluster, load_catalog, load_cluster
-from models import ZOO, ModelGraph, list_models, load_model
+from models import ZOO, ModelGraph, ModelInputError, list_models, load_model
+from models.spec import read_mapping
 from models.zoo import close_matches
 from planner import __version__
 from planner.cli import compare_cmd, compile_cmd, render, simulate_cmd
 from planner.cli import sweep_cmd
+from planner.cli.signals import interrupted_by_sigint
 from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, user_errors
 from planner.cost import evaluate
 from planner.job import Job
@@ -50,6 +51,13 @@ class PlannerGroup(click.Group):
             click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # click would turn it into Abort after printing an empty line; the entry point prints one line
+            raise interrupted_by_sigint() from None
 
 
 def _emit_json(data: Any) -> None:
@@ -120,13 +128,20 @@ def list_(what: str, as_json: bool) -> None:
 # ---------------------------------------------------------------- show
 
 
-def _is_cluster_file(path: Path) -> bool:
-    """A YAML/JSON mapping with a `pools` key is a cluster file; anything else is read as a model."""
+_MODEL_KEYS = {"builder", "zoo", "layers", "model_type"}  # the top-level keys a model file is recognised by
+_CLUSTER_KEYS = {"pools", "fabric", "nodes", "preset", "node"}  # a cluster file's, or a pool's written at the top
+
+
+def _file_kind(path: Path) -> str | None:
+    """'cluster' for a mapping with `pools` or cluster keys and no model keys, 'model' for a model file or one
+    that does not parse (the model loader reports where), None when the keys say neither."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False  # the model loader reports the parse error with its position
-    return isinstance(data, dict) and "pools" in data
+        keys = set(read_mapping(path))
+    except ModelInputError:
+        return "model"
+    if "pools" in keys or (keys & _CLUSTER_KEYS and not keys & _MODEL_KEYS):
+        return "cluster"
+    return "model" if keys & _MODEL_KEYS else None
 
 
 def _resolve(arg: str) -> ModelGraph | Cluster | str:
@@ -134,8 +149,14 @@ def _resolve(arg: str) -> ModelGraph | Cluster | str:
     path = Path(arg)
     if arg in ZOO:
         return load_model(arg)
+    if path.is_dir():
+        return load_model(arg)  # a Hugging Face model folder, or one line saying it is a directory
     if path.is_file():
-        return load_cluster(arg) if _is_cluster_file(path) else load_model(arg)
+        kind = _file_kind(path)
+        if kind is None:
+            raise InputError(f"{arg}: neither a model file (expected 'builder', 'zoo', 'layers' or 'model_type') "
+                             "nor a cluster file (expected 'pools')")
+        return load_cluster(arg) if kind == "cluster" else load_model(arg)
     catalog = load_catalog()
     if arg in catalog.nodes:
         return arg
@@ -176,11 +197,13 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
             click.echo(render.node_summary(node, catalog.device(node.device)))
     elif isinstance(resolved, Cluster):
         if as_json:
-            _emit_json(resolved.model_dump(mode="json"))
+            _emit_json({**resolved.model_dump(mode="json"), "total_nodes": resolved.num_nodes,
+                        "total_gpus": resolved.num_gpus})
         else:
             click.echo(render.cluster_summary(resolved, catalog))
     elif as_json:
-        _emit_json(resolved.model_dump(mode="json"))
+        _emit_json({**resolved.model_dump(mode="json"), "params": resolved.params,
+                    "active_params": resolved.active_params})
     else:
         click.echo(render.model_summary(resolved, seq_len))
 
@@ -245,6 +268,9 @@ def _estimate_embedding(job: Job, spec: str, sharding_file: Path | None, as_json
     from planner.embedding.report import estimate_summary
     from planner.embedding.spec import file_placements, parse_embedding_spec, uniform_placements
 
+    if sharding_file is not None and spec.strip():
+        raise InputError(f"--strategy {spec!r} and --sharding {sharding_file}: give one (the file holds every "
+                         "table's sharding)")
     model = EmbeddingModel(job)
     if sharding_file is not None:
         placements = file_placements(model, sharding_file)
@@ -268,7 +294,3 @@ cli.add_command(simulate_cmd.simulate_)
 cli.add_command(sweep_cmd.sweep_)
 cli.add_command(compile_cmd.schema)
 
-
-def main(*args: Any, **kwargs: Any) -> Any:
-    """Console-script entry point (`planner`, `python -m planner`)."""
-    return cli.main(*args, **kwargs)

@@ -15,6 +15,7 @@ from planner.cli import render
 from planner.cli.options import job_options, json_option, user_errors
 from planner.compare import DENSE_BASELINES, RECSYS_BASELINES, compare
 from planner.job import Job
+from planner.output import check_file_target, write_file
 
 _FIELDS = ("strategy", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
            "fits", "why", "planning_s", "spec")
@@ -64,6 +65,9 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
     """
+    for path in (csv_path, plot_path):
+        if path is not None:
+            check_file_target(path)  # before minutes of solving, not after
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
               precision=precision, flash_attention=flash_attention)
     rows = compare(job, only or None, time_limit)
@@ -78,8 +82,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         writer.writeheader()
         for row in rows:
             writer.writerow({key: row.as_dict()[key] for key in _FIELDS})
-        csv_path.parent.mkdir(parents=True, exist_ok=True)
-        csv_path.write_text(buffer.getvalue())
+        write_file(csv_path, buffer.getvalue())
     if plot_path is not None:
         from planner.plots import plot_compare
 

@@ -10,6 +10,7 @@ terminal, or with `--progress`.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.compile_recsys import compile_recsys
-from planner.cli.options import Infeasible, job_options, json_option, user_errors
+from planner.cli.options import Infeasible, job_options, json_option, output_dir_path, user_errors
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 from planner.output import check_output_dir, write_outputs
@@ -54,6 +55,14 @@ def _parse_fixed(spec: str) -> dict[str, int | str]:
     return fixed
 
 
+def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """Callback of --time-limit: a finite budget (plan.json records it; JSON has no infinity)."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number of seconds, got {value}; for a long search give a "
+                                 "large one, e.g. 86400", ctx=ctx, param=param)
+    return value
+
+
 def _emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
@@ -74,14 +83,16 @@ def _progress(enabled: bool | None):
 @click.option("--max-step-time", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
               help="Only plans at most this many seconds per step (with --objective cost).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="SEC", help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap.")
+              metavar="SEC", callback=_finite_seconds,
+              help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap and marked "
+                   "stopped (not reproducible).")
 @click.option("--target", "targets", type=click.Choice(TARGETS), multiple=True,
               help="Launch files to write into DIR (repeatable; default: deepspeed and torch).")
 @click.option("--fix", "fixed", default="", metavar="SPEC",
               help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
-@click.option("-o", "--output", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
-@click.option("--force", is_flag=True, help="Replace DIR when it exists and is not empty.")
+@click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
 @click.option("--strategy", type=click.Choice(["planner", "torchrec-greedy"]), default="planner", show_default=True,
               help="Recommendation models: the CP-SAT plan, or the TorchRec-style greedy baseline.")
 @click.option("--offload-search", type=click.Choice(["fallback", "always"]), default="fallback", show_default=True,
@@ -145,7 +156,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         data = (result.estimate or result.groups).model_dump(mode="json")
         cert = result.certificate
         data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
-                          "wall_s": wall}
+                          "wall_s": wall, "time_limit_s": time_limit, "stopped": cert.stopped,
+                          "reproducible": cert.stopped is None}
         data["plan"] = plan.model_dump(mode="json")
         _emit_json(data)
     else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from hardware import HardwareInputError
 from models import ModelInputError
 from planner.errors import InfeasibleError, PlannerInputError
+from planner.output import refuse_unsafe_path
 
 PRECISIONS = ("bf16", "fp16", "fp8")
 
@@ -92,3 +94,14 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
+
+
+def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'."""
+    if value is None:
+        return None
+    try:
+        refuse_unsafe_path(value)
+    except PlannerInputError as err:
+        raise click.BadParameter(str(err).removeprefix("output directory "), ctx=ctx, param=param) from None
+    return Path(value)

@@ -263,6 +263,9 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
         f"gap {100 * s.gap:.2f}%",
         f"             {s.configurations} configurations: {s.solved} solved, {s.pruned} pruned, in {wall_s:.2f} s",
     ]
+    if s.stopped == "time_limit":
+        lines.append(f"             stopped by the time limit ({s.time_limit_s:g} s): not reproducible, another run "
+                     "may choose differently")
     if plan.runners_up:
         r = plan.runners_up[0]
         lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%)")

@@ -9,6 +9,7 @@ import click
 
 from planner.cli import render
 from planner.cli.options import json_option, user_errors
+from planner.output import check_file_target, write_file
 from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan, simulate_plan
 from planner.simulate.result import TOLERANCE, SimulationResult
 
@@ -42,6 +43,9 @@ def _text(summary: PlanSimulation, title: str) -> str:
     lines = [title,
              f"step time    simulated {summary.simulated_step_s:.4f} s, analytic {summary.analytic_step_s:.4f} s: "
              f"{100 * summary.difference:+.2f}% ({verdict} {TOLERANCE:.0%})"]
+    if abs(summary.recorded_step_s - summary.analytic_step_s) > 0.005 * summary.analytic_step_s:
+        lines.append(f"note: plan.json records {summary.recorded_step_s:.4f} s per step; its strategy re-evaluates "
+                     f"to {summary.analytic_step_s:.4f} s on these inputs (planner version or catalog changed?)")
     if summary.sync_s:
         lines.append(f"cross-group gradient sync {_ms(summary.sync_s)} ms after the slowest group")
     for group in summary.groups:
@@ -81,6 +85,9 @@ def simulate_(plan_path: Path, model: str | None, cluster: str | None, trace_pat
         planner simulate out/llama3-8b/plan.json --trace out/trace.json --plot out/timeline.png
         planner simulate out/tiny/plan.json --model examples/models/tiny-llama.yaml --memory-plot out/hbm.png --json
     """
+    for path in (trace_path, plot_path, memory_path):
+        if path is not None:
+            check_file_target(path)
     plan = read_plan(plan_path)
     job = plan_job(plan, plan_path, model, cluster)
     runs, sync = plan_runs(plan, job)
@@ -95,8 +102,7 @@ def simulate_(plan_path: Path, model: str | None, cluster: str | None, trace_pat
     if trace_path is not None:
         from planner.simulate.trace import trace_json
 
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        trace_path.write_text(trace_json(named), encoding="utf-8")
+        write_file(trace_path, trace_json(named))
     if plot_path is not None:
         from planner.simulate.plots import plot_timeline
 

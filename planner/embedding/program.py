@@ -226,6 +226,7 @@ class ShardingProgram:
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.random_seed = SEED
+        solver.parameters.catch_sigint_signal = False  # keep Python's handler (planner/cli/signals.py)
         solver.parameters.max_deterministic_time = max(0.1, work_limit)
         return solver
 

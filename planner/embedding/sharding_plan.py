@@ -70,22 +70,25 @@ def _row_blocks(rows: int, parts: int) -> list[tuple[int, int]]:
     return [(min(rows, i * block), max(0, min(block, rows - i * block))) for i in range(parts)]
 
 
-def _shards(choice: TableChoice, rows: int, dim: int, sites: JobSites) -> list[ShardMetadata] | None:
+def expected_shards(kind: ShardingType, ranks: list[int], column_shards: int, rows: int, dim: int,
+                    sites: JobSites) -> list[ShardMetadata] | None:
+    """The shards of a table of `rows` x `dim` under `kind` on `ranks` (in shard order), as TorchRec splits
+    them: column_wise `column_shards` equal column blocks, row_wise and table_row_wise even row blocks,
+    table_wise the whole table; None for data_parallel."""
     def place(rank: int) -> str:
         return f"rank:{rank}/cuda:{sites.ranks[rank].local}"
 
-    kind = choice.sharding_type
     if kind == ShardingType.DATA_PARALLEL:
         return None
     if kind == ShardingType.COLUMN_WISE:
-        width = dim // choice.column_shards
+        width = dim // column_shards
         return [ShardMetadata(shard_offsets=[0, j * width], shard_sizes=[rows, width], placement=place(r))
-                for j, r in enumerate(choice.ranks)]
+                for j, r in enumerate(ranks)]
     if kind == ShardingType.TABLE_WISE:
-        return [ShardMetadata(shard_offsets=[0, 0], shard_sizes=[rows, dim], placement=place(choice.ranks[0]))]
-    blocks = _row_blocks(rows, len(choice.ranks))
+        return [ShardMetadata(shard_offsets=[0, 0], shard_sizes=[rows, dim], placement=place(ranks[0]))]
+    blocks = _row_blocks(rows, len(ranks))
     return [ShardMetadata(shard_offsets=[start, 0], shard_sizes=[size, dim], placement=place(r))
-            for (start, size), r in zip(blocks, choice.ranks)]
+            for (start, size), r in zip(blocks, ranks)]
 
 
 def sharding_plan(result: EmbeddingCompileResult, model_name: str, tables: list, sites: JobSites
@@ -97,7 +100,8 @@ def sharding_plan(result: EmbeddingCompileResult, model_name: str, tables: list,
         option = TableOption(choice.sharding_type, choice.column_shards, choice.cache_fraction)
         entries[choice.name] = ParameterSharding(
             sharding_type=choice.sharding_type, compute_kernel=option.compute_kernel, ranks=choice.ranks,
-            sharding_spec=_shards(choice, table.rows, table.dim, sites),
+            sharding_spec=expected_shards(choice.sharding_type, choice.ranks, choice.column_shards, table.rows,
+                                          table.dim, sites),
             cache_load_factor=None if option.cache >= 1.0 else option.cache,
             rows=table.rows, dim=table.dim,
             expected_hit_rate=table_hit_rate(table, option.cache),

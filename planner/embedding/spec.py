@@ -12,13 +12,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from planner.embedding.evaluate import EmbeddingModel, TablePlacement, placement_ranks
 from planner.embedding.greedy import partition
 from planner.embedding.options import ShardingType, TableOption
-from planner.embedding.sharding_plan import ShardingPlanFile
+from planner.embedding.plan_check import read_sharding_file
 from planner.errors import PlannerInputError
 
 _KINDS = {kind.value: kind for kind in ShardingType}
@@ -71,19 +70,14 @@ def uniform_placements(model: EmbeddingModel, option: TableOption) -> list[Table
 
 
 def file_placements(model: EmbeddingModel, path: Path) -> list[TablePlacement]:
-    """The placements of a sharding_plan.json (or a plan.json holding one)."""
-    try:
-        document = json.loads(Path(path).read_text())
-        plan = ShardingPlanFile.model_validate(document.get("sharding", document))
-    except (OSError, ValueError) as err:
-        raise PlannerInputError(f"{path}: not a sharding plan ({str(err).splitlines()[0]})") from None
-    names = {layer.name: t for t, layer in enumerate(model.costs.layers)}
-    if set(plan.tables) != set(names) or plan.world_size != model.sites.world:
-        raise PlannerInputError(f"{path}: tables or world_size ({plan.world_size}) do not match the model's "
-                                f"{len(names)} tables on {model.sites.world} ranks")
+    """The placements of a sharding_plan.json (or a plan.json holding one), checked against the model and
+    the cluster first (planner/embedding/plan_check.py: one line naming the file, table and field)."""
+    names = [layer.name for layer in model.costs.layers]
+    plan = read_sharding_file(path, model.job.model.name, model.costs.tables, names, model.sites)
+    index = {name: t for t, name in enumerate(names)}
     out = []
     for name, entry in plan.tables.items():
         shards = len(entry.ranks) if entry.sharding_type == ShardingType.COLUMN_WISE else 1
         cache = 1.0 if entry.cache_load_factor is None else entry.cache_load_factor
-        out.append(TablePlacement(names[name], TableOption(entry.sharding_type, shards, cache), tuple(entry.ranks)))
+        out.append(TablePlacement(index[name], TableOption(entry.sharding_type, shards, cache), tuple(entry.ranks)))
     return sorted(out, key=lambda p: p.table)

@@ -38,6 +38,7 @@ from models.graph import EmbeddingTable
 from models.recsys import DLRMConfig
 from models.zoo import get_entry
 from planner.embedding.sharding_plan import ParameterSharding, ShardingPlanFile
+from planner.runtime.shutdown import run_then_finish
 
 
 def table_weight(table: EmbeddingTable, index: int, seed: int) -> torch.Tensor:
@@ -202,7 +203,6 @@ def train(plan_path: Path | None, model_name: str, batch: int, steps: int, lr: f
         everyone = [torch.zeros_like(held) for _ in range(world)]
         dist.all_gather(everyone, held)
         held_all = [int(h) for h in everyone]
-        dist.destroy_process_group()
     else:
         held_all = [int(held)]
     if rank == 0:
@@ -240,4 +240,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_then_finish(main)  # barrier and destroy the groups (when distributed), leave without racing gloo's threads

@@ -30,6 +30,7 @@ from models.zoo import get_entry
 from planner.plan import Plan
 from planner.runtime.model import Transformer
 from planner.runtime.parallelize import apply_plan, local_param_bytes
+from planner.runtime.shutdown import run_then_finish
 
 
 def model_config(plan: Plan) -> TransformerConfig:
@@ -79,50 +80,44 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group(backend)
     rank = dist.get_rank()
     s = plan.strategy
-    try:
-        torch.manual_seed(args.seed)
-        model = Transformer(model_config(plan)).to(device)
-        par = apply_plan(model, plan, device=device)
-        optimizer = torch.optim.AdamW(par.model.parameters(), lr=args.lr)
-        dp_index = (rank // (s["tp"] * s["cp"])) % s["dp"]
-        cp_index = (rank // s["tp"]) % s["cp"]
-        per_replica = plan.job.global_batch // s["dp"]
-        per_cp_rank = plan.job.seq_len // s["cp"]
-        last_stage_ranks = s["tp"] * s["cp"] * s["dp"]
-        losses = []
-        for step in range(args.steps):
-            tokens, labels = synthetic_batch(step, batch=plan.job.global_batch, seq_len=plan.job.seq_len,
-                                             vocab=model_config(plan).vocab, seed=args.seed)
-            # this replica's sequences; under cp this rank's contiguous chunk of each
-            rows = slice(dp_index * per_replica, (dp_index + 1) * per_replica)
-            cols = slice(cp_index * per_cp_rank, (cp_index + 1) * per_cp_rank)
-            optimizer.zero_grad()
-            loss = par.train_step(tokens[rows, cols].to(device), labels[rows, cols].to(device))
-            optimizer.step()
-            # The loss lives on the last stage: average it over that stage's ranks (their dp replicas and
+    torch.manual_seed(args.seed)
+    model = Transformer(model_config(plan)).to(device)
+    par = apply_plan(model, plan, device=device)
+    optimizer = torch.optim.AdamW(par.model.parameters(), lr=args.lr)
+    dp_index = (rank // (s["tp"] * s["cp"])) % s["dp"]
+    cp_index = (rank // s["tp"]) % s["cp"]
+    per_replica = plan.job.global_batch // s["dp"]
+    per_cp_rank = plan.job.seq_len // s["cp"]
+    last_stage_ranks = s["tp"] * s["cp"] * s["dp"]
+    losses = []
+    for step in range(args.steps):
+        tokens, labels = synthetic_batch(step, batch=plan.job.global_batch, seq_len=plan.job.seq_len,
+                                         vocab=model_config(plan).vocab, seed=args.seed)
+        # this replica's sequences; under cp this rank's contiguous chunk of each
+        rows = slice(dp_index * per_replica, (dp_index + 1) * per_replica)
+        cols = slice(cp_index * per_cp_rank, (cp_index + 1) * per_cp_rank)
+        optimizer.zero_grad()
+        loss = par.train_step(tokens[rows, cols].to(device), labels[rows, cols].to(device))
+        optimizer.step()
+        # The loss lives on the last stage: average it over that stage's ranks (their dp replicas and
         # cp chunks, equal in size) onto every rank.
-            total = torch.zeros((), device=device) if loss is None else loss.detach().float().to(device)
-            dist.all_reduce(total)
-            losses.append(total.item() / last_stage_ranks)
-            if rank == 0:
-                _say(f"step {step} loss {losses[-1]:.6f}")
-        for chunk in par.chunks():
-            if hasattr(chunk, "reshard"):  # FSDP2: parameters back to their shards before measuring
-                chunk.reshard()
-        mine = local_param_bytes(par.model)
-        everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        _say(f"param_bytes {rank} {mine}")
-        if rank == 0 and args.report is not None:
-            report = {"losses": losses, "param_bytes": {str(r): b for r, b in enumerate(everyone)},
-                      "strategy": plan.strategy_spec}
-            args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        # every rank done with its collectives before any tears the group down (gloo aborted a rank
-        # whose peers had already left, once, under heavy load)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        total = torch.zeros((), device=device) if loss is None else loss.detach().float().to(device)
+        dist.all_reduce(total)
+        losses.append(total.item() / last_stage_ranks)
+        if rank == 0:
+            _say(f"step {step} loss {losses[-1]:.6f}")
+    for chunk in par.chunks():
+        if hasattr(chunk, "reshard"):  # FSDP2: parameters back to their shards before measuring
+            chunk.reshard()
+    mine = local_param_bytes(par.model)
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    _say(f"param_bytes {rank} {mine}")
+    if rank == 0 and args.report is not None:
+        report = {"losses": losses, "param_bytes": {str(r): b for r, b in enumerate(everyone)},
+                  "strategy": plan.strategy_spec}
+        args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    run_then_finish(main)  # barrier, destroy the groups, leave without racing gloo's threads (shutdown.py)

@@ -16,10 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hardware import Catalog, HardwareInputError, load_catalog, load_cluster
 from models import ModelInputError, load_model
+from models.spec import read_text
 from planner.cost.groups import group_job, sync_seconds
 from planner.errors import PlannerInputError
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan import Plan, inputs_digest
 from planner.simulate.result import TOLERANCE, SimulationResult, summarize
 from planner.simulate.simulator import SimulationRun, simulate
 from planner.strategy import Strategy
@@ -41,7 +42,9 @@ class PlanSimulation(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     simulated_step_s: float = Field(description="Slowest simulated group's step plus the cross-group sync, seconds.")
-    analytic_step_s: float = Field(description="The plan's recorded step time (plan.time.step_time_s), seconds.")
+    analytic_step_s: float = Field(description="evaluate()'s step time of the plan's strategy on the loaded model "
+                                   "and cluster (slowest group plus the sync), seconds: recomputed, not read.")
+    recorded_step_s: float = Field(description="The step time plan.json records (plan.time.step_time_s), seconds.")
     difference: float = Field(description="(simulated - analytic) / analytic.")
     agrees: bool = Field(description=f"|difference| <= {TOLERANCE:.0%}.")
     sync_s: float = Field(description="Cross-group gradient all-reduce after the groups' steps (0: one strategy).")
@@ -50,12 +53,12 @@ class PlanSimulation(BaseModel):
 
 def read_plan(path: Path) -> Plan:
     """The plan in `path`, or one line naming the file and what is wrong."""
+    if not path.exists():
+        raise PlannerInputError(f"{path}: no such plan file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlannerInputError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise PlannerInputError(f"{path}: cannot read the plan ({err.__class__.__name__})") from None
+        text = read_text(path, "plan file")  # size cap, UTF-8, not a directory
+    except ModelInputError as err:
+        raise PlannerInputError(str(err)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -92,8 +95,21 @@ def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | No
     if topology.num_gpus != j.cluster_gpus:
         raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "
                                 f"{cluster or j.cluster} has {topology.num_gpus}")
-    return Job(model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
-               flash_attention=j.flash_attention, fused_kernels=j.fused_kernels)
+    job = Job(model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
+              flash_attention=j.flash_attention, fused_kernels=j.fused_kernels)
+    _check_digest(plan, job, path, model, cluster)
+    return job
+
+
+def _check_digest(plan: Plan, job: Job, path: Path, model: str | None, cluster: str | None) -> None:
+    """The plan's inputs_digest against the one of the loaded model, cluster, job and the recorded options."""
+    if plan.options is None:
+        return  # written before the options were recorded: nothing to recompute the digest from
+    if inputs_digest(job, plan.options) != plan.inputs_digest:
+        given = " and ".join(f"{flag} {value}" for flag, value in (("--model", model), ("--cluster", cluster))
+                             if value) or "the model and cluster it names"
+        raise PlannerInputError(f"{path}: inputs_digest: the plan was not compiled for {given} with its recorded "
+                                "job and options (or plan.json was edited); give the files it was compiled from")
 
 
 def plan_runs(plan: Plan, job: Job, catalog: Catalog | None = None) -> tuple[list[tuple[str | None, int,
@@ -109,10 +125,11 @@ def plan_runs(plan: Plan, job: Job, catalog: Catalog | None = None) -> tuple[lis
 
 
 def simulate_plan(plan: Plan, runs: list[tuple[str | None, int, SimulationRun]], sync: float) -> PlanSimulation:
-    """The plan's simulated step: the slowest group plus the sync, against plan.time.step_time_s."""
+    """The plan's simulated step (the slowest group plus the sync) against evaluate() of the same strategies."""
     groups = [GroupSimulation(pool=pool, batch=batch, result=summarize(run)) for pool, batch, run in runs]
     simulated = max(g.result.simulated_step_s for g in groups) + sync
-    analytic = plan.time.step_time_s
+    analytic = max(g.result.analytic_step_s for g in groups) + sync  # the plan's strategy, re-evaluated
     difference = (simulated - analytic) / analytic
-    return PlanSimulation(simulated_step_s=simulated, analytic_step_s=analytic, difference=difference,
+    return PlanSimulation(simulated_step_s=simulated, analytic_step_s=analytic,
+                          recorded_step_s=plan.time.step_time_s, difference=difference,
                           agrees=abs(difference) <= TOLERANCE, sync_s=sync, groups=groups)

@@ -6,8 +6,10 @@ in the PNG, so the same simulation gives byte-identical files.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
+from planner.output import write_file
 from planner.simulate.memory import memory_curves
 from planner.simulate.simulator import SimulationRun
 from planner.simulate.trace import STREAMS
@@ -40,9 +42,10 @@ def _wrap(title: str) -> str:
 
 
 def _save(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     _pyplot().close(fig)
+    write_file(path, buffer.getvalue())
 
 
 def plot_timeline(runs: list[tuple[str, SimulationRun]], title: str, path: Path) -> None:

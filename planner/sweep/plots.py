@@ -1,7 +1,9 @@
 """Scaling plots of a sweep: tokens/s per GPU and MFU against cluster size (GPUs), one line per strategy.
 
-One PNG per (model, batch, seq_len, precision); points that do not fit are
-left out, so a line starts where the strategy first fits.  matplotlib's Agg
+One PNG per (model, batch, seq_len, precision), for the first
+`MAX_SCALING_PLOTS` of them (summary.md says how many more there were);
+points that do not fit are left out, so a line starts where the strategy first
+fits.  matplotlib's Agg
 backend, no timestamps or software tag in the PNG: same results, same bytes.
 """
 
@@ -11,6 +13,10 @@ import io
 import re
 from collections.abc import Sequence
 from typing import Any
+
+# Scaling plots a sweep draws at most (each costs about a third of a second; a grid of thousands of
+# (model, batch, seq_len) groups would spend many minutes drawing what nobody opens).
+MAX_SCALING_PLOTS = 24
 
 
 def _family(cluster: str) -> str:
@@ -72,9 +78,10 @@ def _figure(key: tuple, records: Sequence[dict[str, Any]]) -> bytes:
 
 
 def scaling_plots(records: Sequence[dict[str, Any]]) -> dict[str, bytes]:
-    """`plots/<model>-b<batch>-s<seq_len>-<precision>.png` -> PNG bytes, one per plot group."""
+    """`plots/<model>-b<batch>-s<seq_len>-<precision>.png` -> PNG bytes, one per plot group, for the first
+    MAX_SCALING_PLOTS groups."""
     files: dict[str, bytes] = {}
-    for key, rows in plot_groups(records).items():
+    for key, rows in list(plot_groups(records).items())[:MAX_SCALING_PLOTS]:
         model, batch, seq_len, precision = key
         name = f"plots/{_slug(model)}-b{batch}-s{seq_len}-{precision}.png"
         stem, n = name.removesuffix(".png"), 2

@@ -6,7 +6,9 @@ tokens/s per GPU, MFU, peak HBM, host memory, fit or why not, the plan) and
 `simulate: true` in the sweep file the planner row's strategy is also run
 through the discrete-event simulator (`planner.simulate`): its step time
 against the analytic one, and a timeline PNG for pipelines small enough to
-draw.  Everything here is deterministic: the same results give the same bytes.
+draw.  A large sweep draws the figures of its first scenarios only, at most
+`MAX_REPORT_FIGURES` PNGs, and says at the top how many it left out.
+Everything here is deterministic: the same results give the same bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from planner.job import Job
 from planner.plots import compare_figure
 
 TIMELINE_MAX_TASKS = 20_000  # larger simulations are summarised, not drawn (the PNG would be a smear)
+# Per-scenario figures (bar charts, timelines) report.md draws at most: a figure costs about a third of a
+# second, and a thousand-scenario sweep would otherwise spend minutes drawing pictures nobody scrolls to.
+MAX_REPORT_FIGURES = 24
 _HEADERS = ("strategy", "step s", "tok/s/GPU", "MFU %", "HBM GB", "host GB", "fits", "plan / why not")
 
 
@@ -59,8 +64,9 @@ def _margin(rows: Sequence[dict[str, Any]]) -> str:
             f"({best['step_time_s']:.4g} s against {planner['step_time_s']:.4g} s).")
 
 
-def _simulated(job: Job, spec: str, index: int) -> tuple[list[str], dict[str, bytes]]:
-    """Lines on the simulator's check of the planner's strategy, and its timeline PNG when small enough."""
+def _simulated(job: Job, spec: str, index: int, draw: bool = True) -> tuple[list[str], dict[str, bytes], bool]:
+    """Lines on the simulator's check of the planner's strategy, its timeline PNG when small enough (and
+    `draw`), and whether a timeline was left out only because `draw` was False."""
     from planner.simulate import simulate, summarize
     from planner.simulate.plots import plot_timeline
     from planner.strategy import parse_strategy
@@ -71,18 +77,19 @@ def _simulated(job: Job, spec: str, index: int) -> tuple[list[str], dict[str, by
              f"analytic {result.analytic_step_s:.4g} s ({100 * result.difference:+.2f}%)."]
     lines += [f"- {t.term}: {t.difference_s:+.4g} s. {t.why}" for t in result.terms if t.why]
     files: dict[str, bytes] = {}
-    if result.tasks <= TIMELINE_MAX_TASKS:
+    if result.tasks <= TIMELINE_MAX_TASKS and draw:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "timeline.png"
             plot_timeline([("", run)], f"{job.model.name}: {spec}", path)
             files[f"plots/timeline-{index}.png"] = path.read_bytes()
         lines += ["", f"![simulated timeline](plots/timeline-{index}.png)"]
-    return lines, files
+    return lines, files, result.tasks <= TIMELINE_MAX_TASKS and not draw
 
 
 def report_md(title: str, records: Sequence[dict[str, Any]], jobs: dict[int, Job],
               simulate: bool) -> dict[str, str | bytes]:
-    """report.md and its PNGs (`plots/compare-<n>.png`, `plots/timeline-<n>.png`)."""
+    """report.md and its PNGs (`plots/compare-<n>.png`, `plots/timeline-<n>.png`, at most MAX_REPORT_FIGURES);
+    `jobs` (scenario -> Job) is read only with `simulate`."""
     scenarios: dict[int, list[dict[str, Any]]] = {}
     for record in records:
         scenarios.setdefault(record["scenario"], []).append(record)
@@ -90,19 +97,30 @@ def report_md(title: str, records: Sequence[dict[str, Any]], jobs: dict[int, Job
              "the embedding cost model for recommendation models). Regenerate with the command in the sweep file.",
              ""]
     files: dict[str, str | bytes] = {}
+    drawn = left_out = 0
     for index, rows in sorted(scenarios.items()):
         first = rows[0]
         name = (f"{index + 1}. {first['model']} on {first['cluster']} ({first['gpus']:,} GPUs), "
                 f"batch {first['batch']} x {first['seq_len']}")
         lines += [f"## {name}", "", "| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
         lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-        files[f"plots/compare-{index}.png"] = compare_figure([_row(r) for r in rows], name.split(". ", 1)[1])
-        lines += ["", _margin(rows), "", f"![step time and peak HBM per strategy](plots/compare-{index}.png)", ""]
+        lines += ["", _margin(rows), ""]
+        if drawn < MAX_REPORT_FIGURES:
+            files[f"plots/compare-{index}.png"] = compare_figure([_row(r) for r in rows], name.split(". ", 1)[1])
+            lines += [f"![step time and peak HBM per strategy](plots/compare-{index}.png)", ""]
+            drawn += 1
+        else:
+            left_out += 1
         planner = next((r for r in rows if r["strategy"] == "planner" and r["fits"]), None)
-        dense_single = planner is not None and jobs[index].model.family != "recsys" and ";" not in planner["spec"]
-        if simulate and dense_single:
-            sim_lines, sim_files = _simulated(jobs[index], planner["spec"], index)
+        if simulate and planner is not None and jobs[index].model.family != "recsys" and ";" not in planner["spec"]:
+            sim_lines, sim_files, undrawn = _simulated(jobs[index], planner["spec"], index,
+                                                       draw=drawn < MAX_REPORT_FIGURES)
             lines += sim_lines + [""]
             files.update(sim_files)
+            drawn, left_out = drawn + len(sim_files), left_out + undrawn
+    if left_out:
+        lines[4:4] = [f"Figures: the first {MAX_REPORT_FIGURES} are drawn; {left_out:,} more (bar charts and "
+                      "timelines of the later scenarios) were left out (`MAX_REPORT_FIGURES` in "
+                      "planner/sweep/report.py). Every number is in the tables below and in results.csv.", ""]
     files["report.md"] = "\n".join(lines).rstrip() + "\n"
     return files

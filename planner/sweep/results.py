@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from planner.sweep.tasks import SweepTask, TaskResult
@@ -38,7 +38,7 @@ def result_record(task: SweepTask, result: TaskResult) -> dict[str, Any]:
             "spec": row.spec, "why": row.why}
 
 
-def _csv(fields: Sequence[str], records: Sequence[dict[str, Any]]) -> str:
+def _csv(fields: Sequence[str], records: Iterable[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -48,22 +48,20 @@ def _csv(fields: Sequence[str], records: Sequence[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def results_csv(tasks: Sequence[SweepTask], results: Sequence[TaskResult]) -> str:
-    """results.csv text, rows in task order."""
-    by_index = {r.index: r for r in results}
-    return _csv(RESULT_FIELDS, [result_record(t, by_index[t.index]) for t in sorted(tasks, key=lambda t: t.index)])
+def timing_record(task: SweepTask, result: TaskResult) -> dict[str, Any]:
+    """One timings.csv row: planning and task wall time, and the worker that ran it."""
+    return {"scenario": task.scenario, "model": task.model, "cluster": task.cluster, "batch": task.batch,
+            "seq_len": task.seq_len, "strategy": task.strategy, "planning_s": f"{result.row.planning_s:.3f}",
+            "task_s": f"{result.wall_s:.3f}", "worker": result.worker}
 
 
-def timings_csv(tasks: Sequence[SweepTask], results: Sequence[TaskResult]) -> str:
-    """timings.csv text: planning and task wall time per row, and the worker that ran it."""
-    by_index = {r.index: r for r in results}
-    records = []
-    for task in sorted(tasks, key=lambda t: t.index):
-        result = by_index[task.index]
-        records.append({"scenario": task.scenario, "model": task.model, "cluster": task.cluster,
-                        "batch": task.batch, "seq_len": task.seq_len, "strategy": task.strategy,
-                        "planning_s": f"{result.row.planning_s:.3f}", "task_s": f"{result.wall_s:.3f}",
-                        "worker": result.worker})
+def results_csv(records: Iterable[dict[str, Any]]) -> str:
+    """results.csv text of `result_record` rows (given in task order)."""
+    return _csv(RESULT_FIELDS, records)
+
+
+def timings_csv(records: Iterable[dict[str, Any]]) -> str:
+    """timings.csv text of `timing_record` rows (given in task order)."""
     return _csv(TIMING_FIELDS, records)
 
 
@@ -102,8 +100,10 @@ SUMMARY_HEADERS = ("model", "cluster", "GPUs", "batch", "seq", "best", "tok/s/GP
                    "runner-up (its step time / best)", "fit")
 
 
-def summary_md(title: str, best: Sequence[dict[str, Any]], plots: Sequence[str]) -> str:
-    """summary.md: the best strategy per scenario, and the list of files."""
+def summary_md(title: str, best: Sequence[dict[str, Any]], plots: Sequence[str], plots_left_out: int = 0,
+               plot_limit: int = 0) -> str:
+    """summary.md: the best strategy per scenario, and the list of files (and how many scaling plots a
+    large sweep left out: `plots_left_out` beyond the first `plot_limit`)."""
     lines = [f"# {title}", "", "Best strategy per scenario: the fastest step time among the strategies that fit "
              "(every number from `planner.cost.evaluate`).", "",
              "| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
@@ -111,4 +111,7 @@ def summary_md(title: str, best: Sequence[dict[str, Any]], plots: Sequence[str])
     lines += ["", "Files:", "", "- `results.csv`: one row per scenario and strategy (deterministic)",
               "- `timings.csv`: planning and task wall time per row, and the worker that ran it"]
     lines += [f"- `{name}`" for name in plots]
+    if plots_left_out:
+        lines += ["", f"{plots_left_out:,} more scaling plots were left out: a sweep draws at most {plot_limit:,} "
+                  "(`MAX_SCALING_PLOTS` in planner/sweep/plots.py); results.csv has every row."]
     return "\n".join(lines) + "\n"

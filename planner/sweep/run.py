@@ -1,21 +1,27 @@
 """The sweep pipeline: sweep file -> tasks -> executor -> the output directory's files.
 
 `run_sweep` returns the files (name -> text or bytes) for
-`planner.output.write_outputs`, so that the CLI writes them atomically.
+`planner.output.write_outputs`, so that the CLI writes them atomically.  The
+tasks are made lazily and each finished one is kept only as its CSV rows;
+the files themselves are built in memory, because the output directory is
+written whole or not at all.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from planner.job import Job
 from planner.sweep.executors import run_tasks
-from planner.sweep.plots import scaling_plots
+from planner.sweep.plots import plot_groups, scaling_plots
 from planner.sweep.progress import ProgressBar
 from planner.sweep.report import report_md
-from planner.sweep.results import best_per_scenario, result_record, results_csv, summary_md, timings_csv
-from planner.sweep.scenarios import expand, load_sweep
+from planner.sweep.results import (best_per_scenario, result_record, results_csv, summary_md, timing_record,
+                                   timings_csv)
+from planner.sweep.scenarios import SweepTasks, check_scenario_limit, load_sweep
 from planner.sweep.tasks import SweepTask, TaskResult
 
 
@@ -31,41 +37,74 @@ class SweepOutput:
     time_limited: list[str]  # tasks that used their whole time limit: their rows may vary with machine speed
 
 
-def plan_sweep(path: str | Path) -> list[SweepTask]:
-    """Validate the sweep file and expand it (PlannerInputError naming the file and field)."""
-    return expand(load_sweep(path), path)
+@dataclass
+class Collected:
+    """What the sweep keeps of each finished task: its results.csv and timings.csv rows (not the task, its
+    Job or the compare row), filed by task index so that completion order does not matter."""
+
+    keep_jobs: bool = False  # report.md's simulator check needs each scenario's Job
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    timings: dict[int, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    limited: dict[int, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def add(self, task: SweepTask, result: TaskResult) -> None:
+        """File one finished task."""
+        self.records[task.index] = result_record(task, result)
+        self.timings[task.index] = timing_record(task, result)
+        if self.keep_jobs:
+            self.jobs[task.scenario] = task.job
+        # uniform-pp and an unproven compile stop at the time limit, so what they found depends on the machine.
+        if result.row.planning_s >= task.time_limit:
+            self.limited[task.index] = f"{task.model} {task.cluster} b{task.batch} s{task.seq_len} {task.strategy}"
+        self.wall_s += result.wall_s
+
+    def in_order(self, rows: dict[int, Any]) -> list[Any]:
+        return [rows[i] for i in sorted(rows)]
 
 
-def sweep_files(path: str | Path, tasks: list[SweepTask], results: list[TaskResult]) -> SweepOutput:
-    """The output directory's files for finished `results`."""
+def plan_sweep(path: str | Path, yes: bool = False) -> SweepTasks:
+    """Validate the sweep file, refuse more than MAX_SCENARIOS scenarios unless `yes` (counted from the
+    axes, before anything is loaded), and load its models and clusters: the tasks, made lazily
+    (PlannerInputError naming the file and field)."""
+    spec = load_sweep(path)
+    check_scenario_limit(spec, path, yes)
+    return SweepTasks(spec, path)
+
+
+def sweep_files(path: str | Path, collected: Collected) -> SweepOutput:
+    """The output directory's files for the finished tasks in `collected`."""
     spec = load_sweep(path)
     title = spec.title or f"planner sweep {Path(path).name}"
-    records = [result_record(t, r) for t, r in zip(tasks, results)]
+    records = collected.in_order(collected.records)
     best = best_per_scenario(records)
     plots = scaling_plots(records)
-    jobs = {t.scenario: t.job for t in tasks}
-    report = report_md(title, records, jobs, spec.simulate)
-    files: dict[str, str | bytes] = {"results.csv": results_csv(tasks, results),
-                                     "timings.csv": timings_csv(tasks, results),
-                                     "summary.md": summary_md(title, best, list(plots) + ["report.md"]),
+    left_out = len(plot_groups(records)) - len(plots)
+    report = report_md(title, records, collected.jobs, spec.simulate)
+    files: dict[str, str | bytes] = {"results.csv": results_csv(records),
+                                     "timings.csv": timings_csv(collected.in_order(collected.timings)),
+                                     "summary.md": summary_md(title, best, list(plots) + ["report.md"], left_out,
+                                                              len(plots)),
                                      **plots, **report}
-    # uniform-pp and an unproven compile stop at the time limit, so what they found depends on the machine.
-    limited = [f"{t.model} {t.cluster} b{t.batch} s{t.seq_len} {t.strategy}" for t, r in zip(tasks, results)
-               if r.row.planning_s >= t.time_limit]
-    return SweepOutput(records, best, files, len(best), sum(r.wall_s for r in results), limited)
+    limited = collected.in_order(collected.limited)
+    return SweepOutput(records, best, files, len(best), collected.wall_s, limited)
 
 
 def run_sweep(path: str | Path, executor: str = "local", workers: int = 1, address: str | None = None,
-              progress: TextIO | None = None, tasks: list[SweepTask] | None = None) -> SweepOutput:
+              progress: TextIO | None = None, tasks: Iterable[SweepTask] | None = None) -> SweepOutput:
     """Run every task of the sweep file on `executor`; progress bar on `progress` (None: stderr)."""
     tasks = tasks if tasks is not None else plan_sweep(path)
-    bar = ProgressBar(len(tasks), progress)
+    spec = tasks.spec if isinstance(tasks, SweepTasks) else load_sweep(path)
+    collected = Collected(keep_jobs=spec.simulate)
+    bar = ProgressBar(len(tasks) if hasattr(tasks, "__len__") else 0, progress)
 
     def done(task: SweepTask, result: TaskResult) -> None:
+        collected.add(task, result)
         bar.advance(f"{task.model} {task.cluster} b{task.batch} s{task.seq_len} {task.strategy}")
 
     try:
-        results = run_tasks(tasks, executor, workers, done, address)
+        run_tasks(tasks, executor, workers, done, address)
     finally:
         bar.close()
-    return sweep_files(path, tasks, results)
+    return sweep_files(path, collected)

@@ -18,19 +18,26 @@ file order; a point listed twice runs once.  File paths are resolved against
 the sweep file's directory first.  Every model and cluster is loaded here, in
 the driver, so that a bad name is one error line (`FILE: models[1]: ...`)
 before any solve starts, and workers receive ready `Job`s (no file access).
+
+The scenarios are counted from the axes first (`scenario_count`): above
+`MAX_SCENARIOS` the sweep is refused unless the user says `--yes`.  The tasks
+(`SweepTasks`) are then made one grid point at a time as the executor takes
+them, never as one list.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from hardware import Cluster, HardwareInputError, load_cluster
 from models import ModelInputError, load_model
 from models.graph import ModelGraph
+from models.spec import read_mapping
 from planner.compare import DENSE_BASELINES, RECSYS_BASELINES, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
@@ -38,6 +45,9 @@ from planner.sweep.tasks import SweepTask
 
 StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + RECSYS_BASELINES))]  # type: ignore[valid-type]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]  # strict: YAML "64" or true is a mistake, not 64 or 1
+# Scenarios (grid points plus extra scenarios) a sweep runs without `--yes`: beyond it the grid is most
+# likely a typo, and its rows, tables and figures would take hours and gigabytes (README, planner sweep).
+MAX_SCENARIOS = 10_000
 
 
 def _as_list(value: Any) -> Any:
@@ -119,16 +129,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     """Parse and validate a sweep file; PlannerInputError `FILE: field: message` on any problem."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise PlannerInputError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise PlannerInputError(f"{path}: not valid YAML: {problem}{where}") from None
-    if not isinstance(data, dict):
-        raise PlannerInputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        data = read_mapping(path, "sweep file")  # the model spec reader: size cap, UTF-8 only, repeated keys refused
+    except ModelInputError as err:
+        raise PlannerInputError(str(err)) from None
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as err:
@@ -164,45 +167,188 @@ class _Loader:
         return self.clusters[arg]
 
 
-def expand(spec: SweepSpec, path: str | Path) -> list[SweepTask]:
-    """The sweep's tasks in scenario order (see the module docstring); `path` names the file in errors."""
-    path = Path(path)
-    loader = _Loader(str(path), path.parent)
-    points: list[tuple[str, str, str, str, int, int, Precision, tuple[str, ...] | None]] = []
-    for i, model in enumerate(spec.models):
-        for j, cluster in enumerate(spec.clusters):
-            for batch in spec.batches:
-                for seq_len in spec.seq_lens:
-                    points.append((model, f"models[{i}]", cluster, f"clusters[{j}]", batch, seq_len,
-                                   spec.precision, None))
-    for k, extra in enumerate(spec.scenarios):
-        chosen = tuple(extra.strategies) if extra.strategies else None
-        points.append((extra.model, f"scenarios[{k}].model", extra.cluster, f"scenarios[{k}].cluster",
-                       extra.batch, extra.seq_len, extra.precision or spec.precision, chosen))
+def scenario_count(spec: SweepSpec) -> int:
+    """Scenarios of the sweep file, counted without expanding it: the grid's axes multiplied (a value listed
+    twice counts once), plus the extra scenarios off the grid.  A point no strategy applies to still counts."""
+    grid = math.prod(len(dict.fromkeys(axis)) for axis in (spec.models, spec.clusters, spec.batches, spec.seq_lens))
+    on_grid = _GridIndex(spec)
+    extras = {_extra_key(spec, e) for e in spec.scenarios}
+    return grid + sum(1 for key in extras if not on_grid.holds(key))
 
-    tasks: list[SweepTask] = []
-    seen: set[tuple] = set()
-    scenario_ids: dict[tuple, int] = {}
-    used: set[str] = set()
-    for model, model_at, cluster, cluster_at, batch, seq_len, precision, chosen in points:
-        graph, topology = loader.model(model, model_at), loader.cluster(cluster, cluster_at)
-        job = Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-                  flash_attention=spec.flash_attention)
-        applicable = baselines_for(job)
-        wanted = chosen or (tuple(spec.strategies) if spec.strategies else applicable)
-        key = (model, cluster, batch, seq_len, precision)
-        for strategy in (s for s in wanted if s in applicable):
-            if key + (strategy,) in seen:
+
+def check_scenario_limit(spec: SweepSpec, path: str | Path, yes: bool = False) -> int:
+    """The scenario count; PlannerInputError above MAX_SCENARIOS unless `yes` (before anything is loaded)."""
+    count = scenario_count(spec)
+    if count > MAX_SCENARIOS and not yes:
+        axes = " x ".join(f"{name} {len(dict.fromkeys(values)):,}" for name, values in (
+            ("models", spec.models), ("clusters", spec.clusters), ("batches", spec.batches),
+            ("seq_lens", spec.seq_lens)))
+        extra = f" plus {len(spec.scenarios):,} listed" if spec.scenarios else ""
+        raise PlannerInputError(f"{path}: {count:,} scenarios ({axes}{extra}) exceed the limit of "
+                                f"{MAX_SCENARIOS:,}; pass --yes to run them all")
+    return count
+
+
+def _extra_key(spec: SweepSpec, extra: ExtraScenario) -> tuple:
+    return (extra.model, extra.cluster, extra.batch, extra.seq_len, extra.precision or spec.precision)
+
+
+class _GridIndex:
+    """Positions of the grid's distinct axis values (first occurrence), to place a point on the grid."""
+
+    def __init__(self, spec: SweepSpec):
+        self.precision = spec.precision
+        self.models = {v: k for k, v in enumerate(dict.fromkeys(spec.models))}
+        self.clusters = {v: k for k, v in enumerate(dict.fromkeys(spec.clusters))}
+        self.batches = {v: k for k, v in enumerate(dict.fromkeys(spec.batches))}
+        self.seq_lens = {v: k for k, v in enumerate(dict.fromkeys(spec.seq_lens))}
+
+    def holds(self, key: tuple) -> bool:
+        model, cluster, batch, seq_len, precision = key
+        return (model in self.models and cluster in self.clusters and batch in self.batches
+                and seq_len in self.seq_lens and precision == self.precision)
+
+
+class SweepTasks:
+    """The sweep's tasks in scenario order (see the module docstring), produced lazily.
+
+    Checked up front, before any solve: every model and cluster is loaded (once per axis value), the
+    job of every (model, cluster) pair with each batch and each sequence length is valid, and every
+    named strategy applies somewhere.  The grid's tasks are then made one point at a time as they are
+    iterated, so a large grid never sits in memory; `len()` and `scenarios` are counted from the axes.
+    `baselines_for` reads only the model and the cluster, so the strategies of a point are those of
+    its (model, cluster) pair.
+    """
+
+    def __init__(self, spec: SweepSpec, path: str | Path):
+        self.spec, self.path = spec, Path(path)
+        loader = _Loader(str(self.path), self.path.parent)
+        self._grid = _GridIndex(spec)
+        self._batches, self._seq_lens = list(self._grid.batches), list(self._grid.seq_lens)
+        self._at = (_first_positions(spec.models), _first_positions(spec.clusters), _first_positions(spec.batches),
+                    _first_positions(spec.seq_lens))  # value -> its position in the file, per axis
+        points = len(self._batches) * len(self._seq_lens)
+        # pairs[(m, c)] = (model, cluster, graph, topology, strategies) of distinct models x clusters, row-major
+        self._pairs: dict[tuple[int, int], tuple[str, str, ModelGraph, Cluster, tuple[str, ...]]] = {}
+        self._first_id: dict[tuple[int, int], int] = {}  # scenario id of the pair's first point
+        used: set[str] = set()
+        scenario = 0
+        for m, (model, i) in enumerate(_first_positions(spec.models).items()):
+            for c, (cluster, j) in enumerate(_first_positions(spec.clusters).items()):
+                graph, topology = loader.model(model, f"models[{i}]"), loader.cluster(cluster, f"clusters[{j}]")
+                self._check_axes(model, cluster, graph, topology)
+                applicable = baselines_for(self._grid_job(model, cluster, graph, topology, self._batches[0],
+                                                          self._seq_lens[0]))
+                wanted = tuple(spec.strategies) if spec.strategies else applicable
+                strategies = tuple(dict.fromkeys(s for s in wanted if s in applicable))
+                self._pairs[m, c] = (model, cluster, graph, topology, strategies)
+                if strategies:
+                    self._first_id[m, c] = scenario
+                    scenario += points
+                used.update(strategies)
+        self._grid_tasks = sum(len(p[4]) for p in self._pairs.values()) * points
+        self._extras = self._extra_tasks(loader, scenario, used)
+        self.scenarios = scenario + len({t[0] for t in self._extras if t[0] >= scenario})
+        for i, strategy in enumerate(spec.strategies or ()):
+            if strategy not in used:
+                raise PlannerInputError(f"{self.path}: strategies[{i}]: {strategy!r} applies to none of the models")
+        if not len(self):
+            raise PlannerInputError(f"{self.path}: no strategy applies to any scenario")
+
+    def _job(self, graph: ModelGraph, topology: Cluster, batch: int, seq_len: int, precision: Precision,
+             where: str) -> Job:
+        try:
+            return Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
+                       flash_attention=self.spec.flash_attention)
+        except ValidationError as err:
+            why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
+            raise PlannerInputError(f"{self.path}: {where}: {why}") from None
+
+    def _grid_job(self, model: str, cluster: str, graph: ModelGraph, topology: Cluster, batch: int,
+                  seq_len: int) -> Job:
+        models, clusters, batches, seq_lens = self._at
+        where = (f"{model} on {cluster}, batch {batch} x {seq_len} (models[{models[model]}], "
+                 f"clusters[{clusters[cluster]}], batches[{batches[batch]}], seq_lens[{seq_lens[seq_len]}])")
+        return self._job(graph, topology, batch, seq_len, self.spec.precision, where)
+
+    def _check_axes(self, model: str, cluster: str, graph: ModelGraph, topology: Cluster) -> None:
+        """A job of the pair with every sequence length, then every batch, is valid (a point's job is checked
+        again when its tasks are made; a rule that couples batch and sequence length would stop there)."""
+        for seq_len in self._seq_lens:
+            self._grid_job(model, cluster, graph, topology, self._batches[0], seq_len)
+        for batch in self._batches[1:]:
+            self._grid_job(model, cluster, graph, topology, batch, self._seq_lens[0])
+
+    def _grid_scenario(self, key: tuple) -> tuple[int, tuple[str, ...]] | None:
+        """The scenario id and the strategies of grid point `key`, when the grid scores it."""
+        if not self._grid.holds(key):
+            return None
+        model, cluster, batch, seq_len, _ = key
+        pair = (self._grid.models[model], self._grid.clusters[cluster])
+        if pair not in self._first_id:
+            return None  # no strategy of the grid applies there
+        offset = self._grid.batches[batch] * len(self._seq_lens) + self._grid.seq_lens[seq_len]
+        return self._first_id[pair] + offset, self._pairs[pair][4]
+
+    def _extra_tasks(self, loader: _Loader, next_id: int, used: set[str]) -> list[tuple]:
+        """(scenario, model, cluster, batch, seq_len, precision, strategy, job) of the extra scenarios'
+        strategies that the grid (or an earlier extra) does not already score; a point off the grid takes
+        the next scenario id at its first task."""
+        out: list[tuple] = []
+        seen: set[tuple] = set()
+        ids: dict[tuple, int] = {}
+        for k, extra in enumerate(self.spec.scenarios):
+            key = _extra_key(self.spec, extra)
+            graph = loader.model(extra.model, f"scenarios[{k}].model")
+            topology = loader.cluster(extra.cluster, f"scenarios[{k}].cluster")
+            job = self._job(graph, topology, extra.batch, extra.seq_len, key[4], f"scenarios[{k}]")
+            applicable = baselines_for(job)
+            wanted = tuple(extra.strategies) if extra.strategies else (
+                tuple(self.spec.strategies) if self.spec.strategies else applicable)
+            grid = self._grid_scenario(key)
+            for strategy in (s for s in wanted if s in applicable):
+                if (grid is not None and strategy in grid[1]) or key + (strategy,) in seen:
+                    continue
+                seen.add(key + (strategy,))
+                used.add(strategy)
+                if key not in ids:
+                    ids[key] = grid[0] if grid is not None else next_id
+                    next_id += grid is None
+                out.append((ids[key], *key, strategy, job))
+        return out
+
+    def __len__(self) -> int:
+        return self._grid_tasks + len(self._extras)
+
+    def __iter__(self) -> Iterator[SweepTask]:
+        index, limit = 0, self.spec.time_limit
+        for (m, c), (model, cluster, graph, topology, strategies) in self._pairs.items():
+            if not strategies:
                 continue
-            seen.add(key + (strategy,))
-            used.add(strategy)
-            scenario = scenario_ids.setdefault(key, len(scenario_ids))
-            tasks.append(SweepTask(index=len(tasks), scenario=scenario, model=model, cluster=cluster, batch=batch,
-                                   seq_len=seq_len, precision=precision, strategy=strategy,
-                                   time_limit=spec.time_limit, job=job))
-    for i, strategy in enumerate(spec.strategies or ()):
-        if strategy not in used:
-            raise PlannerInputError(f"{path}: strategies[{i}]: {strategy!r} applies to none of the models")
-    if not tasks:
-        raise PlannerInputError(f"{path}: no strategy applies to any scenario")
-    return tasks
+            scenario = self._first_id[m, c]
+            for batch in self._batches:
+                for seq_len in self._seq_lens:
+                    job = self._grid_job(model, cluster, graph, topology, batch, seq_len)
+                    for strategy in strategies:
+                        yield SweepTask(index=index, scenario=scenario, model=model, cluster=cluster, batch=batch,
+                                        seq_len=seq_len, precision=self.spec.precision, strategy=strategy,
+                                        time_limit=limit, job=job)
+                        index += 1
+                    scenario += 1
+        for scenario, model, cluster, batch, seq_len, precision, strategy, job in self._extras:
+            yield SweepTask(index=index, scenario=scenario, model=model, cluster=cluster, batch=batch,
+                            seq_len=seq_len, precision=precision, strategy=strategy, time_limit=limit, job=job)
+            index += 1
+
+
+def _first_positions(values: list) -> dict:
+    """Each distinct value with the position of its first occurrence (a repeat runs once)."""
+    out: dict = {}
+    for i, value in enumerate(values):
+        out.setdefault(value, i)
+    return out
+
+
+def expand(spec: SweepSpec, path: str | Path) -> list[SweepTask]:
+    """Every task of the sweep, in scenario order (`path` names the file in errors): `list(SweepTasks(...))`."""
+    return list(SweepTasks(spec, path))

@@ -34,6 +34,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm.torch  # noqa: E402,F401
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from planner.runtime.shutdown import run_then_finish  # noqa: E402
 from deepspeed.pipe import LayerSpec, PipelineModule  # noqa: E402
 from deepspeed.runtime.pipe.topology import PipeDataParallelTopology  # noqa: E402
 
@@ -180,9 +181,8 @@ def main() -> None:
         print(f"rank {rank} (last stage) losses {losses}", flush=True)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    # barrier, destroy the groups, and leave without racing gloo's worker threads (planner/runtime/shutdown.py)
+    run_then_finish(main)

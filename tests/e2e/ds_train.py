@@ -24,6 +24,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm.torch  # noqa: E402,F401
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from planner.runtime.shutdown import run_then_finish  # noqa: E402
 
 ds_comm_torch = sys.modules["deepspeed.comm.torch"]  # the attribute `deepspeed.comm.torch` is torch itself
 
@@ -96,9 +97,8 @@ def main() -> None:
             json.dump({"losses": losses, "zero_stage": engine.zero_optimization_stage(), "world_size": world,
                        "gradient_accumulation_steps": accum, "bf16": engine.bfloat16_enabled()}, f)
         print("losses", losses, flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    # barrier, destroy the groups, and leave without racing gloo's worker threads (planner/runtime/shutdown.py)
+    run_then_finish(main)

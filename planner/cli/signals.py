@@ -1,0 +1,62 @@
+"""Interrupts: Ctrl-C and SIGTERM end a command with one line and a conventional exit code.
+
+SIGTERM is turned into an exception as SIGINT is (KeyboardInterrupt), so that the
+same unwinding runs for both: `planner.output.write_outputs` removes its staging
+folder on any BaseException, and nothing half-written is left beside the output.
+OR-Tools must not replace the SIGINT handler for this to hold: the solvers set
+`catch_sigint_signal = False` (CP-SAT otherwise restores SIG_DFL after a solve,
+and a later Ctrl-C kills the process without any cleanup).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived.
+
+    A BaseException, like KeyboardInterrupt, so `except Exception` does not swallow it, and not a
+    KeyboardInterrupt, so click passes it through instead of printing its own "Aborted!".
+    """
+
+    def __init__(self, signal_name: str, exit_code: int) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.exit_code = exit_code
+
+
+def interrupted_by_sigint() -> Interrupted:
+    return Interrupted("Ctrl-C", 130)
+
+
+def _on_sigterm(signum: int, frame: Any) -> NoReturn:
+    raise Interrupted("SIGTERM", 143)
+
+
+def guarded(run: Callable[[], Any]) -> Any:
+    """Call `run` with SIGTERM raising Interrupted; an interrupt prints one line and exits 130 or 143."""
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread (an embedding application): leave its handlers alone
+        pass
+    try:
+        return run()
+    except KeyboardInterrupt:  # while the modules load, before click runs
+        _leave(interrupted_by_sigint())
+    except Interrupted as err:
+        _leave(err)
+
+
+def _leave(err: Interrupted) -> NoReturn:
+    # Further signals while exiting must not print a traceback either.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        sys.stderr.write(f"Error: interrupted ({err.signal_name}); no output folder was left half-written\n")
+        sys.stderr.flush()
+    finally:
+        sys.exit(err.exit_code)

@@ -1,0 +1,209 @@
+"""The compile time limit (issue #12): a finite budget, honoured, with deterministic per-solve limits.
+
+The budget logic runs on an injected clock (`planner.solve._now`) that advances by a fixed step per
+CP-SAT solve, so what the search does past the limit is checked without timing this (loaded) machine;
+one wall-time check keeps a generous slack.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+from click.testing import CliRunner
+from ortools.sat.python import cp_model
+
+import planner.solve as solve
+from hardware import load_cluster
+from models import load_model
+from planner.cli import cli
+from planner.plan import Plan, build_plan, plan_json
+from planner.report import render_report
+from planner.solve import RUNNER_UP_WORK, CompileOptions, compile_job, solve_work
+from test_compile import _cluster, _job
+
+A100_H100 = _cluster("a100-h100", ("a100", "dgx-a100-80g", 2), ("h100", "dgx-h100", 2))
+BIG = ["llama3-70b", "dgx-h100:16", "--batch", "512", "--seq-len", "4096"]  # 3 solves, about 2 s in all
+DONE = ["llama3-8b", "dgx-h100:2", "--batch", "64", "--seq-len", "8192", "--time-limit", "60"]  # well under 1 s
+
+
+def run(*args) -> object:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def big_job():
+    return _job(load_model("llama3-70b"), load_cluster("dgx-h100:16"), batch=512, seq=4096)
+
+
+def mixed_job():
+    """llama3-8b on 2 A100 + 2 H100 nodes: a replica-group search, then about 100 CP-SAT solves."""
+    return _job(load_model("llama3-8b"), A100_H100, batch=64, seq=4096)
+
+
+@dataclass
+class Solve:
+    start: float  # the fake clock when the solve began
+    wall_cap: float  # its max_time_in_seconds
+    work: float  # its max_deterministic_time
+
+
+class FakeClock:
+    """The search's clock: it moves only when a CP-SAT solve ends, by `step` seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.step = 1.0
+        self.solves: list[Solve] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(solve, "_now", clock)
+    real = cp_model.CpSolver.solve
+
+    def solve_and_tick(self, model, *args, **kwargs):
+        p = self.parameters
+        clock.solves.append(Solve(clock.now, p.max_time_in_seconds, p.max_deterministic_time))
+        status = real(self, model, *args, **kwargs)
+        clock.now += clock.step
+        return status
+
+    monkeypatch.setattr(cp_model.CpSolver, "solve", solve_and_tick)
+    return clock
+
+
+# ---------------------------------------------------------------- defect 1: --time-limit inf
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "Infinity"])
+@pytest.mark.parametrize("model", [["tiny-llama", "cpu:1", "-b", "8", "-s", "64"],
+                                   ["tiny-dlrm", "cpu:1", "-b", "64", "-s", "1"]], ids=["dense", "recsys"])
+def test_non_finite_time_limit_is_refused_in_one_line(model, value):
+    result = run("compile", *model, "--time-limit", value)
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("Error: ") and "\n" not in err and "Traceback" not in result.output
+    assert "--time-limit" in err and "finite" in err
+
+
+# ---------------------------------------------------------------- defect 2: the budget binds
+
+
+def test_single_pool_search_stops_at_the_budget(fake_clock):
+    # each solve costs 1 s on the fake clock: the first plan at 1 s, the second solve starts at 1 s (< 1.5)
+    # and ends at 2 s; nothing runs after that, runners-up included
+    options = CompileOptions(time_limit=1.5)
+    result = compile_job(big_job(), options)
+    cert = result.certificate
+    assert cert.stopped == "time_limit"
+    assert cert.status == "FEASIBLE" and 0 < cert.gap < 1 and cert.bound < cert.objective
+    assert result.estimate.memory.fits
+    assert fake_clock.now <= options.time_limit + fake_clock.step  # the budget plus the last solve's own
+    assert all(s.start < options.time_limit for s in fake_clock.solves)
+    for s in fake_clock.solves[1:]:  # after the first plan: never more than the time left
+        assert s.wall_cap <= options.time_limit - s.start + 1e-9
+    assert all(s.work == solve_work(options) for s in fake_clock.solves)  # no runner-up re-solve ran
+    assert cert.wall_s == pytest.approx(fake_clock.now)
+
+
+def test_replica_group_search_stops_at_the_budget(fake_clock):
+    fake_clock.step = 0.1  # about 100 solves in all: about 10 s of fake time
+    options = CompileOptions(time_limit=1.0)
+    result = compile_job(mixed_job(), options)
+    cert = result.certificate
+    assert cert.stopped == "time_limit"
+    assert cert.status == "FEASIBLE" and cert.bound < cert.objective
+    assert len(fake_clock.solves) < 30
+    assert fake_clock.now <= options.time_limit + 1.0 + fake_clock.step  # + a first plan's floor
+    for s in fake_clock.solves:
+        assert s.wall_cap <= max(options.time_limit - s.start, solve.FIRST_PLAN_SECONDS) + 1e-9
+        assert s.work in (solve_work(options), RUNNER_UP_WORK)
+
+
+def test_without_the_budget_the_same_job_runs_to_the_end(fake_clock):
+    fake_clock.step = 0.0  # the clock never moves: nothing is cut
+    result = compile_job(mixed_job(), CompileOptions(time_limit=60.0))
+    assert result.certificate.stopped is None and result.certificate.status == "OPTIMAL"
+    assert len(fake_clock.solves) > 50
+
+
+def test_a_tiny_limit_returns_quickly_and_says_so():
+    # the one wall-clock check: generous slack for a loaded 2-core machine (the search needs the time of
+    # a first plan whatever the limit)
+    limit = 0.3
+    result = compile_job(mixed_job(), CompileOptions(time_limit=limit))
+    cert = result.certificate
+    assert cert.wall_s <= limit * 1.1 + 8.0
+    assert cert.stopped == "time_limit" or cert.wall_s <= limit
+    assert cert.bound <= cert.objective * (1 + 1e-9)
+
+
+# ---------------------------------------------------------------- defect 3: reproducible, or flagged
+
+
+def test_every_solve_has_a_deterministic_limit(fake_clock):
+    fake_clock.step = 0.0
+    options = CompileOptions(time_limit=20.0)
+    compile_job(mixed_job(), options)
+    assert fake_clock.solves
+    assert {s.work for s in fake_clock.solves} <= {solve_work(options), RUNNER_UP_WORK}
+    assert solve_work(options) == pytest.approx(0.25 * 20.0)
+
+
+def test_programs_stopped_by_their_work_limit_are_reproducible(monkeypatch):
+    # a work limit so small that programs stop on it (UNKNOWN or FEASIBLE): not a wall-clock stop, so
+    # the result is flagged complete and two runs agree
+    monkeypatch.setattr(solve, "MIN_SOLVE_WORK", 1e-3)
+    monkeypatch.setattr(solve, "SOLVE_WORK_SHARE", 0.0)
+    options = CompileOptions(time_limit=600.0)
+    runs = [compile_job(mixed_job(), options) for _ in range(2)]
+    assert runs[0].certificate.stopped is None
+    assert runs[0].certificate.status == "FEASIBLE"  # some program stopped short of its proof
+    dumps = {r.model_dump_json(exclude={"certificate": {"wall_s"}}) for r in runs}
+    assert len(dumps) == 1
+
+
+def test_complete_compile_is_flagged_and_byte_identical(tmp_path):
+    texts = []
+    for _ in range(2):
+        result = run("compile", *DONE, "-o", tmp_path / "out", "--force")
+        assert result.exit_code == 0, result.output
+        texts.append(((tmp_path / "out" / "plan.json").read_bytes(), (tmp_path / "out" / "report.md").read_bytes()))
+    assert texts[0] == texts[1]
+    plan = Plan.model_validate_json(texts[0][0])
+    assert plan.solver.stopped is None
+    assert "search: complete (reproducible" in texts[0][1].decode()
+    assert "stopped by the time limit" not in result.stdout
+    data = json.loads(run("compile", *DONE, "--json").stdout)
+    assert data["solver"]["stopped"] is None and data["solver"]["reproducible"] is True
+    assert data["solver"]["time_limit_s"] == 60.0
+
+
+def test_stopped_compile_says_so_everywhere(fake_clock, tmp_path):
+    result = run("compile", *BIG, "--time-limit", "1.5", "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "stopped by the time limit (1.5 s): not reproducible" in result.stdout
+    plan = Plan.model_validate_json((tmp_path / "out" / "plan.json").read_text())
+    assert plan.solver.stopped == "time_limit" and plan.solver.status == "FEASIBLE"
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "stopped by the time limit" in report and "not reproducible" in report
+    fake_clock.now = 0.0
+    data = json.loads(run("compile", *BIG, "--time-limit", "1.5", "--json").stdout)
+    assert data["solver"]["stopped"] == "time_limit" and data["solver"]["reproducible"] is False
+    assert data["solver"]["status"] == "FEASIBLE" and data["plan"]["solver"]["stopped"] == "time_limit"
+
+
+def test_plan_and_report_carry_the_flag():
+    job = mixed_job()
+    options = CompileOptions(time_limit=60.0)
+    result = compile_job(job, options)
+    stopped = result.model_copy(update={"certificate": result.certificate.model_copy(update={"stopped": "time_limit"})})
+    text = plan_json(build_plan(job, stopped, options))
+    assert json.loads(text)["solver"]["stopped"] == "time_limit"
+    assert "stopped by the time limit" in render_report(Plan.model_validate_json(text), ())
+    assert json.loads(plan_json(build_plan(job, result, options)))["solver"]["stopped"] is None
