@@ -1,4 +1,4 @@
-"""The pure bounds of planner.ilp.bounds on hand-worked pipelines (their validity on real jobs is the
+"""The pure bounds of planner.search.ilp.bounds on hand-worked pipelines (their validity on real jobs is the
 compile-equals-oracle property of tests/test_compile.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from planner.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit
+from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit
 
 # pool A: 1 s per block, pool B: 5 s per block, one stage slot each
 A, B = [1.0, 2.0, 3.0], [5.0, 10.0]

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
-from planner.baselines import StageLine, balanced_split, megatron_recipe, proportional_layout, megatron_split
-from planner.compare import DENSE_BASELINES, baselines_for, compare
+from planner.compare.baselines import StageLine, balanced_split, megatron_recipe, proportional_layout, megatron_split
+from planner.compare.table import DENSE_BASELINES, baselines_for, compare
 from planner.cost import evaluate
 from planner.job import Job
 from planner.strategy import parse_strategy

@@ -1,7 +1,7 @@
 """compile_job against the exhaustive oracle (DESIGN.md principle 2), and the certificate's promises.
 
 Every comparison runs real CP-SAT solves on instances small enough for
-`planner.exhaustive.exhaustive_optimum` to score every candidate of the same
+`planner.search.exhaustive.exhaustive_optimum` to score every candidate of the same
 space with `evaluate`.  The property tests are derandomized so that a
 failure is reproducible; defects found here stay as regression tests that name
 the cause (they start passing, and so fail, once the cause is fixed).
@@ -19,10 +19,11 @@ from models import MoEConfig, build_transformer, load_model
 from models.transformer import llama
 from planner.cost import evaluate
 from planner.errors import InfeasibleError
-from planner.exhaustive import exhaustive_groups, _candidates, _count, _placements, exhaustive_optimum
+from planner.search.exhaustive import exhaustive_groups, _candidates, _count, _placements, exhaustive_optimum
 from planner.job import Job
-from planner.solve import CompileOptions, CompileResult, compile_job
-from planner.space import SpaceOptions, global_configs, placement_variants
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions, CompileResult
+from planner.search.space import SpaceOptions, global_configs, placement_variants
 from planner.strategy import Strategy
 
 SMALL = dict(max_mbs=4, max_vpp=2, max_cp=2)

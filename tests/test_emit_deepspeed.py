@@ -32,9 +32,10 @@ from planner.cli import cli  # noqa: E402
 from planner.cost.evaluate import evaluate  # noqa: E402
 from planner.emit.deepspeed import emit, layer_specs  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.plan import build_plan  # noqa: E402
-from planner.solve import Certificate, CompileOptions, CompileResult, compile_job  # noqa: E402
-from planner.space import SpaceOptions  # noqa: E402
+from planner.plan.groups import build_plan  # noqa: E402
+from planner.search.compile import compile_job  # noqa: E402
+from planner.search.result import Certificate, CompileOptions, CompileResult  # noqa: E402
+from planner.search.space import SpaceOptions  # noqa: E402
 from planner.strategy import Strategy, parse_strategy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

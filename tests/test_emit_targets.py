@@ -18,9 +18,10 @@ from planner.emit import UnsupportedPlan, available_targets, emit_targets, emitt
 from planner.emit.megatron import megatron_args
 from planner.emit.megatron_check import check_megatron_args
 from planner.job import Job
-from planner.plan import build_plan
-from planner.solve import Certificate, CompileOptions, CompileResult, compile_job
-from planner.space import SpaceOptions
+from planner.plan.groups import build_plan
+from planner.search.compile import compile_job
+from planner.search.result import Certificate, CompileOptions, CompileResult
+from planner.search.space import SpaceOptions
 from planner.strategy import parse_strategy
 
 GOLDEN = Path(__file__).parent / "golden"

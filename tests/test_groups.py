@@ -1,5 +1,5 @@
 """Replica groups on mixed clusters: a strategy and a batch share per pool (planner.cost.groups,
-planner.solve_groups), held to a brute-force oracle, and their plan, report and CLI."""
+planner.search.groups), held to a brute-force oracle, and their plan, report and CLI."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 from planner.cli import cli
 from planner.cost.groups import evaluate_groups, sync_seconds
-from planner.exhaustive import batch_splits, exhaustive_groups
-from planner.plan import build_plan, plan_json
-from planner.report import render_report
-from planner.solve import CompileOptions, compile_job
-from planner.solve_groups import compute_floor, proportional, share_grid
-from planner.space import SpaceOptions
+from planner.search.exhaustive import batch_splits, exhaustive_groups
+from planner.plan.groups import build_plan
+from planner.plan.schema import plan_json
+from planner.plan.report import render_report
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions
+from planner.search.groups import compute_floor, proportional, share_grid
+from planner.search.space import SpaceOptions
 from hardware import load_catalog
 from test_compile import PROPERTY, SMALL, _cluster, _job, _model, assert_matches_oracle
 

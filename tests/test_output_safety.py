@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from planner import output
+from planner.plan import output
 from planner.cli import cli
 from planner.errors import PlannerInputError
-from planner.output import write_outputs
+from planner.plan.output import write_outputs
 
 TINY = ["tiny-llama", "dgx-h100:1", "-b", "8", "-s", "256"]
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,13 +12,16 @@ from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
 from planner.errors import PlannerInputError
-from planner.explain import explain_infeasible
+from planner.search.explain import explain_infeasible
 from planner.job import Job
-from planner.output import write_outputs
-from planner.plan import Plan, build_plan, plan_json, plan_json_schema, rank_location
-from planner.report import render_report
-from planner.solve import CompileOptions, compile_job
-from planner.space import SpaceOptions
+from planner.plan.output import write_outputs
+from planner.plan.build import rank_location
+from planner.plan.groups import build_plan
+from planner.plan.schema import Plan, plan_json, plan_json_schema
+from planner.plan.report import render_report
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions
+from planner.search.space import SpaceOptions
 
 TINY = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128"]
 MID = ["llama3-8b", "dgx-h100:2", "--batch", "16", "--seq-len", "4096", "--time-limit", "30"]
@@ -103,7 +106,7 @@ def test_stage_ranks_cover_the_gpus_used_once(case):
 
 
 def test_stage_pools_place_stages_on_their_pools():
-    from planner.plan import stage_spans
+    from planner.plan.build import stage_spans
     from planner.strategy import Strategy
 
     cluster = load_cluster(HETERO)

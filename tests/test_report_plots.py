@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from planner.cli import cli
-from planner.plan import Plan
-from planner.report import render_report
-from planner.report_plots import MEMORY_PNG, RANKS_PNG, TIME_PNG, memory_png, report_plots, time_png
+from planner.plan.schema import Plan
+from planner.plan.report import render_report
+from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG, memory_png, report_plots, time_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TINY = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128", "--time-limit", "10"]

@@ -26,7 +26,7 @@ from models.zoo import get_entry, get_model  # noqa: E402
 from planner.emit import UnsupportedPlan, emitter  # noqa: E402
 from planner.runtime.model import Transformer  # noqa: E402
 from planner.runtime.parallelize import _check_supported, apply_ac, mesh_shape  # noqa: E402
-from planner.plan import Plan  # noqa: E402
+from planner.plan.schema import Plan  # noqa: E402
 from planner.runtime.train import synthetic_batch  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
 

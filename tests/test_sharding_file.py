@@ -4,7 +4,6 @@ exits 2 with one stderr line naming the file, the table and the field, and no tr
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace

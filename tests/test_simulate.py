@@ -13,15 +13,16 @@ from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
 from planner.job import Job
-from planner.plan import build_plan, plan_json
+from planner.plan.groups import build_plan
+from planner.plan.schema import plan_json
 from planner.simulate import simulate, summarize
 from planner.simulate.engine import Task, run
 from planner.simulate.memory import memory_curves
 from planner.simulate.plan_input import plan_runs, simulate_plan
 from planner.simulate.schedule import Op, interleaved, one_f_one_b
 from planner.simulate.trace import trace_json
-from planner.solve import CompileOptions
-from planner.space import SpaceOptions
+from planner.search.result import CompileOptions
+from planner.search.space import SpaceOptions
 from planner.strategy import parse_strategy
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
-from planner.compare import DENSE_BASELINES, compare
+from planner.compare.table import DENSE_BASELINES, compare
 from planner.job import Job
 from planner.sweep.progress import ProgressBar
 from planner.sweep.run import plan_sweep, run_sweep

@@ -1,6 +1,6 @@
 """The compile time limit (issue #12): a finite budget, honoured, with deterministic per-solve limits.
 
-The budget logic runs on an injected clock (`planner.solve._now`) that advances by a fixed step per
+The budget logic runs on an injected clock (`planner.search.compile._now`) that advances by a fixed step per
 CP-SAT solve, so what the search does past the limit is checked without timing this (loaded) machine;
 one wall-time check keeps a generous slack.
 """
@@ -14,13 +14,15 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
-import planner.solve as solve
+import planner.search.compile as solve
 from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
-from planner.plan import Plan, build_plan, plan_json
-from planner.report import render_report
-from planner.solve import RUNNER_UP_WORK, CompileOptions, compile_job, solve_work
+from planner.plan.groups import build_plan
+from planner.plan.schema import Plan, plan_json
+from planner.plan.report import render_report
+from planner.search.compile import RUNNER_UP_WORK, compile_job, solve_work
+from planner.search.result import CompileOptions
 from test_compile import _cluster, _job
 
 A100_H100 = _cluster("a100-h100", ("a100", "dgx-a100-80g", 2), ("h100", "dgx-h100", 2))

@@ -13,9 +13,9 @@ from hardware import load_cluster
 from models import load_model
 from planner.cli import render
 from planner.cli.options import job_options, json_option, user_errors
-from planner.compare import DENSE_BASELINES, RECSYS_BASELINES, compare
+from planner.compare.table import DENSE_BASELINES, RECSYS_BASELINES, compare
 from planner.job import Job
-from planner.output import check_file_target, write_file
+from planner.plan.output import check_file_target, write_file
 
 _FIELDS = ("strategy", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
            "fits", "why", "planning_s", "spec")
@@ -84,6 +84,6 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
             writer.writerow({key: row.as_dict()[key] for key in _FIELDS})
         write_file(csv_path, buffer.getvalue())
     if plot_path is not None:
-        from planner.plots import plot_compare
+        from planner.compare.plots import plot_compare
 
         plot_compare(rows, f"{job.model.name} on {job.cluster.name}, batch {batch} x {seq_len}", plot_path)

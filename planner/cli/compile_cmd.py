@@ -1,6 +1,6 @@
 """`planner compile` and `planner schema`: parse, call the library, print or write.
 
-`compile` searches the strategy space (`planner.solve.compile_job`), turns
+`compile` searches the strategy space (`planner.search.compile.compile_job`), turns
 the result into a Plan (`planner.plan.build_plan`) and prints a summary, the
 `--json` object, or writes plan.json, report.md and its figures into `-o DIR` atomically.
 Search progress (incumbent and bound) goes to stderr when stderr is a
@@ -26,13 +26,15 @@ from planner.cli.compile_recsys import compile_recsys
 from planner.cli.options import Infeasible, job_options, json_option, output_dir_path, user_errors
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
-from planner.output import check_output_dir, write_outputs
-from planner.plan import build_plan, plan_json, plan_json_schema
-from planner.report import render_report
-from planner.report_plots import MEMORY_PNG, TIME_PNG, report_plots
+from planner.plan.output import check_output_dir, write_outputs
+from planner.plan.groups import build_plan
+from planner.plan.schema import plan_json, plan_json_schema
+from planner.plan.report import render_report
+from planner.plan.plots import MEMORY_PNG, TIME_PNG, report_plots
 from planner.emit import DEFAULT_TARGETS, TARGETS, UnsupportedPlan, available_targets, emit_targets, space_limits
-from planner.solve import CompileOptions, compile_job
-from planner.space import SpaceOptions
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions
+from planner.search.space import SpaceOptions
 
 _FIXABLE = ("tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "shard")
 

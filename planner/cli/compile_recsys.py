@@ -20,8 +20,8 @@ from planner.embedding.report import render_embedding_report, summary
 from planner.emit.dlrm import emit_dlrm_torch
 from planner.errors import InfeasibleError
 from planner.job import Job
-from planner.output import write_outputs
-from planner.report_plots import RANKS_PNG, ranks_png
+from planner.plan.output import write_outputs
+from planner.plan.plots import RANKS_PNG, ranks_png
 
 
 def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from hardware import HardwareInputError
 from models import ModelInputError
 from planner.errors import InfeasibleError, PlannerInputError
-from planner.output import refuse_unsafe_path
+from planner.plan.output import refuse_unsafe_path
 
 PRECISIONS = ("bf16", "fp16", "fp8")
 

@@ -14,7 +14,7 @@ from models.graph import ModelGraph
 from planner.cost import Estimate
 
 if TYPE_CHECKING:
-    from planner.plan import Plan
+    from planner.plan.schema import Plan
 
 GB = 1e9
 

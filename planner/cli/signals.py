@@ -1,7 +1,7 @@
 """Interrupts: Ctrl-C and SIGTERM end a command with one line and a conventional exit code.
 
 SIGTERM is turned into an exception as SIGINT is (KeyboardInterrupt), so that the
-same unwinding runs for both: `planner.output.write_outputs` removes its staging
+same unwinding runs for both: `planner.plan.output.write_outputs` removes its staging
 folder on any BaseException, and nothing half-written is left beside the output.
 OR-Tools must not replace the SIGINT handler for this to hold: the solvers set
 `catch_sigint_signal = False` (CP-SAT otherwise restores SIG_DFL after a solve,

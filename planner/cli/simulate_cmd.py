@@ -9,7 +9,7 @@ import click
 
 from planner.cli import render
 from planner.cli.options import json_option, user_errors
-from planner.output import check_file_target, write_file
+from planner.plan.output import check_file_target, write_file
 from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan, simulate_plan
 from planner.simulate.result import TOLERANCE, SimulationResult
 

@@ -11,7 +11,7 @@ import click
 
 from planner.cli import render
 from planner.cli.options import json_option, user_errors
-from planner.output import check_output_dir, write_outputs
+from planner.plan.output import check_output_dir, write_outputs
 from planner.sweep.executors import EXECUTORS
 from planner.sweep.results import SUMMARY_HEADERS, summary_table
 from planner.sweep.run import plan_sweep, run_sweep

@@ -16,16 +16,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hardware import Catalog
 from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
+from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
 
-if TYPE_CHECKING:
-    from planner.cost.stage import StageSums
 
 WEIGHT_BYTES = 2.0  # 16-bit weights (bf16/fp16; fp8 runs keep bf16 masters of the weights)
 GRAD_BYTES = 2.0  # 16-bit gradients (DESIGN.md: 2 + 2 + 12 bytes per parameter)
@@ -110,7 +108,7 @@ def stage_memory(
     job: Job,
     strategy: Strategy,
     site: StageSite,
-    sums: "StageSums",
+    sums: StageSums,
     micro_batches: int,
     catalog: Catalog,
 ) -> StageMemory:

@@ -17,48 +17,9 @@ from planner.cost.comm import data_parallel_comm, grad_reduce_bytes, layer_comm,
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import WEIGHT_BYTES, StageMemory, layer_params_per_rank, saved_bytes, stage_memory
+from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
-
-@dataclass(frozen=True)
-class StageSums:
-    """Per-rank, per-micro-batch totals of a set of layers (three fields are maxima, marked)."""
-
-    forward: float = 0.0  # forward compute seconds
-    compute: float = 0.0  # forward + backward compute seconds
-    recompute: float = 0.0  # recomputed forward seconds
-    tp: float = 0.0  # exposed tensor-parallel seconds
-    cp: float = 0.0  # exposed context-parallel seconds
-    ep: float = 0.0  # expert all-to-all seconds
-    params: float = 0.0  # parameters held before ZeRO sharding
-    kept_activations: float = 0.0  # saved bytes per micro-batch in flight
-    working_set: float = 0.0  # largest full-mode layer's un-recomputed bytes (max)
-    largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
-    max_hidden: float = 0.0  # widest boundary activation (max)
-    layers: int = 0
-
-    def __add__(self, other: "StageSums") -> "StageSums":
-        return StageSums(
-            forward=self.forward + other.forward, compute=self.compute + other.compute,
-            recompute=self.recompute + other.recompute, tp=self.tp + other.tp, cp=self.cp + other.cp,
-            ep=self.ep + other.ep, params=self.params + other.params,
-            kept_activations=self.kept_activations + other.kept_activations,
-            working_set=max(self.working_set, other.working_set),
-            largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
-            max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
-        )
-
-    def times(self, count: int) -> "StageSums":
-        """`count` copies of these layers (maxima stay, sums scale)."""
-        if count <= 0:
-            return StageSums()
-        return StageSums(
-            forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
-            tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
-            kept_activations=self.kept_activations * count, working_set=self.working_set,
-            largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
-        )
-
 
 def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups,
                catalog: Catalog, mode: RecomputeMode) -> StageSums:

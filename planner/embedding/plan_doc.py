@@ -17,7 +17,8 @@ from planner.embedding.compile import EmbeddingCompileResult, EmbeddingStrategyN
 from planner.embedding.evaluate import EmbeddingEstimate, EmbeddingModel
 from planner.embedding.sharding_plan import ShardingPlanFile, sharding_plan
 from planner.job import Job
-from planner.plan import PlanJob, inputs_digest, plan_job
+from planner.plan.build import inputs_digest, plan_job
+from planner.plan.schema import PlanJob
 
 SCHEMA = "planner.embedding-plan/1"
 

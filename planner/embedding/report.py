@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.embedding.plan_doc import EmbeddingPlan
-from planner.report import md_table
-from planner.report_plots import RANKS_PNG
+from planner.plan.report import md_table
+from planner.plan.plots import RANKS_PNG
 
 GB = 1e9
 _TERMS = [("lookup_s", "embedding lookups (slowest rank)"), ("all_to_all_s", "all-to-all (slowest side)"),
@@ -53,7 +53,7 @@ def summary(plan: EmbeddingPlan, wall_s: float) -> str:
 
 
 def render_embedding_report(plan: EmbeddingPlan, plots: bool = False) -> str:
-    """report.md: the plan for a person; `plots`: link ranks.png (planner.report_plots), written beside it."""
+    """report.md: the plan for a person; `plots`: link ranks.png (planner.plan.plots), written beside it."""
     e, job = plan.estimate, plan.job
     lines = [f"# {job.model} on {job.cluster}", "", summary(plan, 0.0).split("\n")[1], ""]
     rows = [[label, f"{getattr(e.breakdown, key) * 1e3:.3f}", f"{100 * getattr(e.breakdown, key) / e.step_time_s:.1f}%"]

@@ -18,7 +18,7 @@ from importlib import import_module
 from typing import Callable
 
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan.schema import Plan
 from planner.strategy import PLACEMENT_KEYS
 
 

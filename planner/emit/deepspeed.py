@@ -18,7 +18,8 @@ import json
 from collections import defaultdict
 
 from planner.job import Job
-from planner.plan import Plan, rank_location
+from planner.plan.build import rank_location
+from planner.plan.schema import Plan
 
 NVME_PATH = "/local_nvme"
 MASTER_PORT = 29500

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from planner.emit.slurm import job_name, launch_shape
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan.schema import Plan
 
 API_VERSION = "kubeflow.org/v1"
 IMAGE = "REGISTRY/planner-runtime:latest"

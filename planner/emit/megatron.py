@@ -26,7 +26,7 @@ from planner.emit import UnsupportedPlan
 from planner.emit.megatron_check import check_megatron_args
 from planner.emit.slurm import launch_shape
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan.schema import Plan
 
 # Megatron applies one offload setting (--optimizer-cpu-offload, --optimizer-offload-fraction) to every rank.
 SPACE_LIMITS = {"stage_placement": False}

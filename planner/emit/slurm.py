@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan.schema import Plan
 
 CPUS_PER_GPU = 8  # placeholder: hardware catalog nodes carry no CPU core count
 

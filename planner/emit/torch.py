@@ -26,7 +26,7 @@ from models.zoo import ZOO
 from planner.emit import UnsupportedPlan
 from planner.emit.slurm import launch_shape
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan.schema import Plan
 from planner.strategy import placement_of
 
 # `--target torch` searches only what the runtime runs: FSDP2 offloads to CPU, never NVMe.

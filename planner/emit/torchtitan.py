@@ -36,7 +36,7 @@ from typing import Any
 from planner.emit.megatron import model_shape, stage_block_counts
 from planner.emit.slurm import launch_shape
 from planner.job import Job
-from planner.plan import Plan
+from planner.plan.schema import Plan
 
 TORCHTITAN_VERSION = "torchtitan v0.1.0"
 

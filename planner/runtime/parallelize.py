@@ -51,7 +51,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.emit.torch import strategy_problem
-from planner.plan import Plan
+from planner.plan.schema import Plan
 from planner.strategy import placement_of
 from planner.runtime.model import Transformer
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from models.transformer import TransformerConfig
 from models.zoo import get_entry
-from planner.plan import Plan
+from planner.plan.schema import Plan
 from planner.runtime.model import Transformer
 from planner.runtime.parallelize import apply_plan, local_param_bytes
 from planner.runtime.shutdown import run_then_finish

@@ -20,7 +20,8 @@ from models.spec import read_text
 from planner.cost.groups import group_job, sync_seconds
 from planner.errors import PlannerInputError
 from planner.job import Job
-from planner.plan import Plan, inputs_digest
+from planner.plan.build import inputs_digest
+from planner.plan.schema import Plan
 from planner.simulate.result import TOLERANCE, SimulationResult, summarize
 from planner.simulate.simulator import SimulationRun, simulate
 from planner.strategy import Strategy

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from planner.output import write_file
+from planner.plan.output import write_file
 from planner.simulate.memory import memory_curves
 from planner.simulate.simulator import SimulationRun
 from planner.simulate.trace import STREAMS

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner.compare import CompareRow
+from planner.compare.table import CompareRow
 from planner.job import Job
-from planner.plots import compare_figure
+from planner.compare.plots import compare_figure
 
 TIMELINE_MAX_TASKS = 20_000  # larger simulations are summarised, not drawn (the PNG would be a smear)
 # Per-scenario figures (bar charts, timelines) report.md draws at most: a figure costs about a third of a

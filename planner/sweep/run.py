@@ -1,7 +1,7 @@
 """The sweep pipeline: sweep file -> tasks -> executor -> the output directory's files.
 
 `run_sweep` returns the files (name -> text or bytes) for
-`planner.output.write_outputs`, so that the CLI writes them atomically.  The
+`planner.plan.output.write_outputs`, so that the CLI writes them atomically.  The
 tasks are made lazily and each finished one is kept only as its CSV rows;
 the files themselves are built in memory, because the output directory is
 written whole or not at all.

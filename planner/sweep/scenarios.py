@@ -38,7 +38,7 @@ from hardware import Cluster, HardwareInputError, load_cluster
 from models import ModelInputError, load_model
 from models.graph import ModelGraph
 from models.spec import read_mapping
-from planner.compare import DENSE_BASELINES, RECSYS_BASELINES, baselines_for
+from planner.compare.table import DENSE_BASELINES, RECSYS_BASELINES, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
 from planner.sweep.tasks import SweepTask

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.compare import CompareRow, compare
+from planner.compare.table import CompareRow, compare
 from planner.job import Job, Precision
 
 
@@ -30,7 +30,7 @@ class SweepTask(BaseModel):
     batch: int = Field(gt=0, description="Global batch in sequences (samples for recsys models).")
     seq_len: int = Field(gt=0, description="Tokens per sequence.")
     precision: Precision = Field(description="Compute precision.")
-    strategy: str = Field(description="Strategy name of `planner.compare` (a baseline, or planner).")
+    strategy: str = Field(description="Strategy name of `planner.compare.table` (a baseline, or planner).")
     time_limit: float = Field(gt=0, description="Search budget in seconds of a compiled strategy.")
     job: Job = Field(description="The job, built by the driver from model, cluster, batch and seq_len.")
 

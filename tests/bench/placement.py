@@ -43,8 +43,9 @@ from models import load_model  # noqa: E402
 from planner.embedding.compile import compile_embedding  # noqa: E402
 from planner.errors import InfeasibleError  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.solve import CompileOptions, compile_job  # noqa: E402
-from planner.space import SpaceOptions  # noqa: E402
+from planner.search.compile import compile_job  # noqa: E402
+from planner.search.result import CompileOptions  # noqa: E402
+from planner.search.space import SpaceOptions  # noqa: E402
 
 GB = 1e9
 CLUSTERS = ROOT / "examples" / "clusters"

@@ -66,8 +66,9 @@ from models.transformer import build_transformer  # noqa: E402
 from models.transformer import gpt, llama  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.solve import CompileOptions, CompileResult, compile_job  # noqa: E402
-from planner.space import SpaceOptions  # noqa: E402
+from planner.search.compile import compile_job  # noqa: E402
+from planner.search.result import CompileOptions, CompileResult  # noqa: E402
+from planner.search.space import SpaceOptions  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
 CSV_PATH = ROOT / "tests" / "data" / "published_runs.csv"

@@ -56,7 +56,8 @@ from hardware import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from models.transformer import build_transformer, llama  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.solve import CompileOptions, CompileResult, compile_job  # noqa: E402
+from planner.search.compile import compile_job  # noqa: E402
+from planner.search.result import CompileOptions, CompileResult  # noqa: E402
 
 SPEC_WIDTH = 60
 

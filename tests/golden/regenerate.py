@@ -20,9 +20,10 @@ from hardware import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.emit import available_targets, emitter  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.plan import build_plan  # noqa: E402
-from planner.solve import CompileOptions, compile_job  # noqa: E402
-from planner.space import SpaceOptions  # noqa: E402
+from planner.plan.groups import build_plan  # noqa: E402
+from planner.search.compile import compile_job  # noqa: E402
+from planner.search.result import CompileOptions  # noqa: E402
+from planner.search.space import SpaceOptions  # noqa: E402
 
 # case -> (model, cluster, global batch, seq len, fixed keys)
 CASES: dict[str, tuple[str, str, int, int, dict]] = {

@@ -24,7 +24,7 @@ from hardware import Catalog, Cluster, load_catalog
 from planner.cost import Estimate, evaluate
 from planner.errors import PlannerInputError
 from planner.job import Job
-from planner.space import powers_of_two
+from planner.search.space import powers_of_two
 from planner.strategy import Strategy
 
 GB = 1e9
@@ -79,7 +79,7 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
     gpus = job.cluster.num_gpus
     for tp, pp, cp in _shapes(job):
         dp = gpus // (tp * pp * cp)
-        zero = 3 if dp * cp > 1 else 0  # nothing to shard over otherwise (as in planner.space)
+        zero = 3 if dp * cp > 1 else 0  # nothing to shard over otherwise (as in planner.search.space)
         experts = job.model.num_experts
         ep = max((e for e in range(1, experts + 1) if experts % e == 0 and (dp * cp) % e == 0), default=1)
         for offload, device in _OFFLOADS:

@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # tables.py imports this module; the type is only named
-    from planner.ilp.tables import ConfigTables
-
 NS = 1e9  # table units: nanoseconds (integer scaling lives only in the program builder)
 
 
-def bottleneck_bound(tables: "ConfigTables") -> float:
-    """Seconds no split in these tables beats: the smallest T such that the stages, each holding
-    the most blocks it can within T (any pool), hold every block; then the pipeline formula with
-    each stage at its fastest entry for the sum."""
-    strategy = tables.strategy
-    v, m = strategy.vpp, tables.micro_batches
-    entries = []  # per stage: (time, blocks) pairs
-    for per_pool in tables.options:
-        entries.append(sorted((o.time, sum(c)) for options in per_pool for c, placed in options.items()
-                              for o in placed))
-    blocks = tables.blocks
+def bottleneck_bound(entries: list[list[tuple[int, int]]], blocks: int, micro_batches: int, vpp: int) -> float:
+    """Seconds no split beats, from each stage's sorted (time in NS, blocks) table entries: the smallest
+    T such that the stages, each holding the most blocks it can within T (any pool), hold every block;
+    then the pipeline formula with each stage at its fastest entry for the sum."""
+    v, m = vpp, micro_batches
 
     def held(limit: int) -> int:
         return sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)

@@ -43,11 +43,13 @@ from planner.cost import evaluate
 from planner.cost.estimate import Estimate
 from planner.cost.evaluate import micro_batches
 from planner.cost.layout import place_stages, stage_groups
-from planner.cost.stage import StageSums, compose_stage, sum_layers
+from planner.cost.stage import compose_stage, sum_layers
+from planner.cost.sums import StageSums
 from planner.errors import InfeasibleError
 from planner.job import Job
-from planner.solve import CompileOptions, compile_job
-from planner.space import SpaceOptions, global_configs
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions
+from planner.search.space import SpaceOptions, global_configs
 from planner.strategy import Recompute, Strategy
 
 METIS_MAX_MBS = 8  # micro-batch sizes the Metis greedy tries (search breadth, not a hardware constant)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from planner.compare import CompareRow
-from planner.output import write_file
+from planner.compare.table import CompareRow
+from planner.plan.output import write_file
 
 
 def compare_figure(rows: list[CompareRow], title: str) -> bytes:

@@ -24,8 +24,9 @@ from models.graph import Layer, ModelGraph
 from planner.cost.layout import StageGroups, StageSite, make_site, stage_groups
 from planner.cost.comm import p2p_seconds
 from planner.cost.memory import StageMemory, stage_memory
-from planner.cost.stage import StageCost, StageSums, compose_stage, sum_layers
-from planner.ilp.bounds import NS, even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
+from planner.cost.stage import StageCost, compose_stage, sum_layers
+from planner.cost.sums import StageSums
+from planner.search.ilp.bounds import NS, bottleneck_bound, even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -120,11 +121,17 @@ class ConfigTables:
     pools: list[Pool]
     # options[s][pool index] maps stage content -> its Pareto-optimal placements
     options: list[list[dict[tuple[int, ...], tuple[StageOption, ...]]]]
-    variants: tuple[dict, ...] = ({},)  # placements a stage may take (planner.space.placement_variants)
+    variants: tuple[dict, ...] = ({},)  # placements a stage may take (planner.search.space.placement_variants)
 
     @property
     def blocks(self) -> int:
         return sum(seg.size for seg in self.segments)
+
+    def bottleneck_bound(self) -> float:
+        """Seconds no split in these tables beats (`bounds.bottleneck_bound` on their entries)."""
+        entries = [sorted((o.time, sum(c)) for options in per_pool for c, placed in options.items() for o in placed)
+                   for per_pool in self.options]  # per stage: (time, blocks) pairs
+        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp)
 
 
 class TableBuilder:

@@ -4,7 +4,7 @@ A plan records the inputs (and a digest of them), the chosen strategy, where
 every pipeline stage runs (blocks, layers, pools, global ranks and the
 (node, local GPU) they sit on), memory per tier, the predicted time
 breakdown, the solver's certificate and the runners-up.  Emitters read it;
-`plan_json` writes it.
+`plan_json` writes it; `planner.plan.build` makes it from a compile result.
 
 Determinism (DESIGN.md principle 5): the same inputs give a byte-identical
 plan.json, so nothing here depends on the clock: the solver's wall time is
@@ -24,20 +24,12 @@ from the strides in `layout`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hardware import Cluster
-from planner import __version__
-from planner.cost.estimate import Breakdown, Estimate, HbmBreakdown, HostMemory, StageReport
-from planner.cost.evaluate import evaluate
-from planner.cost.layout import stage_layers
-from planner.job import Job
-from planner.solve import Certificate, CompileOptions, CompileResult
-from planner.strategy import Strategy, parse_strategy
+from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
 
 SCHEMA_VERSION = "2"
 
@@ -263,214 +255,6 @@ class Plan(BaseModel):
 
 
 PlanGroup.model_rebuild()
-
-
-# ---------------------------------------------------------------- digest
-
-
-def inputs_digest(job: Job, options: BaseModel | dict) -> str:
-    """sha256 of the canonical JSON (sorted keys, no spaces) of everything the plan depends on (`options`: the
-    compile options, dense or embedding, as a model or as the JSON object plan.json records)."""
-    payload = {
-        "model": job.model.model_dump(mode="json"),
-        "cluster": job.cluster.model_dump(mode="json"),
-        "job": {
-            "global_batch": job.global_batch, "seq_len": job.seq_len, "precision": job.precision,
-            "optimizer": job.optimizer, "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
-        },
-        "options": options.model_dump(mode="json") if isinstance(options, BaseModel) else options,
-    }
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-# ---------------------------------------------------------------- ranks
-
-
-def _pool_offsets(cluster: Cluster) -> dict[str, tuple[int, int]]:
-    """Pool name -> (first global GPU, first global node)."""
-    out, gpu, node = {}, 0, 0
-    for pool in cluster.pools:
-        out[pool.name] = (gpu, node)
-        gpu += pool.gpus
-        node += pool.count
-    return out
-
-
-def _span(cluster: Cluster, pool_name: str, first_rank: int, gpu_in_pool: int, count: int) -> RankSpan:
-    pool = cluster.pool(pool_name)
-    gpn = pool.node.gpus_per_node
-    _, node0 = _pool_offsets(cluster)[pool_name]
-    last = gpu_in_pool + count - 1
-    return RankSpan(pool=pool_name, first_rank=first_rank, last_rank=first_rank + count - 1,
-                    first_node=node0 + gpu_in_pool // gpn, last_node=node0 + last // gpn,
-                    first_local_gpu=gpu_in_pool % gpn, gpus_per_node=gpn)
-
-
-def stage_spans(cluster: Cluster, strategy: Strategy) -> list[list[RankSpan]]:
-    """Rank spans of every stage of a resolved strategy.
-
-    Without stage_pools rank g is GPU g of the cluster (pools in order); with
-    it, each stage takes the next free GPUs of its pool.
-    """
-    per_stage = strategy.tp * strategy.cp * strategy.dp
-    offsets = _pool_offsets(cluster)
-    out: list[list[RankSpan]] = []
-    used: dict[str, int] = {}
-    for stage in range(strategy.pp):
-        first = stage * per_stage
-        if strategy.stage_pools is not None:
-            name = strategy.stage_pools[stage]
-            start = used.get(name, 0)
-            used[name] = start + per_stage
-            out.append([_span(cluster, name, first, start, per_stage)])
-            continue
-        spans = []
-        for pool in cluster.pools:
-            gpu0, _ = offsets[pool.name]
-            lo, hi = max(first, gpu0), min(first + per_stage, gpu0 + pool.gpus)
-            if lo < hi:
-                spans.append(_span(cluster, pool.name, lo, lo - gpu0, hi - lo))
-        out.append(spans)
-    return out
-
-
-def rank_location(span: RankSpan, rank: int) -> tuple[int, int]:
-    """(node, local GPU) of a rank inside `span`."""
-    k = span.first_local_gpu + rank - span.first_rank
-    return span.first_node + k // span.gpus_per_node, k % span.gpus_per_node
-
-
-def _stage_ranks(strategy: Strategy, stage: int, spans: list[RankSpan]) -> StageRanks:
-    tp, cp = strategy.tp, strategy.cp
-    base = stage * tp * cp * strategy.dp
-    return StageRanks(
-        first_rank=spans[0].first_rank, last_rank=spans[-1].last_rank,
-        nodes=[spans[0].first_node, spans[-1].last_node], spans=spans,
-        tp_groups=[[base + c * tp + t for t in range(tp)] for c in range(cp)],
-        cp_groups=[[base + c * tp + t for c in range(cp)] for t in range(tp)],
-    )
-
-
-def _layout(strategy: Strategy) -> RankLayout:
-    s = strategy
-    return RankLayout(
-        order="tp, cp, dp, pp (tp fastest)",
-        rank_formula="rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index",
-        tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep,
-        strides={"tp": 1, "cp": s.tp, "dp": s.tp * s.cp, "pp": s.tp * s.cp * s.dp},
-        groups={
-            "tp": "tp consecutive ranks",
-            "cp": "cp ranks with the same pp, dp and tp index (stride tp)",
-            "dp": "dp ranks with the same pp, cp and tp index (stride tp * cp); gradients reduce over dp x cp",
-            "pp": "pp ranks with the same dp, cp and tp index (stride tp * cp * dp)",
-            "ep": "ep consecutive data-parallel indices with the same pp, cp and tp index",
-            "zero": "ZeRO/FSDP shards over the dp group (shard=full) or its ranks inside one node (shard=node)",
-        },
-    )
-
-
-# ---------------------------------------------------------------- stages
-
-
-def _recompute_blocks(strategy: Strategy, stage: int, blocks: tuple[int, ...]) -> int:
-    return sum(1 for b in blocks if strategy.layer_recompute(b, stage, blocks) == "full")
-
-
-def stage_chunks(strategy: Strategy, stage: int, stage_blocks: list[int]) -> list[list[int]]:
-    """[first, last] block of each chunk of `stage` (see PlanStage.chunks); stage_blocks is its [first, last]."""
-    if strategy.vpp == 1 or not stage_blocks:
-        return [list(stage_blocks)] if stage_blocks else []
-    size = (stage_blocks[1] - stage_blocks[0] + 1) // strategy.vpp  # interleaved chunks are even
-    starts = [(j * strategy.pp + stage) * size for j in range(strategy.vpp)]
-    return [[start, start + size - 1] for start in starts]
-
-
-def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[RankSpan]) -> PlanStage:
-    blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
-    hbm = HbmBreakdown(**report.model_dump(include=set(HbmBreakdown.model_fields)))
-    return PlanStage(
-        index=report.stage, blocks=list(report.blocks), chunks=stage_chunks(strategy, report.stage, list(report.blocks)),
-        layers=len(layers),
-        first_layer=layers[0].name if layers else "", last_layer=layers[-1].name if layers else "",
-        pools=[span.pool for span in spans], device=report.device,
-        ranks=_stage_ranks(strategy, report.stage, spans),
-        recompute=strategy.recompute, recompute_blocks=_recompute_blocks(strategy, report.stage, blocks),
-        params_per_gpu=report.params,
-        memory=StageMemory(hbm=hbm, host_dram_bytes=report.host_offload_bytes, nvme_bytes=report.nvme_offload_bytes),
-        microbatch_time_s=report.microbatch_time_s,
-        placement=StageStatePlacement(**strategy.stage_placement(report.stage)),
-    )
-
-
-def runner_up(job: Job, spec: str, objective: float, best: float) -> PlanRunnerUp:
-    estimate = evaluate(job, parse_strategy(spec))
-    worse = 100.0 * (objective - best) / best if best > 0 else 0.0
-    return PlanRunnerUp(strategy_spec=spec, objective=objective, worse_pct=worse,
-                        step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s)
-
-
-def _memory(estimate: Estimate) -> PlanMemory:
-    reports = estimate.memory.per_stage
-    binding = max(reports, key=lambda r: (r.peak_bytes / r.capacity_bytes, -r.stage))
-    return PlanMemory(
-        peak_bytes=estimate.memory.peak_bytes, capacity_bytes=estimate.memory.capacity_bytes,
-        binding_stage=binding.stage, headroom_bytes=binding.capacity_bytes - binding.peak_bytes,
-        fits=estimate.memory.fits, host=estimate.memory.host,
-    )
-
-
-def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan:
-    """The Plan of a compile result: deterministic in (job, result, options)."""
-    if result.groups is not None:
-        from planner.plan_groups import build_group_plan  # it builds each group's Plan with this function
-
-        return build_group_plan(job, result, options)
-    estimate = result.estimate
-    strategy = Strategy.model_validate(estimate.strategy)  # dp resolved
-    spans = stage_spans(job.cluster, strategy)
-    layers = stage_layers(job.model, strategy.pp, strategy.split)
-    stages = [_stage(strategy, report, stage_layers_, stage_spans_)
-              for report, stage_layers_, stage_spans_ in zip(estimate.memory.per_stage, layers, spans)]
-    cert = result.certificate
-    best = cert.objective
-    return Plan(
-        planner_version=__version__,
-        inputs_digest=inputs_digest(job, options),
-        options=options.model_dump(mode="json"),
-        job=plan_job(job, estimate.num_gpus),
-        strategy=estimate.strategy,
-        strategy_spec=estimate.strategy_spec,
-        layout=_layout(strategy),
-        stages=stages,
-        time=PlanTime(
-            step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s,
-            tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu, hfu=estimate.hfu,
-            micro_batches=estimate.micro_batches, breakdown=estimate.breakdown,
-        ),
-        memory=_memory(estimate),
-        solver=plan_solver(cert, options),
-        runners_up=[runner_up(job, r.strategy, r.objective, best) for r in result.runners_up],
-    )
-
-
-def plan_job(job: Job, num_gpus: int) -> PlanJob:
-    """The job section of a plan."""
-    return PlanJob(
-        model=job.model.name, model_params=job.model.params, model_active_params=job.model.active_params,
-        cluster=job.cluster.name, cluster_description=job.cluster.describe(), cluster_gpus=job.cluster.num_gpus,
-        num_gpus=num_gpus, global_batch=job.global_batch, seq_len=job.seq_len, tokens_per_step=job.tokens_per_step,
-        precision=job.precision, flash_attention=job.flash_attention, fused_kernels=job.fused_kernels,
-    )
-
-
-def plan_solver(cert: Certificate, options: CompileOptions) -> PlanSolver:
-    """The solver section of a plan (the certificate without wall time)."""
-    return PlanSolver(
-        objective_kind=options.objective, status=cert.status, objective=cert.objective, bound=cert.bound,
-        gap=cert.gap, configurations=cert.configurations, solved=cert.solved, pruned=cert.pruned,
-        time_limit_s=options.time_limit, max_step_time_s=options.max_step_time, stopped=cert.stopped,
-    )
 
 
 def plan_json(plan: Plan) -> str:

@@ -1,6 +1,6 @@
 """What a compile is asked and what it returns: options, certificate, runners-up, result.
 
-Kept apart from the search (`planner.solve`) so that the plan, the report and
+Kept apart from the search (`planner.search.compile`) so that the plan, the report and
 the emitters read these types without the search's imports.
 """
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.cost import Estimate
 from planner.cost.groups import GroupsEstimate
-from planner.space import SpaceOptions
+from planner.search.space import SpaceOptions
 from planner.strategy import Strategy
 
 Status = Literal["OPTIMAL", "FEASIBLE"]

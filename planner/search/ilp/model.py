@@ -2,7 +2,7 @@
 
 Sections, as in OR-Tools' samples: variables, constraints (one function per
 family), objective, then reading the solution.  Tables come from
-`planner.ilp.tables` (the cost model), in integer nanoseconds.
+`planner.search.ilp.tables` (the cost model), in integer nanoseconds.
 
     cut[s]        block index where stage s starts (cut[0] = 0, cut[pp] = blocks)
     count[s, k]   blocks of segment k on stage s (overlap of [cut[s], cut[s+1]) with segment k)
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.ilp.tables import ConfigTables, StageOption
+from planner.search.ilp.tables import ConfigTables, StageOption
 
 _BIG = 1 << 50  # table filler for contents that are not allowed (their index is excluded from the domain)
 

@@ -1,4 +1,5 @@
-"""The Plan of a replica-group compile: every pool's group with its own plan, and the whole job's summary.
+"""The Plan of a replica-group compile (every pool's group with its own plan, and the whole job's summary),
+and `build_plan`, which makes the Plan of any compile result.
 
 Each group's plan is `build_plan` of its pool sub-job (pool alone, its batch
 share) and that compile's result, so it carries the group's strategy, stages,
@@ -14,9 +15,16 @@ from __future__ import annotations
 from planner import __version__
 from planner.cost.groups import group_job
 from planner.job import Job
-from planner.plan import Plan, PlanGroup, PlanMemory, PlanTime, build_plan, inputs_digest, plan_job, plan_solver, \
-    runner_up
-from planner.solve import CompileOptions, CompileResult
+from planner.plan.build import build_single_plan, inputs_digest, plan_job, plan_solver, runner_up
+from planner.plan.schema import Plan, PlanGroup, PlanMemory, PlanTime
+from planner.search.result import CompileOptions, CompileResult
+
+
+def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan:
+    """The Plan of a compile result, single-strategy or replica groups: deterministic in (job, result, options)."""
+    if result.groups is None:
+        return build_single_plan(job, result, options)
+    return build_group_plan(job, result, options)
 
 
 def groups_spec(plan_groups: list[PlanGroup]) -> str:

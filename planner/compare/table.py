@@ -21,7 +21,7 @@ Each baseline is a named generator with its source:
 * torchrec-greedy (recommendation models): TorchRec's greedy sharding planner.
 * planner: the compiler's certified plan over the whole space.
 
-The dense recipes (megatron, uniform-pp, metis) live in `planner.baselines`
+The dense recipes (megatron, uniform-pp, metis) live in `planner.compare.baselines`
 with their details.  Every row is evaluated by `evaluate` (or the embedding
 cost model), so the planner row is never slower than a baseline row that fits.
 """
@@ -32,13 +32,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.baselines import megatron_recipe, metis_greedy, uniform_pp
+from planner.compare.baselines import megatron_recipe, metis_greedy, uniform_pp
 from planner.cost import evaluate
 from planner.embedding.compile import compile_embedding
 from planner.errors import InfeasibleError
 from planner.job import Job
-from planner.solve import CompileOptions, compile_job
-from planner.space import SpaceOptions
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions
+from planner.search.space import SpaceOptions
 
 GB = 1e9
 

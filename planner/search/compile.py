@@ -1,6 +1,6 @@
 """Compile a job: branch and bound over global configurations, CP-SAT inside each.
 
-1. `planner.space` lists every legal global configuration (tp, pp, cp, ep,
+1. `planner.search.space` lists every legal global configuration (tp, pp, cp, ep,
    dp, mbs, vpp, ZeRO, scope, base recompute).
 2. Each gets a lower bound from the cost model (perfectly balanced stages,
    nothing recomputed, no stage-level terms); configurations are visited in
@@ -30,12 +30,12 @@ reproducible: the same inputs give the same plan.
 Offload is tried only where no configuration fits without it (it adds time
 and saves only memory, so it cannot win where something else fits).  Where
 state lives is decided per stage inside each program: every stage picks one
-of its configuration's placement variants (`planner.space.placement_variants`:
+of its configuration's placement variants (`planner.search.space.placement_variants`:
 the FCDP host cache; in the offload pass also optimizer and parameter offload
 to host or NVMe and partial optimizer offload).
 
 On a mixed cluster (objective time) replica groups are searched first
-(`planner.solve_groups`: a strategy and batch share per pool, each share a
+(`planner.search.groups`: a strategy and batch share per pool, each share a
 compile of its pool alone through `_compile_pool`); their best plan is the
 incumbent the configurations must beat, and their bound joins the
 certificate.  A group plan that fits counts as "something fits" for offload.
@@ -54,16 +54,14 @@ from hardware import Catalog, load_catalog
 from planner.cost import evaluate
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
-from planner.ilp.model import Program, build_program
-from planner.ilp.bounds import bottleneck_bound
-from planner.ilp.build import build_tables, stage_pools_for
-from planner.ilp.tables import NS, TableBuilder
+from planner.search.ilp.model import Program, build_program
+from planner.search.ilp.build import build_tables, stage_pools_for
+from planner.search.ilp.tables import NS, TableBuilder
 from planner.cost.groups import evaluate_groups, group_job
-# the compile's types live in planner.compile_result; importers of planner.solve keep finding them here
-from planner.compile_result import Certificate, CompileOptions, CompileResult, RunnerUp, Status  # noqa: F401
+from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
-from planner.solve_groups import GroupSearch, cluster_floor, search_groups, share_grid
-from planner.space import SpaceOptions, global_configs, placement_variants
+from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
+from planner.search.space import SpaceOptions, global_configs, placement_variants
 from planner.strategy import Strategy
 
 def _now() -> float:
@@ -193,7 +191,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
                           even=search.options.space.even_split)
     if tables is None:
         return
-    table_bound = bottleneck_bound(tables) * floor
+    table_bound = tables.bottleneck_bound() * floor
     if table_bound >= search.incumbent * (1 - 1e-9):
         search.pruned += 1  # its own tables prove it cannot beat the incumbent
         return
@@ -445,7 +443,7 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
 
 
 def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, ...]) -> str:
-    from planner.explain import explain_infeasible  # explain evaluates strategies; imported when needed
+    from planner.search.explain import explain_infeasible  # explain evaluates strategies; imported when needed
 
     return explain_infeasible(job, catalog, offload_devices)
 

@@ -7,8 +7,8 @@ Units on the page: GB = 1e9 bytes, ms, s.
 
 from __future__ import annotations
 
-from planner.plan import Plan, PlanStage
-from planner.report_plots import MEMORY_PNG, TIME_PNG
+from planner.plan.schema import Plan, PlanStage
+from planner.plan.plots import MEMORY_PNG, TIME_PNG
 
 GB = 1e9
 
@@ -20,7 +20,7 @@ _TIME_TERMS = [
 ]
 
 
-# figures drawn by planner.report_plots into the same directory
+# figures drawn by planner.plan.plots into the same directory
 _MEMORY_FIGURE = f"![memory per stage]({MEMORY_PNG})"
 _TIME_FIGURE = f"![time per step]({TIME_PNG})"
 
@@ -238,7 +238,7 @@ def _groups(plan: Plan, plots: bool = False) -> list[str]:
 
 def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False) -> str:
     """report.md for a compiled plan; `targets` are the launch folders written beside it; `plots`: link
-    memory.png and time.png (planner.report_plots), written beside it too."""
+    memory.png and time.png (planner.plan.plots), written beside it too."""
     job, t = plan.job, plan.time
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [

@@ -1,0 +1,49 @@
+"""Per-rank, per-micro-batch totals of a set of layers: what a stage's cost is composed from.
+
+A leaf of the cost model: memory (`stage_memory`) and stage time (`compose_stage`) both read it, so it
+sits beneath both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageSums:
+    """Per-rank, per-micro-batch totals of a set of layers (three fields are maxima, marked)."""
+
+    forward: float = 0.0  # forward compute seconds
+    compute: float = 0.0  # forward + backward compute seconds
+    recompute: float = 0.0  # recomputed forward seconds
+    tp: float = 0.0  # exposed tensor-parallel seconds
+    cp: float = 0.0  # exposed context-parallel seconds
+    ep: float = 0.0  # expert all-to-all seconds
+    params: float = 0.0  # parameters held before ZeRO sharding
+    kept_activations: float = 0.0  # saved bytes per micro-batch in flight
+    working_set: float = 0.0  # largest full-mode layer's un-recomputed bytes (max)
+    largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
+    max_hidden: float = 0.0  # widest boundary activation (max)
+    layers: int = 0
+
+    def __add__(self, other: "StageSums") -> "StageSums":
+        return StageSums(
+            forward=self.forward + other.forward, compute=self.compute + other.compute,
+            recompute=self.recompute + other.recompute, tp=self.tp + other.tp, cp=self.cp + other.cp,
+            ep=self.ep + other.ep, params=self.params + other.params,
+            kept_activations=self.kept_activations + other.kept_activations,
+            working_set=max(self.working_set, other.working_set),
+            largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
+            max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
+        )
+
+    def times(self, count: int) -> "StageSums":
+        """`count` copies of these layers (maxima stay, sums scale)."""
+        if count <= 0:
+            return StageSums()
+        return StageSums(
+            forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
+            tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
+            kept_activations=self.kept_activations * count, working_set=self.working_set,
+            largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
+        )
