@@ -181,6 +181,11 @@ class Strategy(BaseModel):
         return {key: getattr(view, key) for key in PLACEMENT_KEYS}
 
     @property
+    def pipelined(self) -> bool:
+        """More than one pipeline stage (first and last stages differ from the middle ones)."""
+        return self.pp > 1
+
+    @property
     def sequence_parallel(self) -> bool:
         """Resolved sequence-parallel flag."""
         return self.tp > 1 if self.sp is None else self.sp
@@ -346,3 +351,15 @@ def parse_strategy(spec: str) -> Strategy:
         message = first["msg"].removeprefix("Value error, ")
         where = ".".join(str(p) for p in first["loc"])
         raise PlannerInputError(f"strategy: {where}: {message}" if where else f"strategy: {message}") from None
+
+
+def strategy_key(strategy: Strategy, reads: tuple[str, ...]) -> tuple:
+    """The values of the fields (or properties) in `reads`: the cache key of a quantity computed from
+    exactly those.  Each cost function that is cached declares its `reads` beside its code."""
+    return tuple(getattr(strategy, name) for name in reads)
+
+
+def union(*reads: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields several computations read together, each once, in first-seen order."""
+    return tuple(dict.fromkeys(name for group in reads for name in group))
+

@@ -90,6 +90,10 @@ def layer_comm(
     return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
 
 
+# what `p2p_seconds` reads of the strategy (with the hidden size and the site's pools): its cache key
+P2P_READS = ("tp", "cp", "dp", "mbs", "sequence_parallel", "vpp", "pipelined")
+
+
 def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups, catalog: Catalog) -> float:
     """Exposed pipeline send/receive seconds per micro-batch of a stage whose boundary is `hidden` wide."""
     if strategy.pp == 1:

@@ -154,6 +154,10 @@ def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
     return max(1, min(strategy.dp, in_node)) * strategy.cp
 
 
+# what `stage_groups` reads of the strategy (with the site's pools): its cache key (strategy_key)
+GROUPS_READS = ("tp", "cp", "dp", "ep", "pipelined", "shard")
+
+
 def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
     """Communicator shapes for one stage under a resolved strategy."""
     s, cluster, pools = strategy, job.cluster, site.pools

@@ -43,6 +43,12 @@ def _layer_key(layer: Layer, mode: str) -> tuple:
     return (mode, layer.model_dump_json(exclude={"name", "block"}))
 
 
+# what `sum_layers` reads of the strategy (with the layers, their modes and the site's pools): its cache key
+LAYER_SUMS_READS = ("tp", "cp", "ep", "mbs", "sequence_parallel", "tp_overlap", "pipelined")
+# what `compose_stage` adds to the sums' reads (through memory, data-parallel sync, optimizer and offload)
+COMPOSE_READS = ("dp", "zero", "shard", "regather", "offload", "offload_device", "offload_ratio", "vpp", "recompute")
+
+
 def sum_layers(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job, strategy: Strategy, site: StageSite,
                groups: StageGroups, catalog: Catalog) -> StageSums:
     """Sums over layers, each distinct (layer, mode) evaluated once."""

@@ -21,14 +21,22 @@ from functools import lru_cache
 
 from hardware import Catalog, Pool
 from models.graph import Layer, ModelGraph
-from planner.cost.layout import StageGroups, StageSite, make_site, stage_groups
-from planner.cost.comm import p2p_seconds
+from planner.cost.comm import P2P_READS, p2p_seconds
+from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
 from planner.cost.memory import StageMemory, stage_memory
-from planner.cost.stage import StageCost, compose_stage, sum_layers
+from planner.cost.stage import COMPOSE_READS, LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
 from planner.cost.sums import StageSums
-from planner.search.ilp.bounds import NS, bottleneck_bound, even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
 from planner.job import Job
-from planner.strategy import Strategy
+from planner.search.ilp.bounds import (NS, bottleneck_bound, even_pipeline_bound, pipeline_fill_bound, slots_limit,
+                                       smallest_sufficient)
+from planner.strategy import Strategy, strategy_key, union
+
+# Cache keys of the builder's composite quantities: the union of what the cost code they call reads
+# (each cost module declares its READS beside its code), plus what the builder itself reads.
+WORK_READS = union(LAYER_SUMS_READS, GROUPS_READS, ("recompute",))  # cheapest block's busy seconds
+LOWER_READS = union(WORK_READS, P2P_READS, ("pp", "vpp"))  # lower_bound
+STAGE_SUMS_READS = union(LAYER_SUMS_READS, ("vpp", "recompute"))  # stage_sums
+PROFILE_READS = union(LAYER_SUMS_READS, GROUPS_READS, COMPOSE_READS)  # _slot_profile (placements: variants)
 
 
 
@@ -157,8 +165,7 @@ class TableBuilder:
 
     def groups(self, strategy: Strategy, site: StageSite) -> StageGroups:
         """Communicator shapes, cached: they depend on degrees and pools only."""
-        key = (strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.pp > 1, strategy.shard,
-               tuple(p.name for p in site.pools))
+        key = (strategy_key(strategy, GROUPS_READS), tuple(p.name for p in site.pools))
         if key not in self._groups_cache:
             self._groups_cache[key] = stage_groups(self.job, strategy, site)
         return self._groups_cache[key]
@@ -166,9 +173,7 @@ class TableBuilder:
     # ------------------------------------------------------------------ sums
 
     def _sums(self, layers: tuple[Layer, ...], mode: str, strategy: Strategy, site: StageSite, key: str) -> StageSums:
-        # layer sums depend on these fields only (not on dp, zero or the split)
-        cache_key = (key, mode, strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel,
-                     strategy.tp_overlap, strategy.pp > 1, tuple(p.name for p in site.pools))
+        cache_key = (key, mode, strategy_key(strategy, LAYER_SUMS_READS), tuple(p.name for p in site.pools))
         if cache_key not in self._sums_cache:
             groups = self.groups(strategy, site)
             self._sums_cache[cache_key] = sum_layers([(layer, mode) for layer in layers], self.job, strategy, site,
@@ -201,9 +206,7 @@ class TableBuilder:
         bottleneck, and sum_s t_s >= B min w + min F + pp min c.
         """
         # ZeRO stage does not enter any term here: configurations differing only in it share the bound
-        key = ("lower", strategy.tp, strategy.cp, strategy.dp, strategy.pp, strategy.vpp, strategy.ep, strategy.mbs,
-               strategy.shard, strategy.sequence_parallel, strategy.tp_overlap, strategy.recompute, micro_batches,
-               tuple(pool.name for pool in pools))
+        key = ("lower", strategy_key(strategy, LOWER_READS), micro_batches, tuple(pool.name for pool in pools))
         if key not in self._work_cache:
             self._work_cache[key] = self._lower_bound(strategy, pools, micro_batches)
         return self._work_cache[key]
@@ -294,10 +297,9 @@ class TableBuilder:
                       cap: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> list[float]:
         """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound),
         for every n whose time is at most `cap`."""
-        key = ("profile", strategy.tp, strategy.cp, strategy.dp, strategy.ep, strategy.mbs, strategy.zero,
-               strategy.shard, strategy.regather, strategy.offload, strategy.offload_device, strategy.offload_ratio,
-               variants_key(variants), strategy.sequence_parallel, strategy.tp_overlap, strategy.vpp,
-               strategy.pp if strategy.vpp > 1 else strategy.pp > 1, strategy.recompute, micro_batches, pool.name)
+        # the last stage's profile: pp itself matters only to interleaved chunks (their in-flight count)
+        key = ("profile", strategy_key(strategy, PROFILE_READS), strategy.pp if strategy.vpp > 1 else None,
+               variants_key(variants), micro_batches, pool.name)
         cached = self._work_cache.get(key)
         if cached is not None and cached[1] >= cap:
             return cached[0]
@@ -344,8 +346,7 @@ class TableBuilder:
 
     def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> tuple[float, float]:
         """(fixed layers' seconds, cheapest block's seconds) per micro-batch on `pool`, linear part only."""
-        key = (strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel, strategy.tp_overlap,
-               strategy.pp > 1, strategy.dp, strategy.shard, strategy.recompute, pool.name)
+        key = ("work", strategy_key(strategy, WORK_READS), pool.name)
         if key not in self._work_cache:
             site = self.site(0, (pool,))
             fixed = self.fixed_sums(0, strategy, site)
@@ -357,8 +358,7 @@ class TableBuilder:
 
     def _transfer(self, strategy: Strategy, pool: Pool) -> float:
         """Pipeline transfer seconds per micro-batch of a stage on `pool`."""
-        key = ("p2p", strategy.tp, strategy.cp, strategy.dp, strategy.mbs, strategy.sequence_parallel, strategy.vpp,
-               strategy.pp > 1, pool.name)
+        key = ("p2p", strategy_key(strategy, P2P_READS), pool.name)
         if key not in self._work_cache:
             site = self.site(0, (pool,))
             groups = self.groups(strategy, site)
@@ -373,9 +373,8 @@ class TableBuilder:
         (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head.
 
         Cached: configurations that differ in dp, ZeRO or placement share them."""
-        key = (with_fixed and stage == 0, with_fixed and stage == strategy.pp - 1, counts, recompute, strategy.vpp,
-               strategy.recompute, strategy.tp, strategy.cp, strategy.ep, strategy.mbs, strategy.sequence_parallel,
-               strategy.tp_overlap, strategy.pp > 1, tuple(p.name for p in site.pools))
+        key = (with_fixed and stage == 0, with_fixed and stage == strategy.pp - 1, counts, recompute,
+               strategy_key(strategy, STAGE_SUMS_READS), tuple(p.name for p in site.pools))
         cached = self._stage_sums_cache.get(key)
         if cached is None:
             cached = self._stage_sums_cache[key] = self._stage_sums(stage, counts, recompute, strategy, site,
