@@ -1,8 +1,21 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures and the job factory shared by several test modules (`from conftest import make_job`)."""
 
 from __future__ import annotations
 
 import pytest
+
+from hardware import Cluster, load_cluster
+from models import load_model
+from models.graph import ModelGraph
+from planner.job import Job
+
+
+def make_job(model: str | ModelGraph = "llama3-8b", cluster: str | Cluster = "dgx-h100:1", batch: int = 8,
+             seq: int = 4096, **fields) -> Job:
+    """A Job from zoo / file names or ready objects; `fields` are Job's other fields (precision, ...)."""
+    graph = load_model(model) if isinstance(model, str) else model
+    topology = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    return Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq, **fields)
 
 
 @pytest.fixture

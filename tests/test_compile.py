@@ -17,6 +17,7 @@ from hardware import Cluster, Pool, load_catalog, load_cluster
 from hardware.catalog import NodeSpec
 from models import MoEConfig, build_transformer, load_model
 from models.transformer import llama
+from conftest import make_job  # the shared job factory
 from planner.cost import evaluate
 from planner.errors import InfeasibleError
 from planner.search.exhaustive import exhaustive_groups, _candidates, _count, _placements, exhaustive_optimum
@@ -50,8 +51,7 @@ SLOW_FAST = _cluster("slow-fast", ("slow", "pcie-l4", 2), ("fast", "dgx-a100-80g
 FAST_SLOW = _cluster("fast-slow", ("fast", "dgx-a100-80g", 2), ("slow", "pcie-l4", 2))
 
 
-def _job(model, cluster, batch: int, seq: int) -> Job:
-    return Job(model=model, cluster=cluster, global_batch=batch, seq_len=seq)
+_job = make_job  # the shared factory (tests/conftest.py)
 
 
 def _check_pools(job: Job, strategy: Strategy) -> None:

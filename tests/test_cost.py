@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hardware import load_catalog, load_cluster
 from models import build_transformer, load_model
 from models.transformer import llama
+from conftest import make_job  # the shared job factory
 from planner.cost import evaluate
 from planner.cost.memory import in_flight_microbatches
 from planner.errors import PlannerInputError
@@ -37,8 +38,7 @@ def published_results():
     return bench, bench.run("A")
 
 
-def job(model="llama3-8b", cluster="dgx-h100:1", batch=8, seq=4096, **kw) -> Job:
-    return Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq, **kw)
+job = make_job  # the shared factory (tests/conftest.py): zoo model and preset names, batch 8 x 4096 by default
 
 
 # ----------------------------------------------------------------------------- accuracy

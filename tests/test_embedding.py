@@ -14,6 +14,7 @@ from hardware import load_catalog, load_cluster
 from models import load_model
 from models.graph import EmbeddingTable
 from models.recsys import DLRMConfig, build_dlrm
+from conftest import make_job  # the shared job factory
 from planner.embedding.compile import compile_embedding, placements_of, space_options
 from planner.embedding.evaluate import EmbeddingModel, TablePlacement
 from planner.embedding.exhaustive import exhaustive_sharding
@@ -27,7 +28,7 @@ from planner.job import Job
 def _job(tables: list[EmbeddingTable], cluster: str = "cpu:1", batch: int = 4096) -> Job:
     cfg = DLRMConfig(name="t", dense_features=13, bottom_mlp=[64, 32], top_mlp=[64, 1], tables=tables,
                      interaction="cat")
-    return Job(model=build_dlrm(cfg), cluster=load_cluster(cluster), global_batch=batch, seq_len=1)
+    return make_job(build_dlrm(cfg), cluster, batch, 1)
 
 
 # ---------------------------------------------------------------- hit rates
