@@ -30,7 +30,7 @@ GRAD_BYTES = 2.0  # 16-bit gradients (DESIGN.md: 2 + 2 + 12 bytes per parameter)
 
 
 @dataclass(frozen=True)
-class StageMemory:
+class RankMemory:
     """Bytes one GPU of a stage holds, by kind, and what its node's host holds."""
 
     stage: int
@@ -111,7 +111,7 @@ def stage_memory(
     sums: StageSums,
     micro_batches: int,
     catalog: Catalog,
-) -> StageMemory:
+) -> RankMemory:
     """Peak HBM and offloaded bytes of one rank of the stage at `site` holding `sums`."""
     s = strategy
     params = sums.params
@@ -152,7 +152,7 @@ def stage_memory(
         buffers += 2.0 * sums.largest_layer_params * (WEIGHT_BYTES + GRAD_BYTES)
     allocated = weights + grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated
-    return StageMemory(
+    return RankMemory(
         stage=site.index, params=params, weights=weights, grads=grads, optimizer=optimizer,
         activations=activations, buffers=buffers, reserve=reserve, capacity=site.hbm_bytes,
         host_offload=host, nvme_offload=nvme,

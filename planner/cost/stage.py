@@ -16,7 +16,7 @@ from models.graph import Layer, RecomputeMode
 from planner.cost.comm import data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
-from planner.cost.memory import WEIGHT_BYTES, StageMemory, layer_params_per_rank, saved_bytes, stage_memory
+from planner.cost.memory import WEIGHT_BYTES, RankMemory, layer_params_per_rank, saved_bytes, stage_memory
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
@@ -76,7 +76,7 @@ class StageCost:
     dp_total: float
     optimizer: float
     offload: float
-    memory: StageMemory
+    memory: RankMemory
 
     @property
     def update(self) -> float:
@@ -96,7 +96,7 @@ def host_rate(site: StageSite, catalog: Catalog) -> float:
     return node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
 
 
-def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: StageSite, catalog: Catalog,
+def _offload_seconds(memory: RankMemory, job: Job, strategy: Strategy, site: StageSite, catalog: Catalog,
                      shard: int) -> float:
     """Per-step seconds of optimizer offload (PCIe transfers, CPU Adam, NVMe swap)."""
     if not strategy.offloads_optimizer:
@@ -113,7 +113,7 @@ def _offload_seconds(memory: StageMemory, job: Job, strategy: Strategy, site: St
     return transfer + cpu_adam + swap
 
 
-def param_fetch_seconds(memory: StageMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
+def param_fetch_seconds(memory: RankMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
     """Seconds per micro-batch to bring offloaded weight shards to the GPU (forward and backward)."""
     if not strategy.offloads_params:
         return 0.0

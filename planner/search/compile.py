@@ -54,9 +54,9 @@ from hardware import Catalog, load_catalog
 from planner.cost import evaluate
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
-from planner.search.ilp.model import Program, build_program
+from planner.search.ilp.model import Program, Row, build_program
 from planner.search.ilp.build import build_tables, stage_pools_for
-from planner.search.ilp.tables import NS, TableBuilder
+from planner.search.ilp.tables import NS, ConfigTables, TableBuilder
 from planner.cost.groups import evaluate_groups, group_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
@@ -134,22 +134,27 @@ def _price_rate(job: Job, strategy: Strategy, catalog: Catalog) -> float:
 
 def _chosen_options(program: Program, solver: cp_model.CpSolver) -> list:
     """The table option each stage takes in the solution."""
-    return [rows.rows[solver.value(var)][2] for rows, var in zip(program.stage_rows, program.option)]
+    return [row.option for row in _chosen_rows(program, solver)]
+
+
+def _chosen_rows(program: Program, solver: cp_model.CpSolver) -> list[Row]:
+    """The table row each stage takes in the solution."""
+    return [rows.rows[solver.value(var)] for rows, var in zip(program.stage_rows, program.option)]
 
 
 def _read(program: Program, solver: cp_model.CpSolver) -> Strategy:
     """The full strategy of a solved program."""
     tables = program.tables
-    chosen = [rows.rows[solver.value(var)] for rows, var in zip(program.stage_rows, program.option)]
+    chosen = _chosen_rows(program, solver)
     base = tables.strategy
-    split = tuple(sum(counts) for counts, _, _ in chosen)
-    recompute = tuple(option.recompute for _, _, option in chosen)
+    split = tuple(sum(row.counts) for row in chosen)
+    recompute = tuple(row.option.recompute for row in chosen)
     update: dict = {"split": split if base.pp > 1 else None}
     if any(recompute):
         update.update(recompute="full", recompute_layers=recompute)
     if program.mixed_cluster:
-        update["stage_pools"] = tuple(tables.pools[pool].name for _, pool, _ in chosen)
-    return base.with_stage_placements([tables.variants[option.variant] for _, _, option in chosen], **update)
+        update["stage_pools"] = tuple(tables.pools[row.pool].name for row in chosen)
+    return base.with_stage_placements([tables.variants[row.option.variant] for row in chosen], **update)
 
 
 def _even_hint(program: Program) -> list[int] | None:
@@ -160,7 +165,7 @@ def _even_hint(program: Program) -> list[int] | None:
     hint = []
     for s, rows in enumerate(program.stage_rows):
         want = base + (1 if s < extra else 0)
-        match = [r for r, (counts, _, _) in enumerate(rows.rows) if sum(counts) == want]
+        match = [r for r, row in enumerate(rows.rows) if sum(row.counts) == want]
         if not match:
             return None
         hint.append(match[0])
@@ -173,22 +178,14 @@ RUNNER_UP_WORK = 1.0  # CP-SAT deterministic time per runner-up re-solve (about 
 
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float,
                   variants: tuple[dict, ...], runner_up: bool = False) -> None:
-    """Build the configuration's tables and program and solve it; runner_up: only to learn its value
-    for the report (no incumbent cap, a short time limit, the certificate untouched)."""
-    # no stage of a better plan is slower than incumbent / (m x the cheapest rate this configuration can pay);
-    # for step time, (m - 1/v) t_s + (the least sum of stage times) / v <= step bounds every stage
-    mixed = len(search.job.cluster.pools) > 1
+    """Solve one configuration: (1) cap the stage times, (2) build and check its tables, (3) build its
+    program, (4) solve it, (5) record the value.  runner_up: only to learn its value for the report (no
+    incumbent cap, a short limit, the certificate untouched)."""
     pools = _pools(search.job, config)
     floor = _rate_floor(search, config, pools)
-    v, m = config.vpp, micro_batches
-    cap = search.incumbent / (micro_batches * floor) if search.incumbent < float("inf") else float("inf")
-    if search.options.objective == "time" and search.incumbent < float("inf") and m * v > 1 and not runner_up:
-        # (a runner-up is slower than the incumbent by definition: it keeps the plain cap)
-        least_sum = search.builder.sum_floor(config, pools)
-        cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
-    uniform = not search.options.space.stage_placement
-    tables = build_tables(search.builder, config, micro_batches, cap, variants, prune=not uniform,
-                          even=search.options.space.even_split)
+    cap = _stage_cap(search, config, micro_batches, pools, floor, runner_up)
+    tables = build_tables(search.builder, config, micro_batches, cap, variants,
+                          prune=search.options.space.stage_placement, even=search.options.space.even_split)
     if tables is None:
         return
     table_bound = tables.bottleneck_bound() * floor
@@ -196,25 +193,60 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
         search.pruned += 1  # its own tables prove it cannot beat the incumbent
         return
     bound = max(bound, table_bound)
+    program, cutoff = _program(search, tables, micro_batches, runner_up)
+    if not runner_up and search.spent():  # the budget ran out while the tables were built
+        search.open_bounds.append(bound)
+        search.stopped = True
+        return
+    solver, status = _solve(search, program, runner_up)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if status == cp_model.UNKNOWN and not runner_up:
+            search.open_bounds.append(bound)
+        elif status == cp_model.INFEASIBLE and cutoff is not None:
+            search.near.append((bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate
+        return
+    _record(search, program, solver, status, bound, runner_up)
+
+
+def _stage_cap(search: _Search, config: Strategy, micro_batches: int, pools: list, floor: float,
+               runner_up: bool) -> float:
+    """Seconds per micro-batch no stage of a better plan exceeds: incumbent / (m x the cheapest rate this
+    configuration can pay); for step time also (m - 1/v) t_s + (the least sum of stage times) / v <= step."""
+    if search.incumbent == float("inf"):
+        return float("inf")
+    v, m = config.vpp, micro_batches
+    cap = search.incumbent / (m * floor)
+    if search.options.objective == "time" and m * v > 1 and not runner_up:
+        # (a runner-up is slower than the incumbent by definition: it keeps the plain cap)
+        least_sum = search.builder.sum_floor(config, pools)
+        cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
+    return cap
+
+
+def _program(search: _Search, tables: ConfigTables, micro_batches: int, runner_up: bool) -> tuple[Program, int | None]:
+    """The configuration's CP-SAT program and the incumbent cutoff it carries (None: no cutoff)."""
+    mixed = len(search.job.cluster.pools) > 1
     max_step = search.options.max_step_time
     prices = None
     if search.options.objective == "cost" and mixed:
         prices = [round(search.catalog.device(pool.node.device).price_per_hour * PRICE_UNITS) for pool in tables.pools]
     # time objective: the incumbent's step time caps the program; ties stay in (for the memory tie-break),
     # with slack for the tables' rounding to whole nanoseconds (half a ns per term of the step formula)
-    cutoff = (math.ceil(search.incumbent * NS) + micro_batches + config.pp + 3
+    cutoff = (math.ceil(search.incumbent * NS) + micro_batches + tables.strategy.pp + 3
               if search.options.objective == "time" and search.incumbent < float("inf") and not runner_up
               else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
-                            mixed_cluster=mixed, cutoff_ns=cutoff, uniform_placement=uniform)
-    if not runner_up and search.spent():  # the budget ran out while the tables were built
-        search.open_bounds.append(bound)
-        search.stopped = True
-        return
+                            mixed_cluster=mixed, cutoff_ns=cutoff,
+                            uniform_placement=not search.options.space.stage_placement)
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):
             program.model.add_hint(program.option[s], row)
+    return program, cutoff
+
+
+def _solve(search: _Search, program: Program, runner_up: bool) -> tuple[cp_model.CpSolver, int]:
+    """Run CP-SAT on the program: (the solver, its status)."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic
     solver.parameters.random_seed = 0
@@ -232,20 +264,28 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     status = solver.solve(program.model)
     if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and solver.deterministic_time < work * (1 - 1e-6):
         search.stopped = True  # the wall clock, not the work limit, ended this solve
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        if status == cp_model.UNKNOWN and not runner_up:
-            search.open_bounds.append(bound)
-        elif status == cp_model.INFEASIBLE and cutoff is not None:
-            search.near.append((bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate
-        return
-    strategy = _read(program, solver)
+    return solver, status
+
+
+def _objective_values(search: _Search, program: Program, solver: cp_model.CpSolver,
+                      strategy: Strategy) -> tuple[float, float]:
+    """(the solution's objective, the program's best bound) in SI units: seconds per step, or USD per step.
+
+    The program counts time in nanoseconds x program.scale, and with per-pool prices cost in
+    PRICE_UNITS per GPU-hour x microseconds; these are the only conversions back."""
     step = solver.value(program.step) / program.scale / NS
-    if prices is None:
+    if program.prices is None:
         rate = _price_rate(search.job, strategy, search.catalog) if search.options.objective == "cost" else 1.0
-        value, program_bound = step * rate, solver.best_objective_bound / program.scale / NS * rate
-    else:
-        value = step * _price_rate(search.job, strategy, search.catalog)
-        program_bound = solver.best_objective_bound * 1e-6 / PRICE_UNITS / 3600.0
+        return step * rate, solver.best_objective_bound / program.scale / NS * rate
+    usd_per_unit = 1e-6 / PRICE_UNITS / 3600.0
+    return step * _price_rate(search.job, strategy, search.catalog), solver.best_objective_bound * usd_per_unit
+
+
+def _record(search: _Search, program: Program, solver: cp_model.CpSolver, status: int, bound: float,
+            runner_up: bool) -> None:
+    """Keep the solved value; a better (or equal and lighter) plan becomes the incumbent."""
+    strategy = _read(program, solver)
+    value, program_bound = _objective_values(search, program, solver, strategy)
     search.solved.append((value, strategy.spec(), strategy))
     if runner_up:
         return
@@ -290,13 +330,13 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                                   f"divides the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs"
                                   + _space_limits_note(options.space))
         raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
-    _runners_up(search)
+    _solve_closest_runners_up(search)
     if search.best is None:
         return _group_result(search, grouped, len(configs))
     return _result(search, len(configs), grouped.bound if grouped is not None else float("inf"))
 
 
-def _runners_up(search: _Search) -> None:
+def _solve_closest_runners_up(search: _Search) -> None:
     """Values of the closest configurations the incumbent cap closed, for the report's runners-up."""
     known = {spec for _, spec, _ in search.solved}
     closest = sorted(search.near, key=lambda item: item[:2])[: search.options.runners_up]
@@ -359,7 +399,7 @@ def _group_result(search: _Search, grouped: GroupSearch, configurations: int) ->
                            f"against the search's {grouped.objective:.6g} s")
     return CompileResult(strategy=None, estimate=None,
                          certificate=_certificate(search, grouped.objective, grouped.bound, configurations),
-                         runners_up=_runner_ups(search, exclude=None), groups=estimate, group_results=grouped.results)
+                         runners_up=_best_runners_up(search, exclude=None), groups=estimate, group_results=grouped.results)
 
 
 def _certificate(search: _Search, objective: float, other_bound: float, configurations: int) -> Certificate:
@@ -373,7 +413,7 @@ def _certificate(search: _Search, objective: float, other_bound: float, configur
     )
 
 
-def _runner_ups(search: _Search, exclude: str | None) -> list[RunnerUp]:
+def _best_runners_up(search: _Search, exclude: str | None) -> list[RunnerUp]:
     """The best solved configurations other than `exclude`, best first."""
     others = sorted((v, spec) for v, spec, _ in search.solved if spec != exclude)
     return [RunnerUp(strategy=spec, objective=v) for v, spec in others[: search.options.runners_up]]
@@ -459,4 +499,4 @@ def _result(search: _Search, configurations: int, other_bound: float = float("in
                            f"(fits: {estimate.memory.fits}) against the program's {step:.6g} s")
     return CompileResult(strategy=best, estimate=estimate,
                          certificate=_certificate(search, objective, other_bound, configurations),
-                         runners_up=_runner_ups(search, exclude=best.spec()))
+                         runners_up=_best_runners_up(search, exclude=best.spec()))

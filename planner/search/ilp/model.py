@@ -25,6 +25,7 @@ price rate of the pools the stages occupy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
@@ -33,14 +34,22 @@ from planner.search.ilp.tables import ConfigTables, StageOption
 _BIG = 1 << 50  # table filler for contents that are not allowed (their index is excluded from the domain)
 
 
+class Row(NamedTuple):
+    """One row of a stage's flattened table."""
+
+    counts: tuple[int, ...]  # blocks per segment
+    pool: int  # index into ConfigTables.pools
+    option: StageOption  # its costs and placement
+
+
 @dataclass
 class StageRows:
     """Flattened table of one stage: row r = (content, pool, placement)."""
 
-    rows: list[tuple[tuple[int, ...], int, StageOption]]  # (counts, pool index, option)
+    rows: list[Row]
 
     def column(self, name: str) -> list[int]:
-        return [getattr(option, name) for _, _, option in self.rows]
+        return [getattr(row.option, name) for row in self.rows]
 
 
 @dataclass
@@ -55,13 +64,14 @@ class Program:
     step: cp_model.LinearExpr  # step time in nanoseconds x scale
     scale: int  # step units per nanosecond (= vpp)
     mixed_cluster: bool  # the cluster has several pools: the plan names each stage's pool
+    prices: list[int] | None = None  # per pool (cost objective on a mixed cluster): the objective is in price units
 
 
 def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
     rows = []
     for pool_index, options in enumerate(tables.options[stage]):
         for counts in sorted(options):
-            rows.extend((counts, pool_index, option) for option in options[counts])
+            rows.extend(Row(counts, pool_index, option) for option in options[counts])
     return StageRows(rows=rows)
 
 
@@ -239,4 +249,4 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
         objective = add_cost_objective(model, tables, pool_is, step, v, prices)
     model.minimize(objective)
     return Program(model=model, tables=tables, stage_rows=rows, option=option, objective=objective, step=step,
-                   scale=v, mixed_cluster=mixed_cluster)
+                   scale=v, mixed_cluster=mixed_cluster, prices=prices)

@@ -23,7 +23,7 @@ from hardware import Catalog, Pool
 from models.graph import Layer, ModelGraph
 from planner.cost.comm import P2P_READS, p2p_seconds
 from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
-from planner.cost.memory import StageMemory, stage_memory
+from planner.cost.memory import RankMemory, stage_memory
 from planner.cost.stage import COMPOSE_READS, LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
 from planner.cost.sums import StageSums
 from planner.job import Job
@@ -427,7 +427,7 @@ class TableBuilder:
         chunk = sum(counts) // strategy.vpp
         can_recompute = strategy.recompute == "none"
 
-        def memory_at(r: int) -> StageMemory:
+        def memory_at(r: int) -> RankMemory:
             sums = self.stage_sums(stage, counts, r, strategy, site, with_fixed)
             return stage_memory(self.job, strategy, site, sums, micro_batches, self.catalog)
 
