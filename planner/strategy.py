@@ -2,7 +2,7 @@
 
 `Strategy` owns the degrees and checks them against a job with messages that
 list every factor (as torchtitan's ParallelDims does).  `parse_strategy`
-reads DESIGN.md's SPEC string: comma-separated key=value pairs.
+reads the SPEC string (docs/strategy-spec.md): comma-separated key=value pairs.
 """
 
 from __future__ import annotations
@@ -278,15 +278,6 @@ class Strategy(BaseModel):
         if omit_when is not None and all(v == omit_when for v in values):
             return None
         return f"{key}={'/'.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)}"
-
-
-def placement_of(resolved: dict, stage: int) -> dict:
-    """A stage's {offload, offload_device, offload_ratio, regather} from a resolved strategy dict (plan.json)."""
-    out = {}
-    for key in PLACEMENT_KEYS:
-        per_stage = resolved.get(f"stage_{key}")
-        out[key] = per_stage[stage] if per_stage else resolved.get(key, Strategy.model_fields[key].default)
-    return out
 
 
 _INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero"}

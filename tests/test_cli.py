@@ -1,4 +1,4 @@
-"""The command line: every command documented, outputs parse, errors are one line with DESIGN.md's exit codes."""
+"""The command line: every command documented, outputs parse, errors are one line with docs/design.md's exit codes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from planner.cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+CLI_DOC = ROOT / "docs" / "cli.md"
 EXAMPLES = ROOT / "examples"
 
 # The README's quick-start example: it must fit and run.
@@ -54,14 +54,15 @@ def all_commands(group: click.Group, prefix: str = "planner"):
 # ---------------------------------------------------------------- documentation
 
 
-def test_every_command_has_help_with_example_and_is_in_readme():
-    readme = README.read_text(encoding="utf-8")
+def test_every_command_has_help_with_example_and_is_in_cli_doc():
+    doc = CLI_DOC.read_text(encoding="utf-8")
     commands = list(all_commands(cli))
     assert {path for path, _ in commands} >= {"planner list", "planner show", "planner estimate"}
     for path, command in commands:
         assert command.help and command.help.strip(), f"{path} has no help text"
         assert "Example" in command.help, f"{path} help has no example invocation"
-        assert path in readme, f"{path} is not documented in README.md"
+        assert path in doc, f"{path} is not documented in docs/cli.md"
+        assert f"\n## {path}\n" in doc, f"docs/cli.md has no section '## {path}'"
         result = run(*path.split()[1:], "--help")
         assert_ok(result)
         assert "Usage:" in result.output

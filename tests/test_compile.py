@@ -1,4 +1,4 @@
-"""compile_job against the exhaustive oracle (DESIGN.md principle 2), and the certificate's promises.
+"""compile_job against the exhaustive oracle (docs/design.md principle 2), and the certificate's promises.
 
 Every comparison runs real CP-SAT solves on instances small enough for
 `planner.search.exhaustive.exhaustive_optimum` to score every candidate of the same

@@ -45,7 +45,7 @@ def test_compile_writes_embedding_plan_files(tmp_path):
 
 
 def test_compile_torchrec_greedy_and_json():
-    result = run("compile", "tiny-dlrm", "cpu:1", "-b", "64", "-s", "1", "--strategy", "torchrec-greedy", "--json")
+    result = run("compile", "tiny-dlrm", "cpu:1", "-b", "64", "-s", "1", "--embedding-planner", "torchrec-greedy", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["solver"]["status"] == "BASELINE" and data["plan"]["strategy"] == "torchrec-greedy"
@@ -53,7 +53,7 @@ def test_compile_torchrec_greedy_and_json():
 
 
 def test_strategy_flag_refused_for_dense_models():
-    result = run("compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "128", "--strategy", "torchrec-greedy")
+    result = run("compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "128", "--embedding-planner", "torchrec-greedy")
     assert result.exit_code == 2 and "recommendation models" in result.output
 
 

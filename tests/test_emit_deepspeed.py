@@ -144,19 +144,19 @@ def test_ds_config_passes_deepspeed_validation(case, ds_config_of):
     name, job, plan, files, (zero, opt, par) = case
     s = plan.strategy
     config = json.loads(files["ds_config.json"])
-    cfg = ds_config_of(config, s["dp"], s["tp"] * s["pp"] * s["cp"])
-    assert cfg.world_size == s["dp"]
+    cfg = ds_config_of(config, s.dp, s.tp * s.pp * s.cp)
+    assert cfg.world_size == s.dp
     assert cfg.train_batch_size == plan.job.global_batch
-    assert cfg.train_micro_batch_size_per_gpu == s["mbs"]
+    assert cfg.train_micro_batch_size_per_gpu == s.mbs
     assert cfg.gradient_accumulation_steps == plan.time.micro_batches
-    assert cfg.train_batch_size == s["mbs"] * plan.time.micro_batches * s["dp"]
+    assert cfg.train_batch_size == s.mbs * plan.time.micro_batches * s.dp
     assert cfg.zero_optimization_stage == zero
     offload_opt = cfg.zero_config.offload_optimizer
     offload_par = cfg.zero_config.offload_param
     assert _device(offload_opt) == opt
     assert _device(offload_par) == par
     if opt is not None:
-        assert offload_opt.ratio == s.get("offload_ratio", 1.0)  # ZeRO-Offload++ share on CPU Adam
+        assert offload_opt.ratio == s.offload_ratio  # ZeRO-Offload++ share on CPU Adam
     for section in (offload_opt, offload_par):
         if _device(section) == "nvme":
             assert str(section.nvme_path) == "/local_nvme"
@@ -166,10 +166,10 @@ def test_ds_config_passes_deepspeed_validation(case, ds_config_of):
         assert cfg.float16_config.enabled and not cfg.bfloat16_config.enabled
     else:
         assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
-    if s["recompute"] == "full":
+    if s.recompute == "full":
         ac = cfg.activation_checkpointing_config
         assert ac.number_checkpoints == max(stage.recompute_blocks for stage in plan.stages)
-        assert ac.partition_activations == (s["tp"] > 1)
+        assert ac.partition_activations == (s.tp > 1)
     else:
         assert "activation_checkpointing" not in config
 
@@ -179,7 +179,7 @@ def test_batch_assertion_is_live(case, ds_config_of):
     _, _, plan, files, _ = case
     config = json.loads(files["ds_config.json"])
     with pytest.raises(AssertionError, match="train_batch_size"):
-        ds_config_of(config, plan.strategy["dp"] + 1)
+        ds_config_of(config, plan.strategy.dp + 1)
 
 
 def test_substitutions_are_explained(case):
@@ -187,17 +187,17 @@ def test_substitutions_are_explained(case):
     readme = files["README.md"]
     config = json.loads(files["ds_config.json"])
     assert "_planner_note" not in config
-    if plan.strategy["zero"] != zero:
-        assert f"ZeRO stage {plan.strategy['zero']} -> {zero}" in readme
-    if plan.strategy["tp"] > 1 or plan.strategy["cp"] > 1:
+    if plan.strategy.zero != zero:
+        assert f"ZeRO stage {plan.strategy.zero} -> {zero}" in readme
+    if plan.strategy.tp > 1 or plan.strategy.cp > 1:
         assert "--tensor-model-parallel-size" in readme
     if plan.job.precision == "fp8":
         assert "fp8 -> bf16" in readme
     if opt == "nvme" or par == "nvme":
         assert "/local_nvme" in readme
-    if plan.strategy["offload_device"] == "nvme" and opt == "cpu":
+    if plan.strategy.offload_device == "nvme" and opt == "cpu":
         assert "nvme -> cpu" in readme
-    if plan.strategy["shard"] == "node" and zero == 3:
+    if plan.strategy.shard == "node" and zero == 3:
         # hpZ's secondary partition is one node (4 ranks on the cpu preset, 8 on a DGX)
         per_node = plan.stages[0].ranks.spans[0].gpus_per_node
         assert config["zero_optimization"]["zero_hpz_partition_size"] == per_node == {"cpu": 4, "dgx-h100": 8}[
@@ -211,7 +211,7 @@ def test_pipeline_json(case):
     pipe = json.loads(files["pipeline.json"])
     s = plan.strategy
     specs = layer_specs(job)
-    assert pipe["stages"] == s["pp"] == len(pipe["parts"]) - 1
+    assert pipe["stages"] == s.pp == len(pipe["parts"]) - 1
     assert pipe["schedule"] == "1F1B"
     assert pipe["layers"] == specs and specs[0] == "embedding" and specs[-1] == "head"
     parts = pipe["parts"]
@@ -222,9 +222,9 @@ def test_pipeline_json(case):
         expected = list(range(stage.blocks[0], stage.blocks[1] + 1)) if stage.blocks else []
         assert blocks == expected
     assert (pipe["tensor_model_parallel_size"], pipe["pipeline_model_parallel_size"],
-            pipe["data_parallel_size"], pipe["context_parallel_size"]) == (s["tp"], s["pp"], s["dp"], s["cp"])
+            pipe["data_parallel_size"], pipe["context_parallel_size"]) == (s.tp, s.pp, s.dp, s.cp)
     assert pipe["world_size"] == plan.job.num_gpus
-    assert pipe["activation_checkpoint_interval"] == (1 if s["recompute"] == "full" else 0)
+    assert pipe["activation_checkpoint_interval"] == (1 if s.recompute == "full" else 0)
 
 
 def test_hostfile_and_launch(case):
@@ -317,7 +317,7 @@ def test_engine_trains_zero3_plan_on_cpu(tmp_path):
     cluster.write_text("name: cpu-2\npools:\n  - name: cpu\n    preset: cpu\n    nodes: 1\n"
                        "    overrides: {gpus_per_node: 2}\n")
     job, plan = compiled("tiny-llama", str(cluster), 8, 128, {"zero": 3, "tp": 1, "pp": 1, "cp": 1})
-    assert plan.strategy["dp"] == 2 and plan.strategy["zero"] == 3
+    assert plan.strategy.dp == 2 and plan.strategy.zero == 3
     files = emit(plan, job)
     (tmp_path / "ds_config.json").write_text(files["ds_config.json"])
     script = ROOT / "tests" / "e2e" / "ds_train.py"
@@ -343,7 +343,7 @@ def test_pipeline_engine_trains_pp2_plan_on_cpu(tmp_path):
     cluster.write_text("name: cpu-2\npools:\n  - name: cpu\n    preset: cpu\n    nodes: 1\n"
                        "    overrides: {gpus_per_node: 2}\n")
     job, plan = compiled("tiny-llama", str(cluster), 8, 128, {"pp": 2, "tp": 1, "dp": 1, "cp": 1})
-    assert (plan.strategy["pp"], plan.strategy["dp"], plan.job.num_gpus) == (2, 1, 2)
+    assert (plan.strategy.pp, plan.strategy.dp, plan.job.num_gpus) == (2, 1, 2)
     files = emit(plan, job)
     for name in ("ds_config.json", "pipeline.json"):
         (tmp_path / name).write_text(files[name])

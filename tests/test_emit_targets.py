@@ -46,7 +46,7 @@ def _plan_of(job: Job, strategy):
 
 def _with(plan, **strategy):
     """The plan with some strategy fields replaced (emitters read plan.strategy)."""
-    return plan.model_copy(update={"strategy": {**plan.strategy, **strategy}})
+    return plan.model_copy(update={"strategy": plan.strategy.model_copy(update=strategy)})
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,10 @@ def test_torchtitan_tiny(tiny):
     cfg = tomllib.loads(files["train.toml"])
     p = cfg["parallelism"]
     assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == (2, 2, 1)
-    assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan.strategy["dp"] == 2
+    assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan.strategy.dp == 2
     assert p["pipeline_parallel_schedule"] == "1F1B"
     assert p["pipeline_parallel_split_points"] == ["layers.2"]
-    assert p["pipeline_parallel_microbatch_size"] == plan.strategy["mbs"]
+    assert p["pipeline_parallel_microbatch_size"] == plan.strategy.mbs
     assert cfg["training"]["global_batch_size"] == 8 and cfg["training"]["seq_len"] == 128
     assert cfg["training"]["local_batch_size"] == 8 // 2  # all micro-batches of a replica go through the pipeline
     assert cfg["training"]["mixed_precision_param"] == "bfloat16"
@@ -125,7 +125,7 @@ def test_torchtitan_big(big):
     p = cfg["parallelism"]
     assert cfg["model"]["flavor"] == "70B"
     assert p["pipeline_parallel_split_points"] == ["layers.19", "layers.40", "layers.61"]
-    assert cfg["training"]["local_batch_size"] == 512 // plan.strategy["dp"]
+    assert cfg["training"]["local_batch_size"] == 512 // plan.strategy.dp
 
 
 def test_torchtitan_interleaved(interleaved):
@@ -170,7 +170,7 @@ def test_megatron_tiny(tiny):
     args = _args(files["args.txt"])
     assert args["tensor-model-parallel-size"] == "2" and args["pipeline-model-parallel-size"] == "2"
     assert args["sequence-parallel"] is True and args["use-distributed-optimizer"] is True
-    assert args["micro-batch-size"] == str(plan.strategy["mbs"]) and args["global-batch-size"] == "8"
+    assert args["micro-batch-size"] == str(plan.strategy.mbs) and args["global-batch-size"] == "8"
     assert (args["num-layers"], args["hidden-size"], args["num-attention-heads"]) == ("4", "64", "4")
     assert args["num-query-groups"] == "2" and args["ffn-hidden-size"] == "128" and args["bf16"] is True
     assert "decoder-first-pipeline-num-layers" not in args

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from planner.cli import cli
 from planner.cost.groups import evaluate_groups, sync_seconds
+from planner.emit.torch import strategy_problem
 from planner.search.exhaustive import batch_splits, exhaustive_groups
 from planner.plan.groups import build_plan
-from planner.plan.schema import plan_json
+from planner.plan.schema import Plan, ReplicaGroupsStrategy, plan_json
 from planner.plan.report import render_report
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
@@ -126,6 +127,15 @@ def test_group_plan_lists_each_group_with_its_own_plan():
     assert plan.layout is None and plan.stages == [] and plan.time.micro_batches == 0
     assert [(g.pool, g.batch, g.first_rank, g.first_node) for g in plan.groups] == [("a100", 6, 0, 0),
                                                                                     ("h100", 10, 4, 1)]
+    # the typed replica-group strategy: each group's pool, batch and strategy, and the sync
+    assert isinstance(plan.strategy, ReplicaGroupsStrategy)
+    assert [(s.pool, s.batch) for s in plan.strategy.replica_groups] == [(g.pool, g.batch) for g in plan.groups]
+    assert [s.model_dump(exclude={"pool", "batch"}) for s in plan.strategy.replica_groups] == \
+        [g.plan.strategy.model_dump() for g in plan.groups]
+    assert plan.strategy.sync_s == pytest.approx(result.groups.sync_s)
+    assert list(json.loads(plan_json(plan))["strategy"]["replica_groups"][0])[:3] == ["pool", "batch", "tp"]
+    assert Plan.model_validate_json(plan_json(plan)) == plan
+    assert strategy_problem(plan.strategy).startswith("a replica-group plan")  # the torch runtime refuses it
     for g in plan.groups:
         assert g.plan.job.global_batch == g.batch and g.plan.job.num_gpus == g.plan.job.cluster_gpus
         assert g.plan.stages and g.plan.strategy_spec in plan.strategy_spec

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from pydantic import ValidationError
 
 from hardware import load_cluster
 from models import load_model
@@ -17,11 +18,12 @@ from planner.job import Job
 from planner.plan.output import write_outputs
 from planner.plan.build import rank_location
 from planner.plan.groups import build_plan
-from planner.plan.schema import Plan, plan_json, plan_json_schema
+from planner.plan.schema import GroupStrategy, Plan, ReplicaGroupsStrategy, plan_json, plan_json_schema
 from planner.plan.report import render_report
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
+from planner.strategy import Strategy
 
 TINY = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128"]
 MID = ["llama3-8b", "dgx-h100:2", "--batch", "16", "--seq-len", "4096", "--time-limit", "30"]
@@ -67,11 +69,36 @@ def test_plan_round_trips_and_matches_schema_keys(case):
     assert "wall_s" not in text
 
 
+def test_plan_strategy_is_typed_and_resolved(case):
+    _, _, plan = case
+    s = plan.strategy
+    assert isinstance(s, Strategy) and s.dp is not None and s.sp is not None and s.schedule is not None
+    assert json.loads(plan_json(plan))["strategy"] == s.model_dump(mode="json") == s.resolved()
+    # a hand-built plan gets sp and schedule written out; dp must be known
+    bare = plan.model_dump()
+    bare["strategy"] = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp}
+    again = Plan.model_validate(bare).strategy
+    assert (again.sp, again.schedule) == (s.tp > 1, "1f1b")
+    bare["strategy"] = {"tp": s.tp}
+    with pytest.raises(ValidationError, match="dp resolved"):
+        Plan.model_validate(bare)
+
+
+def test_group_strategy_checks_like_a_strategy_and_writes_pool_first():
+    group = GroupStrategy(pool="a", batch=4, tp=2, pp=2, dp=1, zero=3, stage_offload=("optimizer", "none"))
+    assert group.for_stage(0).offload == "optimizer" and group.for_stage(1).offload == "none"
+    assert list(group.model_dump(mode="json"))[:3] == ["pool", "batch", "tp"]
+    with pytest.raises(ValidationError, match="sp=on needs tp > 1"):
+        GroupStrategy(pool="a", batch=4, tp=1, sp=True)
+    both = ReplicaGroupsStrategy(replica_groups=[group], sync_s=0.5)
+    assert ReplicaGroupsStrategy.model_validate_json(both.model_dump_json()) == both
+
+
 def test_plan_agrees_with_the_estimate(case):
     job, result, plan = case
     est = result.estimate
     assert plan.time.step_time_s == est.step_time_s and plan.time.mfu == est.mfu
-    assert plan.strategy == est.strategy and plan.strategy_spec == est.strategy_spec
+    assert plan.strategy.model_dump(mode="json") == est.strategy and plan.strategy_spec == est.strategy_spec
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
     assert plan.solver.objective == result.certificate.objective
     assert len(plan.stages) == est.strategy["pp"]
@@ -85,7 +112,7 @@ def test_plan_agrees_with_the_estimate(case):
 def test_stage_ranks_cover_the_gpus_used_once(case):
     job, _, plan = case
     s = plan.strategy
-    per_stage = s["tp"] * s["cp"] * s["dp"]
+    per_stage = s.tp * s.cp * s.dp
     ranks, places = [], set()
     for st in plan.stages:
         r = st.ranks
@@ -98,7 +125,7 @@ def test_stage_ranks_cover_the_gpus_used_once(case):
                 assert 0 <= local < span.gpus_per_node and r.nodes[0] <= node <= r.nodes[1]
                 places.add((node, local))
         assert sorted({x for g in r.tp_groups for x in g}) == sorted({x for g in r.cp_groups for x in g})
-        assert all(len(g) == s["tp"] for g in r.tp_groups) and all(len(g) == s["cp"] for g in r.cp_groups)
+        assert all(len(g) == s.tp for g in r.tp_groups) and all(len(g) == s.cp for g in r.cp_groups)
         assert min(r.tp_groups[0]) == r.first_rank
     assert sorted(ranks) == list(range(plan.job.num_gpus))
     assert len(places) == plan.job.num_gpus  # no two ranks on one GPU
@@ -107,8 +134,6 @@ def test_stage_ranks_cover_the_gpus_used_once(case):
 
 def test_stage_pools_place_stages_on_their_pools():
     from planner.plan.build import stage_spans
-    from planner.strategy import Strategy
-
     cluster = load_cluster(HETERO)
     strategy = Strategy(tp=8, pp=3, dp=2, stage_pools=("h100", "a100", "h100"))
     spans = stage_spans(cluster, strategy)
@@ -210,7 +235,7 @@ def test_compile_json_has_design_keys():
     assert {"status", "objective", "bound", "gap", "wall_s"} <= set(data["solver"])
     assert data["solver"]["status"] in ("OPTIMAL", "FEASIBLE")
     assert data["solver"]["bound"] <= data["solver"]["objective"] * (1 + 1e-9)
-    assert Plan.model_validate(data["plan"]).strategy == data["strategy"]
+    assert Plan.model_validate(data["plan"]).strategy.model_dump(mode="json") == data["strategy"]
     assert data["step_time_s"] == data["plan"]["time"]["step_time_s"]
 
 

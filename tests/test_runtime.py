@@ -105,14 +105,14 @@ def test_torch_emitter_launch_and_readme(tmp_path):
     for update, message in (({"ep": 2}, "ep=2: not supported"),
                             ({"offload": "optimizer", "offload_device": "nvme"}, "offload_device=nvme")):
         with pytest.raises(ValueError, match=message):
-            _check_supported(plan.model_copy(update={"strategy": {**plan.strategy, **update}}))
+            _check_supported(plan.model_copy(update={"strategy": plan.strategy.model_copy(update=update)}))
         with pytest.raises(UnsupportedPlan, match=message):
-            emitter("torch")(plan.model_copy(update={"strategy": {**plan.strategy, **update}}), None)
+            emitter("torch")(plan.model_copy(update={"strategy": plan.strategy.model_copy(update=update)}), None)
     gpt = plan.model_copy(update={"job": plan.job.model_copy(update={"model": "gpt2-xl"})})
     with pytest.raises(UnsupportedPlan, match="activation"):
         emitter("torch")(gpt, None)
-    hsdp = plan.model_copy(update={"strategy": {**plan.strategy, "tp": 1, "pp": 1, "dp": 8, "zero": 3,
-                                                "shard": "node"}})
+    hsdp = plan.model_copy(update={"strategy": plan.strategy.model_copy(
+        update={"tp": 1, "pp": 1, "dp": 8, "zero": 3, "shard": "node"})})
     assert mesh_shape(hsdp) == {"pp": 1, "dp_replicate": 2, "dp_shard": 4, "cp": 1, "tp": 1}
 
 
@@ -143,8 +143,8 @@ def _gloo_ok() -> bool:
 def _predicted_bytes(plan: Plan, rank: int) -> float:
     # FSDP2 shards each stage over dp x cp ranks, the cost model's ZeRO shard group (shard_degree).
     s = plan.strategy
-    stage = plan.stages[rank // (s["tp"] * s["cp"] * s["dp"])]
-    shards = s["dp"] * s["cp"] if s["zero"] >= 1 else 1
+    stage = plan.stages[rank // (s.tp * s.cp * s.dp)]
+    shards = s.dp * s.cp if s.zero >= 1 else 1
     return stage.params_per_gpu * 4 / shards
 
 
@@ -177,7 +177,7 @@ def _launch(out: Path, tmp_path: Path, steps: int = 6) -> tuple[list[float], dic
 def test_launch_sh_trains_and_matches_param_prediction(tmp_path, fix, zero, schedule):
     out = _compile(tmp_path, fix)
     plan = Plan.model_validate_json((out / "plan.json").read_text())
-    assert plan.strategy["zero"] == zero and plan.strategy["schedule"] == schedule and plan.job.num_gpus == 4
+    assert plan.strategy.zero == zero and plan.strategy.schedule == schedule and plan.job.num_gpus == 4
     losses, data = _launch(out, tmp_path)
     assert len(losses) == 6 and losses[-1] < losses[0], losses
     assert data["losses"] == pytest.approx(losses, abs=1e-5)

@@ -1,6 +1,6 @@
 """The `planner` command group: parse arguments, call the library, print.
 
-Exit codes (DESIGN.md): 0 success, 1 infeasible (does not fit, no legal
+Exit codes (docs/design.md): 0 success, 1 infeasible (does not fit, no legal
 strategy), 2 bad usage or input.  Every error is one `Error: ...` line on
 stderr, never a traceback.
 """

@@ -95,8 +95,10 @@ def _progress(enabled: bool | None):
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
-@click.option("--strategy", type=click.Choice(["planner", "torchrec-greedy"]), default="planner", show_default=True,
-              help="Recommendation models: the CP-SAT plan, or the TorchRec-style greedy baseline.")
+@click.option("--embedding-planner", "embedding_planner", type=click.Choice(["planner", "torchrec-greedy"]),
+              default="planner", show_default=True,
+              help="Recommendation models: the CP-SAT plan, or the TorchRec-style greedy baseline. (--strategy is a "
+                   "SPEC in every command that takes it.)")
 @click.option("--offload-search", type=click.Choice(["fallback", "always"]), default="fallback", show_default=True,
               help="When stages may offload: only where nothing fits without it, or in every program (offload "
                    "can buy fewer recomputed blocks or a better split; several times slower).")
@@ -106,7 +108,7 @@ def _progress(enabled: bool | None):
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
-             fixed: str, out_dir: Path | None, force: bool, strategy: str, offload_search: str,
+             fixed: str, out_dir: Path | None, force: bool, embedding_planner: str, offload_search: str,
              progress: bool | None, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
@@ -133,12 +135,12 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
               precision=precision, flash_attention=flash_attention)
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
-        compile_recsys(job, strategy=strategy, time_limit=time_limit, out_dir=out_dir, force=force,
+        compile_recsys(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,
                        progress=_progress(progress), as_json=as_json, targets=chosen)
         return
-    if strategy != "planner":
-        raise click.BadParameter(f"{strategy} plans the tables of recommendation models; {job.model.name} has none",
-                                 param_hint="--strategy")
+    if embedding_planner != "planner":
+        raise click.BadParameter(f"{embedding_planner} plans the tables of recommendation models; {job.model.name} "
+                                 "has none", param_hint="--embedding-planner")
     explicit_targets = bool(targets)
     # named targets narrow the search to plans they all run; default targets do not
     limits = space_limits(targets) if explicit_targets else {}

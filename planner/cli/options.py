@@ -7,7 +7,7 @@ Commands stack these instead of repeating options (sqlite-utils style)::
     def estimate(..., batch, seq_len, precision, flash_attention, as_json): ...
 
 Library errors are typed; `user_errors` turns them into one-line
-`Error: ...` messages with the exit codes of DESIGN.md: 2 for bad input
+`Error: ...` messages with the exit codes of docs/design.md: 2 for bad input
 (ModelInputError, HardwareInputError, PlannerInputError, pydantic
 ValidationError), 1 for infeasible jobs (InfeasibleError).
 """

@@ -40,7 +40,7 @@ def sweep_(scenarios: Path, out_dir: Path, executor: str, address: str | None, w
     """Score every strategy on a grid of models x clusters x batch sizes x sequence lengths.
 
     SCENARIOS is a YAML file (format: planner/sweep/scenarios.py and the
-    README).  Every row comes from `planner compare`'s code path; rows are
+    docs/cli.md).  Every row comes from `planner compare`'s code path; rows are
     written in the file's order, so results.csv is byte-identical whatever
     the executor.  A progress bar goes to stderr.  A sweep of more scenarios
     than the limit (see --yes) is refused before any work; report.md and

@@ -8,7 +8,7 @@ Each stage is costed under its own placement (`Strategy.for_stage`).
 Pipeline time (Narayanan et al. 2021): with per-micro-batch stage times t_i,
 m micro-batches and v interleaved chunks,
     T = m * max_i t_i + (sum_i t_i - max_i t_i) / v
-which is DESIGN.md's (m-1) max t + sum t for v = 1.  After the flush come
+which is docs/cost-model.md's (m-1) max t + sum t for v = 1.  After the flush come
 the data-parallel syncs not hidden behind the last backward, a barrier (the
 global gradient norm of clipping), and each stage's own update: the
 optimizer step and offload transfers of its placement; the slowest ends it.

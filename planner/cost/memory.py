@@ -26,7 +26,7 @@ from planner.strategy import Strategy
 
 
 WEIGHT_BYTES = 2.0  # 16-bit weights (bf16/fp16; fp8 runs keep bf16 masters of the weights)
-GRAD_BYTES = 2.0  # 16-bit gradients (DESIGN.md: 2 + 2 + 12 bytes per parameter)
+GRAD_BYTES = 2.0  # 16-bit gradients (docs/cost-model.md: 2 + 2 + 12 bytes per parameter)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ The cache fraction is the share of a shard's rows kept in HBM.  1.0 is
 TorchRec's `fused` kernel (all in HBM); below 1.0 the shard lives in host DRAM
 and HBM caches its hottest rows (TorchRec's `fused_uvm_caching` with that
 cache_load_factor, ScaleFreeCTR's MixCache).  Under Zipf(alpha) access the hit
-rate of caching the k hottest of N rows is H(k, alpha) / H(N, alpha) (DESIGN.md).
+rate of caching the k hottest of N rows is H(k, alpha) / H(N, alpha) (docs/embedding.md).
 """
 
 from __future__ import annotations

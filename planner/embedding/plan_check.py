@@ -4,7 +4,7 @@
 (or the plan.json of a recommendation model around one).  A file that the cost
 model would score as something else than what it says, or could not score at
 all, is refused with one line naming the file, the table and the field
-(DESIGN.md principle 6), e.g.::
+(docs/design.md principle 6), e.g.::
 
     sharding_plan.json: tables[3] (table.3) ranks: rank 9 out of range 0-7
 

@@ -58,12 +58,12 @@ def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, st
         # every framework here runs one strategy over all its ranks
         raise UnsupportedPlan(f"a replica-group plan (a strategy per pool) has no {targets[0]} form; plan.json "
                               "lists each group's plan")
-    per_stage = [key for key in PLACEMENT_KEYS if plan.strategy.get(f"stage_{key}")]
+    per_stage = [key for key in PLACEMENT_KEYS if getattr(plan.strategy, f"stage_{key}")]
     for target in targets:
         limits = getattr(import_module(f"planner.emit.{target}"), "SPACE_LIMITS", {})
         if per_stage and limits.get("stage_placement") is False:
             key = per_stage[0]
-            values = "/".join(map(str, plan.strategy[f"stage_{key}"]))
+            values = "/".join(map(str, getattr(plan.strategy, f"stage_{key}")))
             raise UnsupportedPlan(f"{target} applies one {key} setting to every rank; the plan's stages differ "
                                   f"({key}={values})")
         for path, text in sorted(emitter(target)(plan, job).items()):

@@ -20,6 +20,7 @@ from collections import defaultdict
 from planner.job import Job
 from planner.plan.build import rank_location
 from planner.plan.schema import Plan
+from planner.strategy import Strategy
 
 NVME_PATH = "/local_nvme"
 MASTER_PORT = 29500
@@ -49,16 +50,16 @@ class _Decisions:
     def __init__(self, plan: Plan, job: Job) -> None:
         s = plan.strategy
         self.plan, self.job = plan, job
-        self.tp, self.pp, self.dp, self.cp, self.ep = s["tp"], s["pp"], s["dp"], s["cp"], s.get("ep", 1)
-        self.mbs = s["mbs"]
+        self.tp, self.pp, self.dp, self.cp, self.ep = s.tp, s.pp, s.dp, s.cp, s.ep
+        self.mbs = s.mbs
         self.notes: list[str] = []
         self.micro_batches = plan.job.global_batch // (self.dp * self.mbs)
         if self.micro_batches * self.dp * self.mbs != plan.job.global_batch:
             raise ValueError(f"global batch {plan.job.global_batch} is not a multiple of dp({self.dp}) * "
                              f"mbs({self.mbs})")
-        self.zero = self._zero_stage(s["zero"])
+        self.zero = self._zero_stage(s.zero)
         self.offload_optimizer, self.offload_params = self._offload(s)
-        if s.get("regather") == "host":
+        if s.regather == "host":
             self.notes.append(
                 "regather=host (FCDP host-memory parameter cache) dropped: DeepSpeed ZeRO-3 re-gathers weights "
                 "over the data-parallel group, so step time is above the plan's estimate; compile with "
@@ -77,8 +78,8 @@ class _Decisions:
             return 1
         return planned
 
-    def _offload(self, s: dict) -> tuple[str | None, str | None]:
-        offload, device = s.get("offload", "none"), s.get("offload_device", "cpu")
+    def _offload(self, s: Strategy) -> tuple[str | None, str | None]:
+        offload, device = s.offload, s.offload_device
         opt = device if offload in ("optimizer", "all") else None
         par = device if offload in ("params", "all") else None
         if par is not None and self.zero != 3:
@@ -122,7 +123,7 @@ def _zero_section(d: _Decisions) -> dict:
     if d.zero == 3:
         section["stage3_prefetch_bucket_size"] = int(0.9 * bucket)
         section["stage3_param_persistence_threshold"] = 10 * hidden if hidden else 100_000
-        if d.plan.strategy.get("shard") == "node":
+        if d.plan.strategy.shard == "node":
             per_node = _dp_ranks_per_node(d)
             if per_node > 1:
                 section["zero_hpz_partition_size"] = per_node
@@ -132,14 +133,14 @@ def _zero_section(d: _Decisions) -> dict:
                 "forward/backward all-gathers stay intra-node, while gradients and optimizer states are sharded "
                 "over the whole data-parallel group."
             )
-    elif d.plan.strategy.get("shard") == "node":
+    elif d.plan.strategy.shard == "node":
         d.notes.append(
             f"shard=node -> full: DeepSpeed ZeRO-{d.zero} shards over the whole data-parallel group "
             "(less memory than the plan assumed, more inter-node traffic)."
         )
     if d.offload_optimizer:
         opt = {"device": d.offload_optimizer, "pin_memory": True}
-        ratio = d.plan.strategy.get("offload_ratio", 1.0)
+        ratio = d.plan.strategy.offload_ratio
         if ratio < 1.0 and d.zero == 3:
             opt["ratio"] = ratio  # ZeRO-Offload++: this share on CPU Adam, the rest on the GPU
         if d.offload_optimizer == "nvme":
@@ -196,7 +197,7 @@ def ds_config(d: _Decisions) -> dict:
                 "enables bf16. For fp8 GEMMs wrap the model's linear layers with NVIDIA Transformer Engine "
                 "(`te.fp8_autocast`) in the training script; the plan's step time assumed fp8."
             )
-    if plan.strategy.get("recompute") == "full":
+    if plan.strategy.recompute == "full":
         per_stage = _recompute_per_stage(plan)
         cfg["activation_checkpointing"] = {
             "partition_activations": d.tp > 1,
@@ -226,7 +227,7 @@ def layer_specs(job: Job) -> list[str]:
 
 def pipeline_parts(plan: Plan, job: Job) -> list[int]:
     specs = layer_specs(job)
-    if plan.strategy["pp"] == 1:
+    if plan.strategy.pp == 1:
         return [0, len(specs)]
     first_block = specs.index("block.0") if job.model.num_blocks else 0
     parts, edge = [0], first_block
@@ -240,12 +241,12 @@ def pipeline_parts(plan: Plan, job: Job) -> list[int]:
 def pipeline_json(d: _Decisions) -> dict:
     plan, job = d.plan, d.job
     s = plan.strategy
-    recompute = s.get("recompute")
+    recompute = s.recompute
     per_stage = _recompute_per_stage(plan)
     blocks = [stage.blocks[1] - stage.blocks[0] + 1 if stage.blocks else 0 for stage in plan.stages]
-    if s.get("vpp", 1) > 1 or s.get("schedule") not in (None, "1f1b"):
+    if s.vpp > 1 or s.pipeline_schedule != "1f1b":
         d.notes.append(
-            f"Schedule {s.get('schedule')} (vpp={s.get('vpp', 1)}) -> 1F1B: DeepSpeed's PipelineEngine runs only "
+            f"Schedule {s.pipeline_schedule} (vpp={s.vpp}) -> 1F1B: DeepSpeed's PipelineEngine runs only "
             "1F1B with one model chunk per stage; expect a larger pipeline bubble than the plan predicted."
         )
     if recompute == "selective":
@@ -276,7 +277,7 @@ def pipeline_json(d: _Decisions) -> dict:
         "data_parallel_size": d.dp,
         "context_parallel_size": d.cp,
         "expert_parallel_size": d.ep,
-        "sequence_parallel": bool(s.get("sp", False)),
+        "sequence_parallel": s.sequence_parallel,
         "world_size": d.tp * d.cp * d.dp * d.pp,
         "rank_order": plan.layout.rank_formula,
     }
@@ -372,7 +373,7 @@ def _parallel_notes(d: _Decisions) -> None:
             f"{what[0].upper()}{what[1:]}: DeepSpeed has no built-in tensor or context "
             "parallelism for training; the model code must provide them, e.g. Megatron-DeepSpeed "
             f"`--tensor-model-parallel-size {d.tp} --pipeline-model-parallel-size {d.pp}"
-            + (" --sequence-parallel" if d.tp > 1 and d.plan.strategy.get("sp") else "")
+            + (" --sequence-parallel" if d.tp > 1 and d.plan.strategy.sequence_parallel else "")
             + (f" --ds-sequence-parallel-size {d.cp}" if d.cp > 1 else "")
             + "`, passing its `mpu` to `deepspeed.initialize(mpu=...)` so that DeepSpeed's data-parallel world "
             f"size is {d.dp}. pipeline.json lists the sizes that mpu must report."
@@ -444,7 +445,7 @@ def readme(d: _Decisions) -> str:
             "```",
             "",
             f"Use `num_stages={d.pp}` and `activation_checkpoint_interval="
-            f"{1 if plan.strategy.get('recompute') == 'full' else 0}`.",
+            f"{1 if plan.strategy.recompute == 'full' else 0}`.",
             "",
         ]
     if nvme:

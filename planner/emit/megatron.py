@@ -124,22 +124,22 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     shape = model_shape(job.model)
     notes: list[str] = []
     args: dict[str, Any] = {
-        "tensor-model-parallel-size": s["tp"],
-        "pipeline-model-parallel-size": s["pp"],
-        "context-parallel-size": s["cp"],
-        "expert-model-parallel-size": s["ep"],
+        "tensor-model-parallel-size": s.tp,
+        "pipeline-model-parallel-size": s.pp,
+        "context-parallel-size": s.cp,
+        "expert-model-parallel-size": s.ep,
     }
-    if s["sp"] and s["tp"] > 1:
+    if s.sequence_parallel and s.tp > 1:
         args["sequence-parallel"] = True
-    if s.get("tp_overlap") and s["tp"] > 1:
+    if s.tp_overlap and s.tp > 1:
         args["tp-comm-overlap"] = True
-    split, split_notes = _pipeline_split(stage_block_counts(plan), s["vpp"])
+    split, split_notes = _pipeline_split(stage_block_counts(plan), s.vpp)
     args.update(split)
     notes += split_notes
-    if s["recompute"] == "selective":
+    if s.recompute == "selective":
         args["recompute-granularity"] = "selective"
-    elif s["recompute"] == "full":
-        per_stage = s.get("recompute_layers")
+    elif s.recompute == "full":
+        per_stage = s.recompute_layers
         if per_stage is None:
             args.update({"recompute-granularity": "full", "recompute-method": "uniform", "recompute-num-layers": 1})
         elif max(per_stage) > 0:
@@ -149,25 +149,25 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
                 notes.append(f"The plan recomputes {'/'.join(map(str, per_stage))} blocks per stage; Megatron's "
                              f"--recompute-num-layers is one value for every stage, so it is the maximum ({n}): "
                              "stages that needed fewer recompute more (slower, never out of memory).")
-    if s["zero"] >= 1:
+    if s.zero >= 1:
         args["use-distributed-optimizer"] = True
-        if s["zero"] == 3:
+        if s.zero == 3:
             notes.append("zero=3 (sharded weights) has no counterpart in Megatron's distributed optimizer, which "
                          "shards optimizer states and gradients only; weights stay replicated over dp.")
-        if s["shard"] == "node":
+        if s.shard == "node":
             shape_ = launch_shape(plan)
-            shard = max(1, min(s["dp"], shape_["nproc_per_node"] // (s["tp"] * s["cp"])))
-            if s["dp"] // shard > 1:
-                args["num-distributed-optimizer-instances"] = s["dp"] // shard
-    if s["offload"] in ("optimizer", "all") and s["offload_device"] == "cpu":
+            shard = max(1, min(s.dp, shape_["nproc_per_node"] // (s.tp * s.cp)))
+            if s.dp // shard > 1:
+                args["num-distributed-optimizer-instances"] = s.dp // shard
+    if s.offload in ("optimizer", "all") and s.offload_device == "cpu":
         args["optimizer-cpu-offload"] = True
-        if s.get("offload_ratio", 1.0) < 1.0:
-            args["optimizer-offload-fraction"] = s["offload_ratio"]  # the rest is updated on the GPU
-    if s["offload"] in ("params", "all") or s["offload_device"] == "nvme" and s["offload"] != "none":
-        notes.append(f"offload={s['offload']} to {s['offload_device']}: Megatron offloads only optimizer states, "
+        if s.offload_ratio < 1.0:
+            args["optimizer-offload-fraction"] = s.offload_ratio  # the rest is updated on the GPU
+    if s.offload in ("params", "all") or s.offload_device == "nvme" and s.offload != "none":
+        notes.append(f"offload={s.offload} to {s.offload_device}: Megatron offloads only optimizer states, "
                      "and only to CPU memory (--optimizer-cpu-offload); the rest stays in HBM.")
     args.update({
-        "micro-batch-size": s["mbs"],
+        "micro-batch-size": s.mbs,
         "global-batch-size": job.global_batch,
         "seq-length": job.seq_len,
         "max-position-embeddings": job.seq_len,

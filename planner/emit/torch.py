@@ -26,8 +26,8 @@ from models.zoo import ZOO
 from planner.emit import UnsupportedPlan
 from planner.emit.slurm import launch_shape
 from planner.job import Job
-from planner.plan.schema import Plan
-from planner.strategy import placement_of
+from planner.plan.schema import Plan, ReplicaGroupsStrategy
+from planner.strategy import Strategy
 
 # `--target torch` searches only what the runtime runs: FSDP2 offloads to CPU, never NVMe.
 SPACE_LIMITS = {"offload_devices": ("cpu",), "offload_ratios": ()}  # FSDP2 offloads all of a module or none
@@ -47,20 +47,22 @@ def config_problem(cfg: TransformerConfig) -> str | None:
     return None
 
 
-def strategy_problem(strategy: dict) -> str | None:
-    """Why the torch runtime cannot run this resolved strategy, or None."""
-    if strategy.get("ep", 1) != 1:
-        return f"ep={strategy['ep']}: not supported by the planner torch runtime (its reference model is dense)"
-    if strategy.get("schedule", "1f1b") not in ("1f1b", "gpipe", "interleaved"):
-        return f"schedule={strategy['schedule']}: not supported by the planner torch runtime"
-    for stage in range(strategy.get("pp", 1)):  # each stage applies its own placement
-        place = placement_of(strategy, stage)
-        if place["offload_ratio"] < 1.0:
-            return (f"offload_ratio={place['offload_ratio']:g}: FSDP2 offloads a module's optimizer states whole, "
+def strategy_problem(strategy: Strategy | ReplicaGroupsStrategy) -> str | None:
+    """Why the torch runtime cannot run this strategy (a plan's), or None."""
+    if isinstance(strategy, ReplicaGroupsStrategy):
+        return "a replica-group plan (a strategy per pool) has no torch form; plan.json lists each group's plan"
+    if strategy.ep != 1:
+        return f"ep={strategy.ep}: not supported by the planner torch runtime (its reference model is dense)"
+    if strategy.pipeline_schedule not in ("1f1b", "gpipe", "interleaved"):
+        return f"schedule={strategy.pipeline_schedule}: not supported by the planner torch runtime"
+    for stage in range(strategy.pp):  # each stage applies its own placement
+        place = strategy.for_stage(stage)
+        if place.offload_ratio < 1.0:
+            return (f"offload_ratio={place.offload_ratio:g}: FSDP2 offloads a module's optimizer states whole, "
                     "not a share")
-        if place["regather"] == "host":
+        if place.regather == "host":
             return "regather=host: the planner torch runtime has no host-memory parameter cache (FCDP)"
-        if place["offload"] != "none" and place["offload_device"] == "nvme":
+        if place.offload != "none" and place.offload_device == "nvme":
             return "offload_device=nvme: not supported by the planner torch runtime (FSDP2 offloads to cpu only)"
     return None
 
@@ -124,12 +126,12 @@ MASTER_ADDR=<first node> MASTER_PORT=29500 RUN_ID=myrun ./launch.sh --steps 100
   folder up, where `planner compile -o DIR` wrote it.
 
 What the runtime does with this plan (planner/runtime/parallelize.py):
-device mesh over pp={s['pp']}, dp={s['dp']} (shard={s['shard']}), cp={s['cp']}, tp={s['tp']};
-then (1) pipeline split over the plan's stages (vpp={s.get('vpp', 1)} chunk(s) each) with the
-`{s.get('schedule', '1f1b')}` schedule and {plan.time.micro_batches} micro-batch(es) per step, (2) DTensor
-tensor parallel (vocab-parallel embedding and head{', sequence parallel' if s.get('sp') else ''}),
+device mesh over pp={s.pp}, dp={s.dp} (shard={s.shard}), cp={s.cp}, tp={s.tp};
+then (1) pipeline split over the plan's stages (vpp={s.vpp} chunk(s) each) with the
+`{s.pipeline_schedule}` schedule and {plan.time.micro_batches} micro-batch(es) per step, (2) DTensor
+tensor parallel (vocab-parallel embedding and head{', sequence parallel' if s.sequence_parallel else ''}),
 (3) context parallel attention (each cp rank one contiguous sequence chunk; K and V all-gathered over
-cp), (4) activation checkpointing (recompute={s['recompute']}), (5) data parallel for zero={s['zero']}
+cp), (4) activation checkpointing (recompute={s.recompute}), (5) data parallel for zero={s.zero}
 over dp x cp (zero 3: FSDP2 `fully_shard` resharding after forward; zero 1/2: FSDP2 without resharding
 after forward; zero 0: replicated, gradients all-reduced). It trains the reference Llama model on
 synthetic data in fp32 (NCCL on GPUs, gloo on CPU) and prints `step <i> loss <x>` and

@@ -79,12 +79,12 @@ def toml_text(sections: dict[str, dict[str, Any]], header: list[str]) -> str:
 def dp_degrees(plan: Plan) -> tuple[int, int]:
     """(data_parallel_replicate_degree, data_parallel_shard_degree)."""
     s = plan.strategy
-    dp = s["dp"]
-    if s["zero"] == 0:
+    dp = s.dp
+    if s.zero == 0:
         return dp, 1
-    if s["shard"] == "full":
+    if s.shard == "full":
         return 1, dp
-    in_node = max(1, launch_shape(plan)["nproc_per_node"] // (s["tp"] * s["cp"]))
+    in_node = max(1, launch_shape(plan)["nproc_per_node"] // (s.tp * s.cp))
     shard = max(1, math.gcd(dp, min(dp, in_node)))
     return dp // shard, shard
 
@@ -93,11 +93,11 @@ def split_points(plan: Plan) -> list[str]:
     """Names of the blocks that begin each pipeline stage after the first (pp*vpp stages with vpp > 1)."""
     s = plan.strategy
     counts = stage_block_counts(plan)
-    if s["pp"] == 1:
+    if s.pp == 1:
         return []
-    if s["vpp"] > 1:
-        chunk = sum(counts) // (s["pp"] * s["vpp"])
-        return [f"layers.{k * chunk}" for k in range(1, s["pp"] * s["vpp"])]
+    if s.vpp > 1:
+        chunk = sum(counts) // (s.pp * s.vpp)
+        return [f"layers.{k * chunk}" for k in range(1, s.pp * s.vpp)]
     points, first = [], 0
     for count in counts[:-1]:
         first += count
@@ -107,13 +107,13 @@ def split_points(plan: Plan) -> list[str]:
 
 def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
     s = plan.strategy
-    if s["recompute"] == "none":
+    if s.recompute == "none":
         return {"mode": "none"}
-    if s["recompute"] == "selective":
+    if s.recompute == "selective":
         return {"mode": "selective", "selective_ac_option": "op"}
-    per_stage = s.get("recompute_layers")
+    per_stage = s.recompute_layers
     counts = stage_block_counts(plan)
-    chunks = [max(1, c // s["vpp"]) for c in counts]
+    chunks = [max(1, c // s.vpp) for c in counts]
     if per_stage is None:
         return {"mode": "full"}
     values = [per_stage[0 if len(per_stage) == 1 else i] for i in range(len(counts))]
@@ -141,10 +141,10 @@ def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], 
                      f"ffn hidden {shape['ffn']}) in torchtitan/models/llama3/__init__.py.")
     replicate, shard = dp_degrees(plan)
     dp = replicate * shard
-    if s["pp"] > 1:
+    if s.pp > 1:
         local_batch = job.global_batch // dp
     else:
-        local_batch = s["mbs"]
+        local_batch = s.mbs
     model: dict[str, Any] = {"name": name, "flavor": flavor,
                              "tokenizer_path": "./assets/tokenizer/original/tokenizer.model"}
     if job.precision == "fp8":
@@ -153,39 +153,39 @@ def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], 
     if job.precision == "fp16":
         notes.append("precision fp16: torchtitan's mixed_precision_param takes bfloat16 or float32 only; "
                      "the config uses bfloat16.")
-    offload = s["offload"] != "none"
-    cpu_offload = offload and s["offload_device"] == "cpu" and shard > 1
+    offload = s.offload != "none"
+    cpu_offload = offload and s.offload_device == "cpu" and shard > 1
     if offload and not cpu_offload:
-        notes.append(f"offload={s['offload']} to {s['offload_device']}: torchtitan offloads only through FSDP to "
+        notes.append(f"offload={s.offload} to {s.offload_device}: torchtitan offloads only through FSDP to "
                      "CPU memory (training.enable_cpu_offload); not set here, everything stays in HBM.")
-    elif cpu_offload and s["offload"] != "all":
-        notes.append(f"offload={s['offload']}: torchtitan's training.enable_cpu_offload moves parameters, "
+    elif cpu_offload and s.offload != "all":
+        notes.append(f"offload={s.offload}: torchtitan's training.enable_cpu_offload moves parameters, "
                      "gradients and optimizer states to CPU together (more than the plan offloads).")
-    if s["zero"] in (1, 2) and shard > 1:
-        notes.append(f"zero={s['zero']}: FSDP2 always shards weights too; fsdp_reshard_after_forward=\"never\" "
+    if s.zero in (1, 2) and shard > 1:
+        notes.append(f"zero={s.zero}: FSDP2 always shards weights too; fsdp_reshard_after_forward=\"never\" "
                      "keeps them gathered from forward to backward, as ZeRO-1/2 would.")
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
-        "fsdp_reshard_after_forward": "default" if s["zero"] in (0, 3) else "never",
-        "tensor_parallel_degree": s["tp"],
-        "disable_loss_parallel": not (s["tp"] > 1),
-        "enable_async_tensor_parallel": bool(s.get("tp_overlap")) and s["tp"] > 1,
-        "context_parallel_degree": s["cp"],
-        "pipeline_parallel_degree": s["pp"],
+        "fsdp_reshard_after_forward": "default" if s.zero in (0, 3) else "never",
+        "tensor_parallel_degree": s.tp,
+        "disable_loss_parallel": not (s.tp > 1),
+        "enable_async_tensor_parallel": s.tp_overlap and s.tp > 1,
+        "context_parallel_degree": s.cp,
+        "pipeline_parallel_degree": s.pp,
     }
-    if s["pp"] > 1:
-        parallelism["pipeline_parallel_schedule"] = SCHEDULES[s["schedule"]]
-        parallelism["pipeline_parallel_microbatch_size"] = s["mbs"]
+    if s.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = SCHEDULES[s.pipeline_schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = s.mbs
         parallelism["pipeline_parallel_split_points"] = split_points(plan)
         counts = stage_block_counts(plan)
-        if s["vpp"] > 1 and len(set(counts)) > 1:
+        if s.vpp > 1 and len(set(counts)) > 1:
             notes.append(f"The plan's uneven split {'/'.join(map(str, counts))} is replaced by uniform chunks: "
                          "torchtitan's looped schedules need pp*vpp split points.")
         notes.append("Pipeline stages: the first stage also holds tok_embeddings, the last norm and output "
                      "(split points name the block that begins each stage).")
-    parallelism["expert_parallel_degree"] = s["ep"]
-    if not s["sp"] and s["tp"] > 1:
+    parallelism["expert_parallel_degree"] = s.ep
+    if not s.sequence_parallel and s.tp > 1:
         notes.append("sp=off: torchtitan's tensor parallelism always shards norms and dropout along the "
                      "sequence (sequence parallel).")
     sections: dict[str, dict[str, Any]] = {

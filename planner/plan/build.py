@@ -193,7 +193,7 @@ def build_single_plan(job: Job, result: CompileResult, options: CompileOptions) 
         inputs_digest=inputs_digest(job, options),
         options=options.model_dump(mode="json"),
         job=plan_job(job, estimate.num_gpus),
-        strategy=estimate.strategy,
+        strategy=strategy,
         strategy_spec=estimate.strategy_spec,
         layout=_layout(strategy),
         stages=stages,

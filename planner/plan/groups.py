@@ -16,7 +16,7 @@ from planner import __version__
 from planner.cost.groups import group_job
 from planner.job import Job
 from planner.plan.build import build_single_plan, inputs_digest, plan_job, plan_solver, runner_up
-from planner.plan.schema import Plan, PlanGroup, PlanMemory, PlanTime
+from planner.plan.schema import GroupStrategy, Plan, PlanGroup, PlanMemory, PlanTime, ReplicaGroupsStrategy
 from planner.search.result import CompileOptions, CompileResult
 
 
@@ -59,8 +59,9 @@ def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -
         inputs_digest=inputs_digest(job, options),
         options=options.model_dump(mode="json"),
         job=plan_job(job, estimate.num_gpus),
-        strategy={"replica_groups": [{"pool": g.pool, "batch": g.batch, **g.plan.strategy} for g in groups],
-                  "sync_s": estimate.sync_s},
+        strategy=ReplicaGroupsStrategy(
+            replica_groups=[GroupStrategy(pool=g.pool, batch=g.batch, **g.plan.strategy.model_dump()) for g in groups],
+            sync_s=estimate.sync_s),
         strategy_spec=groups_spec(groups),
         layout=None,
         stages=[],

@@ -1,4 +1,4 @@
-"""Atomic output directories (docs: design principle 7, no half-written plan on error).
+"""Atomic output directories (docs/design.md principle 7: no half-written plan on error).
 
 `write_outputs` writes every file into a fresh temporary directory beside the
 target, then renames it into place.  An existing target is replaced only with
@@ -101,7 +101,7 @@ def write_outputs(out_dir: Path, files: dict[str, str | bytes], force: bool = Fa
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise PlannerInputError(f"{out_dir}: cannot create the parent directory ({err.strerror})") from None
-    with _signals_held():  # an interrupt waits until the folder is whole, or gone, and nothing is left beside it
+    with signals_held():  # an interrupt waits until the folder is whole, or gone, and nothing is left beside it
         try:
             staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
         except OSError as err:
@@ -120,8 +120,9 @@ def write_outputs(out_dir: Path, files: dict[str, str | bytes], force: bool = Fa
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while the block runs; a signal that came meanwhile is delivered after it."""
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs; a signal that came meanwhile is delivered after it
+    (also used by the command line while its modules import: see planner/cli/__init__.py)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # Python runs handlers in the main thread only; another thread has nothing to hold back
         return

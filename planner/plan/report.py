@@ -83,7 +83,7 @@ def _why(plan: Plan) -> str:
         where = (placed[0] if len(set(placed)) == 1
                  else "; ".join(f"stage {st.index} {p}" for st, p in zip(plan.stages, placed)))
         sentences.append(f"State placement: {where}." + (" Nothing in the space fits without offload."
-                                                         if s["offload"] != "none" or s.get("stage_offload") else ""))
+                                                         if s.offload != "none" or s.stage_offload else ""))
     if plan.runners_up:
         r = plan.runners_up[0]
         if r.worse_pct < 0.005:
@@ -223,7 +223,7 @@ def _groups(plan: Plan, plots: bool = False) -> list[str]:
         "## Replica groups",
         "",
         "Each pool trains the whole model under its own strategy on its share of the batch; the groups "
-        f"all-reduce their gradients after each step ({plan.strategy['sync_s']:.4f} s, not overlapped).",
+        f"all-reduce their gradients after each step ({plan.strategy.sync_s:.4f} s, not overlapped).",
         "",
         md_table(["pool", "batch", "ranks", "strategy", "step s", "HBM GB peak / capacity"], rows,
                   right=(1, 4)),

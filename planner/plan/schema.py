@@ -6,7 +6,7 @@ every pipeline stage runs (blocks, layers, pools, global ranks and the
 breakdown, the solver's certificate and the runners-up.  Emitters read it;
 `plan_json` writes it; `planner.plan.build` makes it from a compile result.
 
-Determinism (DESIGN.md principle 5): the same inputs give a byte-identical
+Determinism (docs/design.md principle 5): the same inputs give a byte-identical
 plan.json, so nothing here depends on the clock: the solver's wall time is
 left out (the CLI's `--json` output carries it).
 
@@ -25,11 +25,13 @@ from the strides in `layout`.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_serializer, model_validator)
 
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
+from planner.strategy import Strategy
 
 SCHEMA_VERSION = "2"
 
@@ -214,6 +216,54 @@ class PlanRunnerUp(BaseModel):
     tokens_per_s: float = Field(description="Its predicted throughput, tokens per second.")
 
 
+class GroupStrategy(Strategy):
+    """One replica group's strategy: its pool and batch share, then every Strategy field, resolved
+    (plan.json writes pool and batch first)."""
+
+    pool: str = Field(description="The cluster pool the group runs on.")
+    batch: int = Field(gt=0, description="Sequences (samples) per step the group trains on.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GroupStrategy":
+        """The Strategy checks, on the strategy without pool and batch (replaces Strategy._consistent, whose
+        per-stage check re-validates a dump as a plain Strategy)."""
+        try:
+            Strategy.model_validate(self.model_dump(exclude={"pool", "batch"}))
+        except ValidationError as err:
+            raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return self
+
+    @model_serializer(mode="wrap")
+    def _pool_and_batch_first(self, handler) -> dict:
+        data = handler(self)
+        head = {key: data.pop(key) for key in ("pool", "batch") if key in data}
+        return {**head, **data}
+
+
+class ReplicaGroupsStrategy(BaseModel):
+    """The strategy of a replica-group plan: one strategy per pool and the gradient sync between them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    replica_groups: list[GroupStrategy] = Field(description="Each group's pool, batch share and strategy, "
+                                                "pools in cluster order.")
+    sync_s: float = Field(description="Cross-group gradient all-reduce after the groups' steps, seconds.")
+
+
+def _strategy_kind(value) -> str:
+    """Which strategy a plan holds: replica groups have a `replica_groups` key, a single strategy none."""
+    if isinstance(value, dict):
+        return "replica_groups" if "replica_groups" in value else "single"
+    return "replica_groups" if isinstance(value, ReplicaGroupsStrategy) else "single"
+
+
+PlanStrategy = Annotated[
+    Union[Annotated[Strategy, Tag("single")], Annotated[ReplicaGroupsStrategy, Tag("replica_groups")]],
+    Discriminator(_strategy_kind),
+]
+"""A plan's strategy: a Strategy, or replica groups (told apart by the `replica_groups` key; plan.json carries
+no tag)."""
+
+
 class PlanGroup(BaseModel):
     """A replica group: one pool's GPUs, its batch share and its own plan."""
 
@@ -240,7 +290,9 @@ class Plan(BaseModel):
         "inputs_digest; `planner simulate` recomputes the digest from them and the model and cluster it loads. "
         "None in plans written before it was recorded.")
     job: PlanJob = Field(description="The job.")
-    strategy: dict = Field(description="The chosen strategy, every field resolved (as `estimate --json`).")
+    strategy: PlanStrategy = Field(
+        description="The chosen strategy, every field resolved (as `estimate --json`; dp, sp and schedule "
+        "explicit), or for replica groups each group's pool, batch and strategy and the sync between them.")
     strategy_spec: str = Field(description="The chosen strategy as a SPEC string.")
     layout: RankLayout | None = Field(description="Rank order and group construction rules (None for replica "
                                       "groups: each group's plan has its own).")
@@ -252,6 +304,19 @@ class Plan(BaseModel):
     groups: list[PlanGroup] = Field(
         default_factory=list, description="Replica groups (data parallelism across pools, a strategy and batch "
         "share per pool; planner.cost.groups); [] for a single-strategy plan.")
+
+    @field_validator("strategy")
+    @classmethod
+    def _resolved(cls, strategy: Strategy | ReplicaGroupsStrategy) -> Strategy | ReplicaGroupsStrategy:
+        """A single strategy with dp known and sp and schedule written out (what readers of plan.json see)."""
+        if isinstance(strategy, ReplicaGroupsStrategy):
+            return strategy
+        if strategy.dp is None:
+            raise ValueError("a plan's strategy has dp resolved")
+        if strategy.sp is None or strategy.schedule is None:
+            return strategy.model_copy(update={"sp": strategy.sequence_parallel,
+                                               "schedule": strategy.pipeline_schedule})
+        return strategy
 
 
 PlanGroup.model_rebuild()

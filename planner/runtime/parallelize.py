@@ -52,7 +52,6 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.emit.torch import strategy_problem
 from planner.plan.schema import Plan
-from planner.strategy import placement_of
 from planner.runtime.model import Transformer
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -133,10 +132,10 @@ def mesh_shape(plan: Plan) -> dict[str, int]:
     dp_replicate the rest; zero 0 replicates over all of dp.
     """
     s = plan.strategy
-    tp, cp, dp, pp = s["tp"], s["cp"], s["dp"], s["pp"]
-    if s["zero"] == 0:
+    tp, cp, dp, pp = s.tp, s.cp, s.dp, s.pp
+    if s.zero == 0:
         replicate, shard = dp, 1
-    elif s["shard"] == "node":
+    elif s.shard == "node":
         per_node = plan.stages[0].ranks.spans[0].gpus_per_node
         shard = max(1, min(dp, per_node // (tp * cp)))
         if dp % shard:
@@ -197,7 +196,7 @@ def build_schedule(chunks: list[nn.Module], plan: Plan, *, stage_index: int, pp_
     """PipelineStage per chunk and their schedule (1f1b, gpipe or interleaved) over the plan's micro-batches."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    pp, kind = len(plan.stages), plan.strategy.get("schedule", "1f1b")
+    pp, kind = len(plan.stages), plan.strategy.pipeline_schedule
     stages = [PipelineStage(chunk, j * pp + stage_index, pp * len(chunks), device, group=pp_mesh.get_group())
               for j, chunk in enumerate(chunks)]
     m = plan.time.micro_batches
@@ -285,35 +284,35 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
     device = device or torch.device("cpu")
     mesh = device_mesh or build_mesh(plan, device.type)
     rank = dist.get_rank()
-    stage_index = rank // (s["tp"] * s["cp"] * s["dp"])
+    stage_index = rank // (s.tp * s.cp * s.dp)
     out = Parallelized(model=model, mesh=mesh, stage_index=stage_index, num_stages=len(plan.stages),
                        micro_batches=plan.time.micro_batches)
 
     # (1) pipeline split: this rank's stage (its chunks when vpp > 1).
-    chunks = chunk_modules(model, plan, stage_index=stage_index) if s["pp"] > 1 else [model]
+    chunks = chunk_modules(model, plan, stage_index=stage_index) if s.pp > 1 else [model]
     out.model = chunks[0] if len(chunks) == 1 else nn.ModuleList(chunks)
     recompute_per_chunk = plan.stages[stage_index].recompute_blocks // len(chunks)  # the plan counts every block
     shape = mesh_shape(plan)
-    fsdp = s["zero"] >= 1 and shape["dp_shard"] * shape["cp"] > 1
+    fsdp = s.zero >= 1 and shape["dp_shard"] * shape["cp"] > 1
     dp_mesh = _data_parallel_mesh(mesh, shape) if fsdp else None
     for chunk in chunks:
         # (2) tensor parallel (sequence parallel on the norms when sp).
-        if s["tp"] > 1:
-            apply_tp(chunk, tp_mesh=mesh["tp"], sequence_parallel=bool(s.get("sp")))
+        if s.tp > 1:
+            apply_tp(chunk, tp_mesh=mesh["tp"], sequence_parallel=s.sequence_parallel)
         # (3) context parallel attention.
-        if s["cp"] > 1:
+        if s.cp > 1:
             apply_cp(chunk, cp_mesh=mesh["cp"])
         # (4) activation checkpointing on the chunk's first recompute_blocks / vpp blocks.  recompute=selective:
         # SDPA already does not keep the attention scores, which is all selective recomputation
         # (Korthikanti et al. 2022) recomputes.
-        if s["recompute"] == "full":
+        if s.recompute == "full":
             apply_ac(chunk, blocks=recompute_per_chunk)
         # (5) data parallel: FSDP2 over dp_shard x cp for zero >= 1 (HSDP with shard=node).
         if dp_mesh is not None:
             # this stage's own placement (stages may differ: plan.json's stage_offload)
-            offload = placement_of(s, stage_index)["offload"] != "none" and device.type == "cuda"
-            apply_fsdp(chunk, dp_mesh=dp_mesh, reshard_after_forward=s["zero"] == 3, offload=offload)
-    if s["pp"] > 1:
+            offload = s.for_stage(stage_index).offload != "none" and device.type == "cuda"
+            apply_fsdp(chunk, dp_mesh=dp_mesh, reshard_after_forward=s.zero == 3, offload=offload)
+    if s.pp > 1:
         out.stages, out.schedule = build_schedule(chunks, plan, stage_index=stage_index, pp_mesh=mesh["pp"],
                                                   device=device)
     # Without FSDP (zero 0, or one shard per replica) gradients are all-reduced over dp x cp by hand.

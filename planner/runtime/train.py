@@ -84,11 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     model = Transformer(model_config(plan)).to(device)
     par = apply_plan(model, plan, device=device)
     optimizer = torch.optim.AdamW(par.model.parameters(), lr=args.lr)
-    dp_index = (rank // (s["tp"] * s["cp"])) % s["dp"]
-    cp_index = (rank // s["tp"]) % s["cp"]
-    per_replica = plan.job.global_batch // s["dp"]
-    per_cp_rank = plan.job.seq_len // s["cp"]
-    last_stage_ranks = s["tp"] * s["cp"] * s["dp"]
+    dp_index = (rank // (s.tp * s.cp)) % s.dp
+    cp_index = (rank // s.tp) % s.cp
+    per_replica = plan.job.global_batch // s.dp
+    per_cp_rank = plan.job.seq_len // s.cp
+    last_stage_ranks = s.tp * s.cp * s.dp
     losses = []
     for step in range(args.steps):
         tokens, labels = synthetic_batch(step, batch=plan.job.global_batch, seq_len=plan.job.seq_len,

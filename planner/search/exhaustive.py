@@ -1,8 +1,8 @@
 """Brute-force optimum over the compiler's strategy space: a test oracle for small instances.
 
-DESIGN.md principle 2 ("Exact, with a certificate"): on small spaces an exhaustive enumerator over
+docs/design.md principle 2 ("Exact, with a certificate"): on small spaces an exhaustive enumerator over
 the same `evaluate` must find the optimum the CP-SAT compiler certifies.  This is that enumerator.
-It shares only the space with the compiler (`global_configs` and solve.py's offload fallback),
+It shares only the space with the compiler (`global_configs` and planner/search/compile.py's offload fallback),
 builds no tables and no program, and scores every complete strategy with `evaluate`:
 
 * every global configuration of `global_configs(job, space)`;

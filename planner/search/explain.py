@@ -1,4 +1,4 @@
-"""Why nothing fits, and the smallest change that would (DESIGN.md principle 6).
+"""Why nothing fits, and the smallest change that would (docs/design.md principle 6).
 
 When `compile_job` finds no strategy that fits, `explain_infeasible` scores
 the most memory-friendly strategies with the cost model (`evaluate`): the

@@ -24,7 +24,6 @@ from planner.plan.build import inputs_digest
 from planner.plan.schema import Plan
 from planner.simulate.result import TOLERANCE, SimulationResult, summarize
 from planner.simulate.simulator import SimulationRun, simulate
-from planner.strategy import Strategy
 
 EMBEDDING_SCHEMA = "planner.embedding-plan/1"
 
@@ -118,9 +117,8 @@ def plan_runs(plan: Plan, job: Job, catalog: Catalog | None = None) -> tuple[lis
     """(pool, batch, run) of every strategy in the plan, and the cross-group sync seconds."""
     catalog = catalog or load_catalog()
     if not plan.groups:
-        return [(None, job.global_batch, simulate(job, Strategy.model_validate(plan.strategy), catalog))], 0.0
-    runs = [(g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), Strategy.model_validate(g.plan.strategy),
-                                       catalog))
+        return [(None, job.global_batch, simulate(job, plan.strategy, catalog))], 0.0
+    runs = [(g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), g.plan.strategy, catalog))
             for g in plan.groups]
     return runs, sync_seconds(job, [g.pool for g in plan.groups], catalog)
 

@@ -1,6 +1,6 @@
 """Work items of the simulation, priced by the analytic model's own functions.
 
-Every second and byte here comes from `planner.cost` (DESIGN.md principle 1):
+Every second and byte here comes from `planner.cost` (docs/design.md principle 1):
 `layer_time` and `layer_comm` per layer, `stage_cost` per stage (p2p,
 data-parallel totals, optimizer, offload, memory).  The simulator only
 changes *when* work happens, never how long it takes, so any difference from

@@ -46,7 +46,7 @@ from planner.sweep.tasks import SweepTask
 StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + RECSYS_BASELINES))]  # type: ignore[valid-type]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]  # strict: YAML "64" or true is a mistake, not 64 or 1
 # Scenarios (grid points plus extra scenarios) a sweep runs without `--yes`: beyond it the grid is most
-# likely a typo, and its rows, tables and figures would take hours and gigabytes (README, planner sweep).
+# likely a typo, and its rows, tables and figures would take hours and gigabytes (docs/cli.md, planner sweep).
 MAX_SCENARIOS = 10_000
 
 
