@@ -16,7 +16,7 @@ from models.graph import EmbeddingTable
 from models.recsys import DLRMConfig, build_dlrm
 from conftest import make_job  # the shared job factory
 from planner.embedding.compile import compile_embedding, placements_of, space_options
-from planner.embedding.evaluate import EmbeddingModel, TablePlacement
+from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.exhaustive import exhaustive_sharding
 from planner.embedding.greedy import torchrec_greedy
 from planner.embedding.options import ShardingType, TableOption, generalized_harmonic, table_options, zipf_hit_rate
@@ -58,7 +58,7 @@ def test_zipf_hit_rate_is_the_cached_share_of_accesses():
 def test_table_wise_lookup_time_from_first_principles():
     table = EmbeddingTable(rows=1_000_000, dim=64, pooling_factor=4.0)
     job = _job([table], batch=8192)
-    model = EmbeddingModel(job)
+    model = EmbeddingCostModel(job)
     catalog = load_catalog()
     unit = model.costs.unit(0, TableOption(ShardingType.TABLE_WISE), 0)
     device = catalog.device("cpu")
@@ -73,7 +73,7 @@ def test_table_wise_lookup_time_from_first_principles():
 
 def test_caching_trades_hbm_for_host_lookups():
     table = EmbeddingTable(rows=10_000_000, dim=32, pooling_factor=8.0, zipf_alpha=1.1)
-    model = EmbeddingModel(_job([table]))
+    model = EmbeddingCostModel(_job([table]))
     full = model.costs.unit(0, TableOption(ShardingType.TABLE_WISE, cache=1.0), 0)
     cached = model.costs.unit(0, TableOption(ShardingType.TABLE_WISE, cache=0.1), 0)
     assert cached.hbm_bytes < full.hbm_bytes / 5
@@ -83,7 +83,7 @@ def test_caching_trades_hbm_for_host_lookups():
 
 def test_evaluate_reports_what_does_not_fit():
     big = EmbeddingTable(rows=200_000_000, dim=32)  # 25.6 GB, the cpu device has 16 GB
-    model = EmbeddingModel(_job([big]))
+    model = EmbeddingCostModel(_job([big]))
     estimate = model.evaluate([TablePlacement(0, TableOption(ShardingType.TABLE_WISE), (0,))])
     assert not estimate.fits
     assert "rank 0" in estimate.problems[0] and "over by" in estimate.problems[0]
@@ -110,7 +110,7 @@ tables_strategy = st.lists(
 @given(tables=tables_strategy, batch=st.sampled_from([1024, 16384]))
 def test_program_optimum_equals_exhaustive_optimum(tables, batch):
     job = _job(tables, batch=batch)
-    model = EmbeddingModel(job)
+    model = EmbeddingCostModel(job)
     try:
         space = space_options(model)
     except InfeasibleError:
@@ -138,7 +138,7 @@ def test_compiled_plan_never_worse_than_torchrec_greedy(tables):
     try:
         result = compile_embedding(job, time_limit=5)
     except InfeasibleError:
-        assert torchrec_greedy(EmbeddingModel(job)) is None
+        assert torchrec_greedy(EmbeddingCostModel(job)) is None
         return
     if result.baseline is not None and result.baseline.fits:
         assert result.estimate.step_time_s <= result.baseline.step_time_s * (1 + 1e-12)
@@ -192,9 +192,9 @@ def test_access_histogram_sets_the_hit_rate():
     assert table_hit_rate(table, 0.25) == pytest.approx(0.70)
     assert table_hit_rate(table, 0.375) == pytest.approx(0.70 + 0.5 * 0.15)
     assert table_hit_rate(table, 1.0) == 1.0 and table_hit_rate(table, 0.0) == 0.0
-    model = EmbeddingModel(_job([table]))
+    model = EmbeddingCostModel(_job([table]))
     skewed = model.costs.unit(0, TableOption(ShardingType.TABLE_WISE, cache=0.25), 0)
-    flat = EmbeddingModel(_job([EmbeddingTable(rows=4_000_000, dim=32, access_histogram=[1.0] * 4)]))
+    flat = EmbeddingCostModel(_job([EmbeddingTable(rows=4_000_000, dim=32, access_histogram=[1.0] * 4)]))
     assert skewed.lookup_s < flat.costs.unit(0, TableOption(ShardingType.TABLE_WISE, cache=0.25), 0).lookup_s
     with pytest.raises(ValueError):
         EmbeddingTable(rows=10, dim=4, access_histogram=[-1.0, 2.0])

@@ -264,14 +264,14 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
 
 def _estimate_embedding(job: Job, spec: str, sharding_file: Path | None, as_json: bool) -> None:
     """estimate for a recommendation model: the embedding cost model on a uniform SPEC or a plan file."""
-    from planner.embedding.evaluate import EmbeddingModel
+    from planner.embedding.evaluate import EmbeddingCostModel
     from planner.embedding.report import estimate_summary
     from planner.embedding.spec import file_placements, parse_embedding_spec, uniform_placements
 
     if sharding_file is not None and spec.strip():
         raise InputError(f"--strategy {spec!r} and --sharding {sharding_file}: give one (the file holds every "
                          "table's sharding)")
-    model = EmbeddingModel(job)
+    model = EmbeddingCostModel(job)
     if sharding_file is not None:
         placements = file_placements(model, sharding_file)
     else:

@@ -13,7 +13,7 @@ from hardware import load_cluster
 from models import load_model
 from planner.cli import render
 from planner.cli.options import job_options, json_option, user_errors
-from planner.compare.table import DENSE_BASELINES, RECSYS_BASELINES, compare
+from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, compare
 from planner.job import Job
 from planner.plan.output import check_file_target, write_file
 
@@ -37,7 +37,7 @@ def _text(rows) -> str:
 @click.argument("model")
 @click.argument("cluster")
 @job_options
-@click.option("--only", "only", multiple=True, type=click.Choice(sorted(set(DENSE_BASELINES + RECSYS_BASELINES))),
+@click.option("--only", "only", multiple=True, type=click.Choice(sorted(set(DENSE_BASELINES + EMBEDDING_BASELINES))),
               help="Score only these strategies (repeatable).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               metavar="SEC", help="Search budget of each compiled row.")

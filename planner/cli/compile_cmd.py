@@ -22,7 +22,7 @@ from hardware.topology import ClusterFile
 from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
-from planner.cli.compile_recsys import compile_recsys
+from planner.cli.compile_embedding import run_embedding_compile
 from planner.cli.options import Infeasible, job_options, json_option, output_dir_path, user_errors
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
@@ -135,7 +135,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
               precision=precision, flash_attention=flash_attention)
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
-        compile_recsys(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,
+        run_embedding_compile(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,
                        progress=_progress(progress), as_json=as_json, targets=chosen)
         return
     if embedding_planner != "planner":

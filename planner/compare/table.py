@@ -144,13 +144,13 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
 
 DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "metis", "planner")
 MIXED_CLUSTER_ONLY = ("metis",)  # left out on one-pool clusters, where they have nothing to decide
-RECSYS_BASELINES = ("torchrec-greedy", "planner")
+EMBEDDING_BASELINES = ("torchrec-greedy", "planner")
 
 
 def baselines_for(job: Job) -> tuple[str, ...]:
     """The strategies that apply to the job's model and cluster."""
     if job.model.family == "recsys":
-        return RECSYS_BASELINES
+        return EMBEDDING_BASELINES
     if len(job.cluster.pools) < 2:
         return tuple(name for name in DENSE_BASELINES if name not in MIXED_CLUSTER_ONLY)
     return DENSE_BASELINES

@@ -17,7 +17,7 @@ from planner.embedding.relaxed import RelaxedCoefficients
 
 
 def lp_bound(coefficients: RelaxedCoefficients) -> float:
-    """Seconds no sharding beats on the embedding terms (add EmbeddingModel.fixed_seconds); -inf if GLOP fails,
+    """Seconds no sharding beats on the embedding terms (add EmbeddingCostModel.fixed_seconds); -inf if GLOP fails,
     inf if even the fractional choice overflows the summed capacities."""
     c = coefficients
     solver = pywraplp.Solver.CreateSolver("GLOP")

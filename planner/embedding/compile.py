@@ -25,7 +25,7 @@ from typing import Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog
-from planner.embedding.evaluate import GB, EmbeddingEstimate, EmbeddingModel, TablePlacement
+from planner.embedding.evaluate import GB, EmbeddingEstimate, EmbeddingCostModel, TablePlacement
 from planner.embedding.greedy import partition, torchrec_greedy
 from planner.embedding.bound import lp_bound
 from planner.embedding.heuristic import price_directed_choice
@@ -87,12 +87,12 @@ class EmbeddingCompileResult(BaseModel):
 
 
 def placements_of(result: EmbeddingCompileResult) -> list[TablePlacement]:
-    """The result's tables as placements for `EmbeddingModel.evaluate`."""
+    """The result's tables as placements for `EmbeddingCostModel.evaluate`."""
     return [TablePlacement(c.table, TableOption(c.sharding_type, c.column_shards, c.cache_fraction), tuple(c.ranks))
             for c in result.tables]
 
 
-def space_options(model: EmbeddingModel) -> list[list[TableOption]]:
+def space_options(model: EmbeddingCostModel) -> list[list[TableOption]]:
     """Every table's options whose single unit fits some rank's HBM and some node's host DRAM."""
     sites = model.sites
     pools = range(len(model.job.cluster.pools))
@@ -113,7 +113,7 @@ def space_options(model: EmbeddingModel) -> list[list[TableOption]]:
     return space
 
 
-def _table_infeasible(model: EmbeddingModel, t: int, hbm: float, host: float) -> str:
+def _table_infeasible(model: EmbeddingCostModel, t: int, hbm: float, host: float) -> str:
     table = model.costs.tables[t]
     size = table.rows * table.dim * table.bytes_per_element
     return (f"{model.costs.layers[t].name} ({table.rows:,} rows x {table.dim}, {size / GB:.1f} GB) fits no "
@@ -121,19 +121,19 @@ def _table_infeasible(model: EmbeddingModel, t: int, hbm: float, host: float) ->
             f"DRAM; add nodes (row-wise sharding spreads it) or GPUs with more memory")
 
 
-def _choices(model: EmbeddingModel, placements: list[TablePlacement]) -> list[TableChoice]:
+def _choices(model: EmbeddingCostModel, placements: list[TablePlacement]) -> list[TableChoice]:
     return [TableChoice(table=p.table, name=model.costs.layers[p.table].name, sharding_type=p.option.kind,
                         column_shards=p.option.shards, cache_fraction=p.option.cache, ranks=list(p.ranks))
             for p in sorted(placements, key=lambda p: p.table)]
 
 
-def _placement_variables(model: EmbeddingModel, space: list[list[TableOption]]) -> int:
+def _placement_variables(model: EmbeddingCostModel, space: list[list[TableOption]]) -> int:
     per = {ShardingType.TABLE_WISE: model.sites.world, ShardingType.COLUMN_WISE: model.sites.world,
            ShardingType.TABLE_ROW_WISE: model.sites.num_nodes}
     return sum(per.get(o.kind, 0) for options in space for o in options)
 
 
-def _not_fitting(model: EmbeddingModel, space: list[list[TableOption]]) -> str:
+def _not_fitting(model: EmbeddingCostModel, space: list[list[TableOption]]) -> str:
     gpn = model.sites.node_spec(0).gpus_per_node
     smallest_hbm = sum(min(model.costs.unit(t, o, 0).hbm_bytes * o.unit_count(model.sites.world, gpn) for o in opts)
                        for t, opts in enumerate(space))
@@ -149,7 +149,7 @@ def compile_embedding(job: Job, *, strategy: EmbeddingStrategyName = "planner", 
                       progress: Callable[[str], None] | None = None) -> EmbeddingCompileResult:
     """Plan the tables of a recommendation job (see the module docstring)."""
     start = clock.perf_counter()
-    model = EmbeddingModel(job, catalog)
+    model = EmbeddingCostModel(job, catalog)
     world = model.sites.world
     if not model.costs.tables:
         raise PlannerInputError(f"model {job.model.name} has no embedding tables to shard")
@@ -222,7 +222,7 @@ def compile_embedding(job: Job, *, strategy: EmbeddingStrategyName = "planner", 
                    sum(map(len, space)), estimate)
 
 
-def _result(model: EmbeddingModel, strategy: EmbeddingStrategyName, placements: list[TablePlacement],
+def _result(model: EmbeddingCostModel, strategy: EmbeddingStrategyName, placements: list[TablePlacement],
             baseline: EmbeddingEstimate | None, status: str, form: str, bound: float, start: float,
             options: int, estimate: EmbeddingEstimate | None = None) -> EmbeddingCompileResult:
     estimate = estimate or model.evaluate(placements)

@@ -104,7 +104,7 @@ class EmbeddingEstimate(BaseModel):
     nodes: list[NodeHost] = Field(description="Per-node host DRAM.")
 
 
-class EmbeddingModel:
+class EmbeddingCostModel:
     """The cost model of a recommendation job: unit costs plus the dense part."""
 
     def __init__(self, job: Job, catalog: Catalog | None = None):
@@ -215,7 +215,7 @@ class EmbeddingModel:
         )
 
 
-def placement_ranks(option: TableOption, model: EmbeddingModel, target: tuple[int, ...]) -> tuple[int, ...]:
+def placement_ranks(option: TableOption, model: EmbeddingCostModel, target: tuple[int, ...]) -> tuple[int, ...]:
     """Ranks holding units of a table under `option`: `target` is the ranks (table/column-wise) or
     a one-element tuple with the node (table-row-wise); row-wise and data-parallel use every rank."""
     if option.kind in ALL_RANKS:

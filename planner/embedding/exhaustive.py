@@ -3,7 +3,7 @@
 Every table takes every option of the space and every placement of its units
 (table-wise: each rank; column-wise: each set of k distinct ranks;
 table-row-wise: each node; row-wise and data-parallel: all ranks), and every
-combination is scored by `EmbeddingModel.evaluate`.  No tables, no program: an
+combination is scored by `EmbeddingCostModel.evaluate`.  No tables, no program: an
 independent path to the optimum of the same cost model.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import itertools
 
-from planner.embedding.evaluate import EmbeddingEstimate, EmbeddingModel, TablePlacement
+from planner.embedding.evaluate import EmbeddingEstimate, EmbeddingCostModel, TablePlacement
 from planner.embedding.options import ALL_RANKS, ShardingType, TableOption
 
 MAX_COMBINATIONS = 2_000_000
 
 
-def table_placements(model: EmbeddingModel, t: int, option: TableOption) -> list[TablePlacement]:
+def table_placements(model: EmbeddingCostModel, t: int, option: TableOption) -> list[TablePlacement]:
     """Every placement of table t under `option`."""
     sites = model.sites
     if option.kind in ALL_RANKS:
@@ -27,7 +27,7 @@ def table_placements(model: EmbeddingModel, t: int, option: TableOption) -> list
     return [TablePlacement(t, option, ranks) for ranks in itertools.combinations(range(sites.world), option.shards)]
 
 
-def exhaustive_sharding(model: EmbeddingModel, space: list[list[TableOption]]
+def exhaustive_sharding(model: EmbeddingCostModel, space: list[list[TableOption]]
                         ) -> tuple[EmbeddingEstimate, list[TablePlacement]] | None:
     """The fastest fitting sharding in `space` (first in enumeration order on ties), or None."""
     per_table = [[p for option in options for p in table_placements(model, t, option)]

@@ -16,11 +16,11 @@ reaches a partitionable proposal in fewer rounds).
 
 from __future__ import annotations
 
-from planner.embedding.evaluate import EmbeddingModel, TablePlacement
+from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.options import ALL_RANKS, TORCHREC_CACHE_LEVELS, ShardingType, TableOption, table_options
 
 
-def option_perf(model: EmbeddingModel, t: int, option: TableOption) -> float:
+def option_perf(model: EmbeddingCostModel, t: int, option: TableOption) -> float:
     """TorchRec's ranking key: the option's total seconds over all its shards (first pool's rates)."""
     world = model.sites.world
     unit = model.costs.unit(t, option, 0)
@@ -29,7 +29,7 @@ def option_perf(model: EmbeddingModel, t: int, option: TableOption) -> float:
     return count * (unit.lookup_s + unit.send_s) + world * model.costs.receive_s(t, option, 0) + sync
 
 
-def option_hbm(model: EmbeddingModel, t: int, option: TableOption) -> float:
+def option_hbm(model: EmbeddingCostModel, t: int, option: TableOption) -> float:
     """HBM bytes of one unit on a rank of the first pool."""
     return model.costs.unit(t, option, 0).hbm_bytes
 
@@ -37,7 +37,7 @@ def option_hbm(model: EmbeddingModel, t: int, option: TableOption) -> float:
 class Partitioner:
     """Greedy placement of chosen options onto ranks under HBM and host-DRAM capacities."""
 
-    def __init__(self, model: EmbeddingModel):
+    def __init__(self, model: EmbeddingCostModel):
         self.model = model
         sites = model.sites
         self.pools = range(len(model.job.cluster.pools))
@@ -92,7 +92,7 @@ class Partitioner:
         return self._take(t, option, units, tuple(chosen))
 
 
-def partition(model: EmbeddingModel, choice: dict[int, TableOption], failed: list[int] | None = None
+def partition(model: EmbeddingCostModel, choice: dict[int, TableOption], failed: list[int] | None = None
               ) -> list[TablePlacement] | None:
     """Place every table's chosen option, largest perf first (GreedyPerfPartitioner); None if any fails
     (its table is appended to `failed` when given)."""
@@ -109,7 +109,7 @@ def partition(model: EmbeddingModel, choice: dict[int, TableOption], failed: lis
     return sorted(placements, key=lambda p: p.table)
 
 
-def torchrec_greedy(model: EmbeddingModel, cache_levels: tuple[float, ...] = TORCHREC_CACHE_LEVELS
+def torchrec_greedy(model: EmbeddingCostModel, cache_levels: tuple[float, ...] = TORCHREC_CACHE_LEVELS
                     ) -> list[TablePlacement] | None:
     """The TorchRec-style plan: best-perf options, relieved one table at a time until they partition."""
     sites = model.sites
@@ -141,7 +141,7 @@ def torchrec_greedy(model: EmbeddingModel, cache_levels: tuple[float, ...] = TOR
     return None
 
 
-def _relief(model: EmbeddingModel, ranked: list[list[TableOption]], position: list[int], t: int) -> int | None:
+def _relief(model: EmbeddingCostModel, ranked: list[list[TableOption]], position: list[int], t: int) -> int | None:
     """Index of table t's next option (in perf order) that needs less HBM than its current one."""
     now = option_hbm(model, t, ranked[t][position[t]])
     return next((i for i in range(position[t] + 1, len(ranked[t])) if option_hbm(model, t, ranked[t][i]) < now), None)

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.embedding.compile import EmbeddingCompileResult, EmbeddingStrategyName
-from planner.embedding.evaluate import EmbeddingEstimate, EmbeddingModel
+from planner.embedding.evaluate import EmbeddingEstimate, EmbeddingCostModel
 from planner.embedding.sharding_plan import ShardingPlanFile, sharding_plan
 from planner.job import Job
 from planner.plan.build import inputs_digest, plan_job
@@ -60,7 +60,7 @@ class EmbeddingPlan(BaseModel):
 
 def build_embedding_plan(job: Job, result: EmbeddingCompileResult, options: EmbeddingCompileOptions) -> EmbeddingPlan:
     """The plan document of an embedding compile."""
-    model = EmbeddingModel(job)
+    model = EmbeddingCostModel(job)
     cert = result.certificate
     return EmbeddingPlan(
         inputs_digest=inputs_digest(job, options), job=plan_job(job, model.sites.world), strategy=result.strategy,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.embedding.evaluate import EmbeddingModel, TablePlacement
+from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.options import ALL_RANKS, ShardingType, TableOption
 from planner.embedding.relaxed import RelaxedCoefficients
 
@@ -49,7 +49,7 @@ class ProgramResult:
 class ShardingProgram:
     """Variables, constraints and objective of one sharding program."""
 
-    def __init__(self, model: EmbeddingModel, options: list[list[TableOption]], *, relaxed: bool,
+    def __init__(self, model: EmbeddingCostModel, options: list[list[TableOption]], *, relaxed: bool,
                  coefficients: RelaxedCoefficients | None = None):
         self.model, self.options, self.relaxed = model, options, relaxed
         self.cp = cp_model.CpModel()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import replace
 
-from planner.embedding.evaluate import EmbeddingModel, TablePlacement
+from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.options import ALL_RANKS, ShardingType
 
 MAX_MOVES = 4000
@@ -31,7 +31,7 @@ def _max_without(top: list[tuple[float, int]], a: int, b: int, va: float, vb: fl
 
 
 class _State:
-    def __init__(self, model: EmbeddingModel, placements: list[TablePlacement]):
+    def __init__(self, model: EmbeddingCostModel, placements: list[TablePlacement]):
         self.model = model
         sites, costs = model.sites, model.costs
         world = sites.world
@@ -113,7 +113,7 @@ class _State:
         self.on_rank[b].add(p.table)
 
 
-def refine(model: EmbeddingModel, placements: list[TablePlacement], max_moves: int = MAX_MOVES
+def refine(model: EmbeddingCostModel, placements: list[TablePlacement], max_moves: int = MAX_MOVES
            ) -> list[TablePlacement]:
     """A placement at least as fast as `placements` under the cost model (same options)."""
     state = _State(model, placements)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.embedding.evaluate import EmbeddingModel
+from planner.embedding.evaluate import EmbeddingCostModel
 from planner.embedding.options import ALL_RANKS, ShardingType, TableOption
 
 
@@ -19,7 +19,7 @@ class RelaxedCoefficients:
     """Coefficients of every (table, option) of the relaxed program, padded to a rectangle (`valid` marks
     the real entries); seconds, bytes, and the summed capacities they are held to."""
 
-    def __init__(self, model: EmbeddingModel, space: list[list[TableOption]]):
+    def __init__(self, model: EmbeddingCostModel, space: list[list[TableOption]]):
         world = model.sites.world
         pools = range(len(model.job.cluster.pools))
         gpn = min(model.sites.node_spec(p).gpus_per_node for p in pools)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.embedding.evaluate import EmbeddingModel, TablePlacement, placement_ranks
+from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement, placement_ranks
 from planner.embedding.greedy import partition
 from planner.embedding.options import ShardingType, TableOption
 from planner.embedding.plan_check import read_sharding_file
@@ -48,7 +48,7 @@ def parse_embedding_spec(spec: str) -> TableOption:
     return TableOption(kind, shards, cache)
 
 
-def uniform_placements(model: EmbeddingModel, option: TableOption) -> list[TablePlacement]:
+def uniform_placements(model: EmbeddingCostModel, option: TableOption) -> list[TablePlacement]:
     """Every table under `option`: placed greedily, or round-robin when the greedy placement overflows."""
     tables = range(len(model.costs.tables))
     for t in tables:
@@ -69,7 +69,7 @@ def uniform_placements(model: EmbeddingModel, option: TableOption) -> list[Table
     return out
 
 
-def file_placements(model: EmbeddingModel, path: Path) -> list[TablePlacement]:
+def file_placements(model: EmbeddingCostModel, path: Path) -> list[TablePlacement]:
     """The placements of a sharding_plan.json (or a plan.json holding one), checked against the model and
     the cluster first (planner/embedding/plan_check.py: one line naming the file, table and field)."""
     names = [layer.name for layer in model.costs.layers]

@@ -38,12 +38,12 @@ from hardware import Cluster, HardwareInputError, load_cluster
 from models import ModelInputError, load_model
 from models.graph import ModelGraph
 from models.spec import read_mapping
-from planner.compare.table import DENSE_BASELINES, RECSYS_BASELINES, baselines_for
+from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
 from planner.sweep.tasks import SweepTask
 
-StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + RECSYS_BASELINES))]  # type: ignore[valid-type]
+StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES))]  # type: ignore[valid-type]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]  # strict: YAML "64" or true is a mistake, not 64 or 1
 # Scenarios (grid points plus extra scenarios) a sweep runs without `--yes`: beyond it the grid is most
 # likely a typo, and its rows, tables and figures would take hours and gigabytes (docs/cli.md, planner sweep).

@@ -24,8 +24,8 @@ from planner.plan.output import write_outputs
 from planner.plan.plots import RANKS_PNG, ranks_png
 
 
-def compile_recsys(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,
-                   force: bool, progress, as_json: bool, targets: tuple[str, ...]) -> None:
+def run_embedding_compile(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,
+                          force: bool, progress, as_json: bool, targets: tuple[str, ...]) -> None:
     """Plan the tables of `job`, then print and write as `compile` does for dense models."""
     options = EmbeddingCompileOptions(strategy=strategy, time_limit=time_limit)
     try:
