@@ -8,7 +8,6 @@ import csv
 import io
 import itertools
 import textwrap
-import time
 import tracemalloc
 
 import pytest
@@ -52,9 +51,7 @@ def test_the_limit_is_documented():
 def test_a_large_grid_is_refused_fast_without_yes(tmp_path, clusters, batches, seq_lens, count):
     path = write(tmp_path, grid(clusters, batches, seq_lens))
     tracemalloc.start()
-    start = time.perf_counter()
     result = CliRunner().invoke(cli, ["sweep", str(path), "-o", str(tmp_path / "out")])
-    elapsed = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert result.exit_code == 2, result.output
@@ -64,22 +61,20 @@ def test_a_large_grid_is_refused_fast_without_yes(tmp_path, clusters, batches, s
     assert lines[0].startswith(f"Error: {path}: {count} scenarios ({axes}) exceed the limit of 10,000; "
                                "pass --yes"), lines[0]
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
-    assert elapsed < 10 and peak < 50e6, (elapsed, peak)  # nothing was expanded
+    assert peak < 50e6, peak  # nothing was expanded (memory, not seconds: the machine may be loaded)
 
 
 def test_yes_counts_the_tasks_without_building_them(tmp_path):
     path = write(tmp_path, grid(20, 100, 10))
     tracemalloc.start()
-    start = time.perf_counter()
     tasks = plan_sweep(path, yes=True)
     first = list(itertools.islice(tasks, 3))
-    elapsed = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(tasks) == 20_000 and tasks.scenarios == 20_000
     assert [(t.index, t.scenario, t.cluster, t.batch, t.seq_len) for t in first] == [
         (0, 0, "cpu:1", 8, 64), (1, 1, "cpu:1", 8, 65), (2, 2, "cpu:1", 8, 66)]
-    assert elapsed < 20 and peak < 100e6, (elapsed, peak)
+    assert peak < 100e6, peak
 
 
 def test_scenario_count_multiplies_distinct_axis_values_and_adds_points_off_the_grid(tmp_path):
