@@ -44,17 +44,28 @@ def guarded(run: Callable[[], Any]) -> Any:
     except ValueError:  # not the main thread (an embedding application): leave its handlers alone
         pass
     try:
-        return run()
+        try:
+            return run()
+        finally:
+            # the command is done (or failing): a signal from here on must not turn a finished run into a
+            # death by SIGINT during interpreter shutdown; one that lands before this line is caught below
+            _ignore_signals()
     except KeyboardInterrupt:  # while the modules load, before click runs
         _leave(interrupted_by_sigint())
     except Interrupted as err:
         _leave(err)
 
 
+def _ignore_signals() -> None:
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: its handlers are not ours to change
+        pass
+
+
 def _leave(err: Interrupted) -> NoReturn:
-    # Further signals while exiting must not print a traceback either.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _ignore_signals()  # further signals while exiting must not print a traceback either
     try:
         sys.stderr.write(f"Error: interrupted ({err.signal_name}); no output folder was left half-written\n")
         sys.stderr.flush()
