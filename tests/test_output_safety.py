@@ -151,11 +151,17 @@ def test_write_file_maps_os_errors_to_one_line(tmp_path):
 # ---------------------------------------------------------------- signals
 
 
+def _default_sigint() -> None:
+    # A shell that starts the suite in the background hands its children SIGINT ignored, and Python then
+    # never installs its handler: give the child the disposition a terminal's Ctrl-C meets.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(tmp_path: Path, delay: float, signum: int) -> tuple[int, str]:
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "planner", "compile", "llama3-70b", "dgx-h100:4", "-b", "256",
                              "-s", "4096", "-o", str(out)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     time.sleep(delay)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
@@ -193,5 +199,6 @@ def test_sigint_still_reaches_python_after_a_cp_sat_solve():
             "    import time; time.sleep(5)\n"
             "except KeyboardInterrupt:\n"
             "    print('caught')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_default_sigint)
     assert done.returncode == 0 and done.stdout.strip().endswith("caught"), (done.returncode, done.stderr[-2000:])
