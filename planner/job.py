@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from hardware import Cluster
 from models.graph import ModelGraph
+from planner.profile import RuntimeProfile, load_runtime
 
 Precision = Literal["bf16", "fp16", "fp8"]
 
@@ -29,8 +30,14 @@ class Job(BaseModel):
     )
     fused_kernels: bool = Field(
         True,
-        description="Element-wise work runs in fused kernels (Megatron/Transformer Engine fusions or "
-        "torch.compile); False for eager PyTorch, whose unfused kernels move more bytes.",
+        description="Element-wise work may run in fused kernels (Megatron/Transformer Engine fusions or "
+        "torch.compile) where the runtime has them; False forces eager PyTorch's unfused kernels.",
+    )
+    runtime: RuntimeProfile = Field(
+        default_factory=load_runtime,
+        description="The framework that runs the job (planner/profile.py): its memory layout, overlap, kernels "
+        "and the strategies it can express.  Default: the reference runtime (every strategy expressible; the "
+        "command line defaults to planner's own torch runtime).",
     )
 
     @field_validator("seq_len")
@@ -54,6 +61,22 @@ class Job(BaseModel):
                     raise ValueError(f"--precision fp8 needs FP8 hardware: device {pool.node.device} (pool "
                                      f"{pool.name}) has none in the hardware catalog; use --precision bf16")
         return precision
+
+    def on(self, runtime: RuntimeProfile | None) -> "Job":
+        """This job as `runtime` runs it (itself when `runtime` is None or already its runtime)."""
+        if runtime is None or runtime == self.runtime:
+            return self
+        return self.model_copy(update={"runtime": runtime})
+
+    @property
+    def flash(self) -> bool:
+        """Fused flash attention in effect: the job allows it and the runtime has it."""
+        return self.flash_attention and self.runtime.kernels.flash_attention
+
+    @property
+    def fused(self) -> bool:
+        """Fused element-wise kernels in effect: the job allows them and the runtime has them."""
+        return self.fused_kernels and self.runtime.kernels.fused_elementwise
 
     @property
     def tokens_per_step(self) -> int:

@@ -4,7 +4,7 @@ The layers, lowest first (a module may import its own layer's package and any lo
 that share a layer know nothing of each other):
 
     models | hardware        the workload and the machine, independent of each other and of planner
-    planner core             errors, job, strategy, validation (and planner.__version__)
+    planner core             errors, job, profile, strategy, validation (and planner.__version__)
     planner.cost             evaluate(job, strategy): the one cost model
     planner.search           space, cost tables, CP-SAT programs, branch and bound, certificate
     planner.plan             plan.json, report.md and its figures, the atomic output folder
@@ -28,7 +28,7 @@ import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("models", "hardware", "planner")
-CORE = ("planner", "planner.errors", "planner.job", "planner.strategy", "planner.validation")
+CORE = ("planner", "planner.errors", "planner.job", "planner.profile", "planner.strategy", "planner.validation")
 LAYERS: list[tuple[str, ...]] = [
     ("models", "hardware"),
     CORE,

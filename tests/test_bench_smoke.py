@@ -87,6 +87,40 @@ def test_compiled_plan_matches_published_mbs6_row(published_runs):
     assert row.ratio >= 0.999, (row.ratio, row.result.strategy.spec())
 
 
+def test_published_runs_every_row_renders_with_runtime_summaries(published_runs):
+    results = published_runs.run("all")
+    assert {r.case.row["tier"] for r in results} >= {"A", "B"}
+    assert all(r.case.job.runtime.name == r.case.row["runtime"] for r in results)
+    out = io.StringIO()
+    published_runs.print_table(results, out=out)
+    text = out.getvalue()
+    assert "tokens/s per GPU error by runtime" in text and "peak HBM per GPU error by runtime" in text
+    summary = text[text.index("tokens/s per GPU error by runtime"):]
+    for runtime in {r.case.runtime for r in results if r.error is not None}:
+        assert f"\n{runtime} " in summary, runtime
+    for label in ("< 200", "201-232"):
+        assert f"all{' ' * 20}{label}" in summary, label
+    peaks = [r for r in results if r.case.published_peak_gib is not None]
+    assert peaks and all(r.memory_error is not None for r in peaks)
+
+
+def test_published_runs_pipelined_fsdp_row(published_runs):
+    # FSDP x TP x PP under torchtitan (Llama 3.1 405B: 126 blocks, not a multiple of pp * vpp = 16)
+    base = next(row for row in published_runs.read_rows("all") if row["id"] == "212")
+    row = dict(base, id="240", model="Llama 3.1 405B (torchtitan FSDP8 x TP8 x PP8)", layers="126",
+               hidden="16384", heads="128", kv_heads="8", ffn="53248", vocab="128256", seq_len="8192",
+               global_batch_seqs="64", micro_batch="1", gpu_type="H100 80GB", num_gpus="512", tp="8", pp="8", dp="8",
+               seq_parallel="yes", pp_schedule="Interleaved 1F1B", vpp_chunks="2", act_recompute="full",
+               runtime="torchtitan")
+    case = published_runs.build_case(row)
+    s = case.strategy
+    assert (s.tp, s.pp, s.dp, s.vpp, s.zero) == (8, 8, 8, 2, 3)
+    assert sum(s.split) == 126
+    estimate = published_runs.evaluate(case.job, s)
+    assert estimate.memory.fits and estimate.tokens_per_s_per_gpu > 0
+    assert case.job.runtime.gathering.policy(s.zero, s.pipelined) == "step"
+
+
 def test_recompute_labels_normalise(published_runs):
     from planner.strategy import Strategy
 

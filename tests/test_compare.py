@@ -1,4 +1,4 @@
-"""`planner compare`: baselines on the same cost model, and the planner row never slower."""
+"""`planner compare`: baselines under their frameworks' runtimes, and the planner row never slower on its own."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from click.testing import CliRunner
 from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
-from planner.compare.baselines import StageLine, balanced_split, megatron_recipe, proportional_layout, megatron_split
-from planner.compare.table import DENSE_BASELINES, baselines_for, compare
+from planner.compare.baselines import (StageLine, balanced_split, megatron_plan, megatron_recipe, megatron_split,
+                                       proportional_layout)
+from planner.compare.table import DENSE_BASELINES, FRAMEWORK_RUNTIMES, baselines_for, compare
 from planner.cost import evaluate
+from planner.cost.layout import split_blocks
 from planner.job import Job
-from planner.strategy import parse_strategy
+from planner.profile import load_runtime
+from planner.strategy import Strategy, parse_strategy
 
 HETERO = str(Path(__file__).resolve().parents[1] / "examples" / "clusters" / "hetero-3pool.yaml")
 
@@ -32,27 +35,106 @@ def test_every_dense_baseline_is_scored_and_planner_is_never_slower(dense_rows):
     # metis has nothing to decide on a one-pool cluster: left out, not shown as failing
     assert [r.strategy for r in rows] == [name for name in DENSE_BASELINES if name != "metis"]
     planner = rows[-1]
-    assert planner.fits
+    assert planner.fits and planner.runtime == job.runtime.name == "reference"
+    # the planner's space holds every strategy of a baseline costed under the same runtime; rows of other
+    # runtimes are other cost models (Megatron overlaps its parameter all-gather, for one) and may be faster
     for row in rows[:-1]:
-        if row.fits:
+        if row.fits and row.runtime == planner.runtime:
             assert planner.step_time_s <= row.step_time_s * (1 + 1e-9), row.strategy
     by_name = {r.strategy: r for r in rows}
     assert "zero=3" in by_name["zero3"].spec and "shard=node" in by_name["hsdp"].spec
-    assert "zero=0" in by_name["ddp"].spec and "tp=1" in by_name["ddp"].spec
+    assert by_name["uniform-pp"].runtime == "reference"
+    # PyTorch DDP holds fp32 weights, gradients and Adam whole (16 bytes per parameter: 128 GB for 8B) and
+    # cannot offload the optimizer without sharding, so it no longer "fits" as the reference model's
+    # optimizer offload said
+    assert not by_name["ddp"].fits and by_name["ddp"].applicable and by_name["ddp"].runtime == "torchtitan"
+
+
+def test_baselines_named_after_a_framework_report_its_runtime(dense_rows):
+    job, rows = dense_rows
+    runtimes = {r.strategy: r.runtime for r in rows}
+    assert runtimes["zero1"] == runtimes["zero2"] == runtimes["zero3"] == "deepspeed"
+    assert runtimes["hsdp"] == runtimes["ddp"] == "torchtitan" and runtimes["megatron"] == "megatron"
+    assert {name: runtimes[name] for name in FRAMEWORK_RUNTIMES} == FRAMEWORK_RUNTIMES
+    for row in rows:
+        if row.fits and row.strategy in ("zero1", "zero2", "zero3"):
+            strategy = parse_strategy(row.spec)
+            assert strategy.tp == 1 and not load_runtime("deepspeed").cannot_express(strategy)
+            estimate = evaluate(job, strategy, load_runtime("deepspeed"))
+            assert estimate.step_time_s == pytest.approx(row.step_time_s, rel=1e-9)
+
+
+def test_megatron_row_is_costed_as_megatron_runs_it(dense_rows):
+    job, rows = dense_rows
+    [row] = [r for r in rows if r.strategy == "megatron"]
+    assert row.runtime == "megatron" and row.fits
+    # the recipe by hand: tp = the 8 GPUs of a node, one stage (8B fits), dp 2 with the distributed
+    # optimizer, micro-batch 1, selective recompute (it fits, so full recompute is not tried)
+    strategy = Strategy(tp=8, pp=1, dp=2, mbs=1, zero=1, recompute="selective")
+    assert row.spec == strategy.spec()
+    megatron = evaluate(job, strategy, load_runtime("megatron"))
+    assert megatron.runtime == "megatron"
+    assert row.peak_hbm_bytes == pytest.approx(megatron.memory.peak_bytes, rel=1e-12)
+    assert row.step_time_s == pytest.approx(megatron.step_time_s, rel=1e-12)
+    # and not the reference model's numbers: Megatron's fp32 main gradients (4 bytes per parameter, whole)
+    # against the reference's 2-byte ones
+    reference = evaluate(job, strategy, load_runtime("reference"))
+    mine, ideal = megatron.memory.per_stage[0], reference.memory.per_stage[0]
+    assert mine.grads_bytes == pytest.approx(4 * mine.params) and ideal.grads_bytes == pytest.approx(2 * ideal.params)
+    assert row.peak_hbm_bytes > reference.memory.peak_bytes
 
 
 def test_megatron_recipe_uses_a_node_of_tensor_parallelism_and_an_even_split():
     job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:8"), global_batch=512, seq_len=4096)
+    megatron = load_runtime("megatron")
     strategy = megatron_recipe(job)
-    assert strategy.tp == 8 and strategy.split is None and strategy.mbs == 1
+    assert strategy.tp == 8 and strategy.split is None and strategy.mbs == 1 and strategy.zero in (0, 1)
     assert job.model.num_blocks % strategy.pp == 0
-    assert evaluate(job, strategy).memory.fits
-    # the smallest depth that fits: one stage less does not
+    blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
+    assert megatron.cannot_express(strategy, False, job.flash_attention, blocks) == []
+    assert evaluate(job, strategy, megatron).memory.fits
+    # the smallest depth that fits as Megatron runs it: one stage less does not
     shallower = [p for p in range(1, strategy.pp) if job.model.num_blocks % p == 0]
     for pp in shallower:
         dp = 64 // (8 * pp)
-        assert not evaluate(job, strategy.model_copy(update={"pp": pp, "dp": dp, "vpp": 1,
-                                                             "recompute": "full"})).memory.fits
+        assert not evaluate(job, strategy.model_copy(update={"pp": pp, "dp": dp, "vpp": 1, "zero": int(dp > 1),
+                                                             "recompute": "full"}), megatron).memory.fits
+
+
+def test_megatron_keeps_fp32_gradients_whole_so_a_job_the_reference_model_fits_does_not(tmp_path):
+    # llama3-8b on two H100s at 8k tokens: tp=2 is the only layout (one node of two GPUs, one stage), so no
+    # data parallelism shards anything.  The reference model's 16 bytes per parameter (2 weights, 2 gradients,
+    # 12 optimizer) fit in 80 GB with full recompute; Megatron's 18 (fp32 main gradients) do not.
+    cluster = tmp_path / "h100x2.yaml"
+    cluster.write_text("name: h100x2\npools:\n  - {name: h100, preset: dgx-h100, nodes: 1, "
+                       "overrides: {gpus_per_node: 2}}\n")
+    job = Job(model=load_model("llama3-8b"), cluster=load_cluster(str(cluster)), global_batch=16, seq_len=8192)
+    reference = megatron_plan(job, load_runtime("reference"))
+    assert reference.strategy is not None and reference.estimate.memory.fits
+    assert (reference.strategy.tp, reference.strategy.pp, reference.strategy.dp) == (2, 1, 1)
+    assert reference.strategy.recompute == "full"
+    # the same strategy as Megatron holds it: 18 bytes per parameter, over 80 GB
+    megatron = evaluate(job, reference.strategy, load_runtime("megatron"))
+    stage = megatron.memory.per_stage[0]
+    states = stage.weights_bytes + stage.grads_bytes + stage.optimizer_bytes
+    assert states == pytest.approx(18 * stage.params) and not megatron.memory.fits
+    # so the compare row says it does not fit, and why, instead of the reference model's "fits"
+    [row] = compare(job, ("megatron",), time_limit=5)
+    assert row.runtime == "megatron" and row.applicable and not row.fits and row.step_time_s is None
+    assert "grads 16.1" in row.why and "80.0 GB" in row.why, row.why
+
+
+def test_a_framework_that_cannot_run_the_model_is_not_applicable():
+    # DeepSpeed's and torchtitan's profiles run dense models only: their baselines are not costed on Mixtral
+    job = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=4096)
+    rows = compare(job, ("zero1", "zero3", "ddp", "hsdp"), time_limit=5)
+    for row in rows:
+        assert not row.applicable and not row.fits and row.step_time_s is None and row.spec == "-"
+        assert row.runtime == FRAMEWORK_RUNTIMES[row.strategy]
+        assert row.why == f"{row.runtime} cannot run mixture-of-experts models"
+    # the planner row under a runtime without experts says so too, rather than failing to compile
+    [planner] = compare(job.on(load_runtime("planner")), ("planner",), time_limit=5)
+    assert not planner.applicable and planner.runtime == "planner" and "mixture-of-experts" in planner.why
 
 
 def test_recsys_compare_rows():
@@ -66,17 +148,25 @@ def test_compare_cli_text_json_csv(tmp_path):
     out = tmp_path / "rows.csv"
     args = ["compare", "tiny-llama", "cpu:1", "-b", "8", "-s", "128", "--only", "zero3", "--only", "planner",
             "--time-limit", "10"]
-    result = CliRunner().invoke(cli, args + ["--csv", str(out)])
+    # --runtime deepspeed: the planner row searched under DeepSpeed's runtime, as the zero3 row is
+    result = CliRunner().invoke(cli, args + ["--runtime", "deepspeed", "--csv", str(out)])
     assert result.exit_code == 0, result.output
     assert "zero3" in result.output and "planner" in result.output
+    lines = result.output.splitlines()
+    assert lines[1].split()[:2] == ["strategy", "runtime"]
+    assert "cost models (runtime column" in result.output
+    assert any(line.strip().startswith("deepspeed: DeepSpeed ZeRO") for line in lines)
     with out.open() as handle:
         table = list(csv.DictReader(handle))
-    assert [r["strategy"] for r in table] == ["zero3", "planner"]
+    assert [(r["strategy"], r["runtime"]) for r in table] == [("zero3", "deepspeed"), ("planner", "deepspeed")]
+    assert float(table[1]["step_time_s"]) <= float(table[0]["step_time_s"]) * (1 + 1e-9)
     png = tmp_path / "rows.png"
     assert CliRunner().invoke(cli, args + ["--plot", str(png)]).exit_code == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    # the default runtime of the planner row is the command line's: planner's own
     data = json.loads(CliRunner().invoke(cli, args + ["--json"]).output)
-    assert data[1]["step_time_s"] <= data[0]["step_time_s"]
+    assert [(r["strategy"], r["runtime"]) for r in data] == [("zero3", "deepspeed"), ("planner", "planner")]
+    assert all(r["applicable"] for r in data)
 
 
 # ---------------------------------------------------------------- metis (mixed clusters)
@@ -126,6 +216,8 @@ def mixed_rows(tmp_path_factory):
 def test_metis_pipelines_over_both_pools_with_more_blocks_on_the_faster_gpus(mixed_rows):
     job, (metis, planner) = mixed_rows
     assert metis.fits, metis.why
+    # a paper's search, not a framework: costed under the planner row's runtime
+    assert metis.runtime == planner.runtime == job.runtime.name
     strategy = parse_strategy(metis.spec)
     assert strategy.stage_pools is not None and set(strategy.stage_pools) == {"a100", "h100"}
     # H100 computes faster than A100, so its stages carry more blocks than the A100 stages

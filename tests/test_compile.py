@@ -386,7 +386,7 @@ def test_stages_take_different_placements_where_they_hold_different_state():
 def test_compile_matches_exhaustive_on_even_splits(layers, batch):
     # the uniform-pp baseline's space: pp divides the blocks and every stage holds blocks / pp
     job = _job(_model(layers, 64, 4, 2, 192, 256), CPU4, batch, 128)
-    space = SpaceOptions(**SMALL, even_split=True)
+    space = SpaceOptions(**SMALL, split_shape="even")
     result, _ = assert_matches_oracle(job, space)
     s = result.strategy
     assert layers % s.pp == 0 and (s.split is None or set(s.split) == {layers // s.pp})

@@ -14,7 +14,8 @@ import yaml
 from hardware import load_cluster
 from models import load_model
 from planner.cost import evaluate
-from planner.emit import UnsupportedPlan, available_targets, emit_targets, emitter, space_limits
+from planner.emit import TARGETS, UnsupportedPlan, available_targets, emitter
+from planner.emit.check import emit_targets
 from planner.emit.megatron import megatron_args
 from planner.emit.megatron_check import check_megatron_args
 from planner.job import Job
@@ -22,6 +23,7 @@ from planner.plan.groups import build_plan
 from planner.search.compile import compile_job
 from planner.search.result import Certificate, CompileOptions, CompileResult
 from planner.search.space import SpaceOptions
+from planner.profile import load_runtime
 from planner.strategy import parse_strategy
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -353,27 +355,36 @@ def test_golden(case):
 # ---------------------------------------------------------------- targets narrow the search
 
 
-def test_space_limits_combine_targets():
-    assert space_limits(()) == {}
-    common = {"replica_groups": False, "regathers": ("network",)}
-    assert space_limits(("torch",)) == {**common, "offload_devices": ("cpu",), "offload_ratios": ()}
-    assert space_limits(("deepspeed",)) == {**common, "allow_zero_with_pp": False, "max_vpp": 1,
-                                            "stage_placement": False}
-    assert space_limits(("megatron",)) == {**common, "stage_placement": False}
-    assert space_limits(("deepspeed", "torch", "megatron")) == {**common, "allow_zero_with_pp": False,
-                                                               "max_vpp": 1, "offload_devices": ("cpu",),
-                                                               "offload_ratios": (), "stage_placement": False}
+def test_named_targets_search_the_intersection_of_their_runtimes_spaces(tmp_path):
+    # the emitters no longer carry SPACE_LIMITS: each target's runtime profile states what it can express,
+    # and `--target A --target B` searches what both can, so both folders are written
+    import planner.emit
+
+    assert not hasattr(planner.emit, "space_limits")
+    assert not any(hasattr(importlib.import_module(f"planner.emit.{t}"), "SPACE_LIMITS") for t in TARGETS)
+    out = tmp_path / "out"
+    result = _cli_compile("tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix", "pp=2", "-o", str(out),
+                          "--target", "deepspeed", "--target", "megatron")
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["job"]["runtime"] == "deepspeed"  # the first target's
+    strategy = parse_strategy(plan["strategy_spec"])
+    for runtime in ("deepspeed", "megatron"):
+        assert load_runtime(runtime).cannot_express(strategy, split_blocks=strategy.split) == []
+    assert (out / "deepspeed" / "ds_config.json").exists() and (out / "megatron" / "args.txt").exists()
 
 
 def test_one_setting_targets_refuse_per_stage_placement():
     # DeepSpeed, Megatron-LM and torchtitan apply one offload setting to every rank; the torch runtime, its own per stage
     job = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=16, seq_len=2048)
-    strategy = parse_strategy("tp=2,pp=2,dp=2,zero=3,offload=optimizer/none")
+    strategy = parse_strategy("tp=2,pp=2,dp=2,zero=3,offload=all/none")
     plan = _plan_of(job, strategy)
     for target in ("deepspeed", "megatron", "torchtitan"):
-        with pytest.raises(UnsupportedPlan, match="offload=optimizer/none"):
+        with pytest.raises(UnsupportedPlan, match="offload=all/none"):
             emit_targets(plan, job, (target,))
-    assert [s.placement.offload for s in plan.stages] == ["optimizer", "none"]
+        with pytest.raises(UnsupportedPlan, match="offload=all/none"):  # the emitter alone refuses it too
+            emitter(target)(plan, job)
+    assert [s.placement.offload for s in plan.stages] == ["all", "none"]
     assert emit_targets(plan, job, ("torch",))
 
 
@@ -387,7 +398,7 @@ def _cli_compile(*args: str):
 
 def test_target_deepspeed_keeps_zero_below_2_under_pipeline(tmp_path):
     common = ["tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix", "pp=2,dp=2", "--json"]
-    free = json.loads(_cli_compile(*common).output)
+    free = json.loads(_cli_compile(*common, "--runtime", "reference").output)
     assert free["plan"]["strategy"]["zero"] >= 2  # faster, but DeepSpeed's PipelineEngine refuses it
     result = _cli_compile(*common, "-o", str(tmp_path / "ds"), "--target", "deepspeed")
     assert result.exit_code == 0, result.output
@@ -400,7 +411,7 @@ def test_target_deepspeed_keeps_zero_below_2_under_pipeline(tmp_path):
 def test_target_torch_never_offloads_to_nvme():
     # llama3-70b fits 16 L4s only with the optimizer on NVMe; the torch runtime (FSDP2) offloads to CPU only
     common = ["llama3-70b", "pcie-l4:2", "-b", "16", "-s", "4096", "--time-limit", "20"]
-    free = _cli_compile(*common, "--json")
+    free = _cli_compile(*common, "--json", "--runtime", "reference")
     assert free.exit_code == 0 and json.loads(free.stdout)["plan"]["strategy"]["offload_device"] == "nvme"
     torch_only = _cli_compile(*common, "--target", "torch", "--json")
     assert torch_only.exit_code == 1

@@ -8,9 +8,14 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from pathlib import Path
+
 from planner.cli import cli
+from planner.emit import DEFAULT_TARGETS
+from planner.emit.check import check_target
 from planner.plan.schema import Plan
 from planner.plan.report import render_report
+from planner.simulate.plan_input import plan_job
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG, memory_png, report_plots, time_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -64,12 +69,14 @@ def test_two_compiles_give_byte_identical_pngs(tiny_outputs):
 def test_render_report_without_plots_links_no_figure(tiny_outputs):
     plan = Plan.model_validate_json(tiny_outputs[0]["plan.json"])
     assert MEMORY_PNG not in render_report(plan) and TIME_PNG not in render_report(plan)
-    written = sorted({name.split("/")[0] for name in tiny_outputs[0] if "/" in name})
-    linked = render_report(plan, tuple(written), plots=True)
+    written = tuple(sorted({name.split("/")[0] for name in tiny_outputs[0] if "/" in name}))
+    job = plan_job(plan, Path("plan.json"))  # the job the plan records, under its runtime
+    checks = tuple(check_target(plan, job, target) for target in DEFAULT_TARGETS)  # what compile tried
+    linked = render_report(plan, written, plots=True, checks=checks)
     assert linked == tiny_outputs[0]["report.md"].decode()
     # the figures are the only difference
     assert linked.replace(f"![memory per stage]({MEMORY_PNG})\n\n", "").replace(
-        f"![time per step]({TIME_PNG})\n\n", "") == render_report(plan, tuple(written))
+        f"![time per step]({TIME_PNG})\n\n", "") == render_report(plan, written, checks=checks)
 
 
 def test_offloading_plan_gets_a_host_memory_panel(tiny_outputs):

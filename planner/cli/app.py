@@ -22,10 +22,13 @@ from planner import __version__
 from planner.cli import compare_cmd, compile_cmd, render, simulate_cmd
 from planner.cli import sweep_cmd
 from planner.cli.signals import interrupted_by_sigint
-from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, user_errors
+from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, runtime_option, user_errors
 from planner.cost import evaluate
+from planner.cost.layout import split_blocks
 from planner.job import Job
+from planner.profile import CLI_RUNTIME, load_runtime
 from planner.strategy import parse_strategy
+from planner.validation import check_strategy
 
 
 class PlannerGroup(click.Group):
@@ -222,10 +225,12 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
                    "Omitted keys take their defaults; dp is derived from the GPU count.")
 @click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               metavar="FILE", help="Recommendation models: score this sharding_plan.json (or plan.json).")
+@runtime_option("Score the strategy as this framework runs it (its memory layout, overlap, kernels); exit 2 when "
+                "it cannot run the strategy at all; default: planner's runtime")
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             spec: str, sharding_file: Path | None, as_json: bool) -> None:
+             spec: str, sharding_file: Path | None, runtime: str | None, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
     Exits 1 (after printing the report) when the strategy does not fit in memory.
@@ -236,6 +241,8 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
             --strategy tp=1,zero=3,mbs=1,recompute=selective
         planner estimate llama3-70b dgx-h100:8 -b 512 -s 4096 \\
             --strategy tp=8,pp=4,mbs=1,recompute=selective --json
+        planner estimate llama3-70b dgx-h100:32 -b 1024 -s 8192 --runtime megatron \\
+            --strategy tp=2,zero=1,recompute=full,recompute_layers=26
         planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 \\
             --strategy sharding=row_wise,cache=0.2
         planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --sharding out/dlrm/sharding_plan.json
@@ -249,14 +256,21 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         return
     if sharding_file is not None:
         raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
-    strategy = parse_strategy(spec)
+    job = job.on(load_runtime(runtime or CLI_RUNTIME))
+    strategy = check_strategy(job, parse_strategy(spec))
+    blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
+    missing = job.runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, blocks)
+    if missing:
+        raise InputError(f"--runtime {job.runtime.name}: {job.runtime.name} cannot run {'; '.join(missing)} "
+                         f"(hardware/data/runtimes/{job.runtime.name}.yaml, space); --runtime reference costs "
+                         "any strategy")
     result = evaluate(job, strategy)
     if as_json:
         _emit_json(result.model_dump(mode="json"))
     else:
         kernel = "" if flash_attention else ", no flash attention"
         title = (f"{job.model.name} on {job.cluster.describe()}\n"
-                 f"batch {batch} x {seq_len} tokens, {precision}{kernel}")
+                 f"batch {batch} x {seq_len} tokens, {precision}{kernel}, {job.runtime.name} runtime")
         click.echo(render.estimate_report(result, title))
     if not result.memory.fits:
         raise Infeasible(f"does not fit: {'; '.join(result.memory.reasons) or 'memory exceeds capacity'}")

@@ -12,25 +12,38 @@ import click
 from hardware import load_cluster
 from models import load_model
 from planner.cli import render
-from planner.cli.options import job_options, json_option, user_errors
-from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, compare
+from planner.cli.options import job_options, json_option, runtime_option, user_errors
+from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
+from planner.emit import primary_runtime
 from planner.job import Job
 from planner.plan.output import check_file_target, write_file
+from planner.profile import load_runtime
 
-_FIELDS = ("strategy", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
-           "fits", "why", "planning_s", "spec")
+_FIELDS = ("strategy", "runtime", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes",
+           "nvme_bytes", "applicable", "fits", "why", "planning_s", "spec")
 
 
-def _text(rows) -> str:
+def _text(rows: list[CompareRow]) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
-    body = [[r.strategy, num(r.step_time_s, ".4g"), num(r.tokens_per_s_per_gpu, ",.0f"),
+    body = [[r.strategy, r.runtime, num(r.step_time_s, ".4g"), num(r.tokens_per_s_per_gpu, ",.0f"),
              num(r.mfu and 100 * r.mfu, ".1f"), num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
-             num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else "no", f"{r.planning_s:.2f}",
-             r.spec if r.fits else r.why] for r in rows]
-    return render.table(["strategy", "step s", "tok/s/GPU", "MFU %", "HBM GB", "host GB", "fits", "plan s",
-                         "plan / why not"], body, right=(1, 2, 3, 4, 5, 7))
+             num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else ("no" if r.applicable else "n/a"),
+             f"{r.planning_s:.2f}", r.spec if r.fits else r.why] for r in rows]
+    return render.table(["strategy", "runtime", "step s", "tok/s/GPU", "MFU %", "HBM GB", "host GB", "fits", "plan s",
+                         "plan / why not"], body, right=(2, 3, 4, 5, 6, 8))
+
+
+def _legend(rows: list[CompareRow]) -> str:
+    """Which cost model each runtime column names (in order of first use), so no number is read as another's."""
+    lines = ["cost models (runtime column; hardware/data/runtimes/NAME.yaml):"]
+    for name in dict.fromkeys(r.runtime for r in rows):
+        if name == EMBEDDING_RUNTIME:
+            lines.append(f"  {name}: the embedding cost model (planner/embedding), no runtime profile")
+        else:
+            lines.append(f"  {name}: {load_runtime(name).description}")
+    return "\n".join(lines)
 
 
 @click.command(name="compare")
@@ -45,22 +58,29 @@ def _text(rows) -> str:
               help="Also write the rows as CSV.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               metavar="FILE.png", help="Also draw the rows as bars (throughput and peak HBM per GPU).")
+@runtime_option("Runtime profile of the planner row and of the baselines that name no framework (uniform-pp, "
+                "metis); default: planner's runtime (megatron for mixture-of-experts models, which it cannot run)")
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              only: tuple[str, ...], time_limit: float, csv_path: Path | None, plot_path: Path | None,
-             as_json: bool) -> None:
+             runtime: str | None, as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,
     metis (clusters of more than one pool) and planner (the compiler);
-    recommendation models: torchrec-greedy and planner.  Every row
-    comes from the same cost model, so the planner row is never slower than a
-    baseline that fits.
+    recommendation models: torchrec-greedy and planner.  A baseline named
+    after a framework is searched and costed as that framework runs it
+    (megatron: the megatron runtime; zero1-3: deepspeed; ddp, hsdp:
+    torchtitan), or shown n/a with what the framework lacks; the planner row,
+    uniform-pp and metis run under --runtime.  The runtime column names each
+    row's cost model; the planner row is never slower than a fitting baseline
+    of the same runtime.
 
     \b
     Examples:
         planner compare llama3-8b dgx-h100:4 -b 256 -s 4096
+        planner compare llama3-8b dgx-h100:4 -b 256 -s 4096 --runtime reference
         planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv --plot out/compare.png
         planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
@@ -70,12 +90,18 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
             check_file_target(path)  # before minutes of solving, not after
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
               precision=precision, flash_attention=flash_attention)
+    if job.model.family != "recsys":  # recommendation models have the embedding cost model, no runtime profile
+        name, note = (runtime, None) if runtime else primary_runtime((), bool(job.model.num_experts))
+        if note:
+            click.echo(f"note: {note}", err=True)
+        job = job.on(load_runtime(name))
     rows = compare(job, only or None, time_limit)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
         click.echo(f"{job.model.name} on {job.cluster.describe()}, batch {batch} x {seq_len}")
         click.echo(_text(rows))
+        click.echo(_legend(rows))
     if csv_path is not None:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=_FIELDS, lineterminator="\n")

@@ -23,18 +23,20 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.compile_embedding import run_embedding_compile
-from planner.cli.options import Infeasible, job_options, json_option, output_dir_path, user_errors
-from planner.errors import InfeasibleError, PlannerInputError
+from planner.cli.options import Infeasible, job_options, json_option, output_dir_path, runtime_option, user_errors
+from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.plan.output import check_output_dir, write_outputs
 from planner.plan.groups import build_plan
 from planner.plan.schema import plan_json, plan_json_schema
 from planner.plan.report import render_report
 from planner.plan.plots import MEMORY_PNG, TIME_PNG, report_plots
-from planner.emit import DEFAULT_TARGETS, TARGETS, UnsupportedPlan, available_targets, emit_targets, space_limits
+from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, TARGETS, available_targets, primary_runtime
+from planner.emit.check import emit_checked
+from planner.profile import load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
-from planner.search.space import SpaceOptions
+from planner.search.space import SpaceOptions, narrow_to_runtime
 
 _FIXABLE = ("tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "shard")
 
@@ -89,7 +91,14 @@ def _progress(enabled: bool | None):
               help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap and marked "
                    "stopped (not reproducible).")
 @click.option("--target", "targets", type=click.Choice(TARGETS), multiple=True,
-              help="Launch files to write into DIR (repeatable; default: deepspeed and torch).")
+              help="Launch files to write into DIR (repeatable; default: deepspeed and torch).  Named targets "
+                   "give one plan that every one of them can express: it is searched in the intersection of "
+                   "their strategy spaces, costed under the first target's runtime (or --runtime), and the "
+                   "certificate holds for that runtime; each target's files are re-costed under its own "
+                   "runtime and refused (exit 1) when they would not fit or run more than 0.5% slower than "
+                   "the plan's strategy does there.")
+@runtime_option("Runtime profile the plan is searched and costed under; default: the first --target's framework "
+                "(torch, slurm and k8s run planner's runtime), else planner's runtime")
 @click.option("--fix", "fixed", default="", metavar="SPEC",
               help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
@@ -108,8 +117,8 @@ def _progress(enabled: bool | None):
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
-             fixed: str, out_dir: Path | None, force: bool, embedding_planner: str, offload_search: str,
-             progress: bool | None, as_json: bool) -> None:
+             runtime: str | None, fixed: str, out_dir: Path | None, force: bool, embedding_planner: str,
+             offload_search: str, progress: bool | None, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -142,9 +151,19 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         raise click.BadParameter(f"{embedding_planner} plans the tables of recommendation models; {job.model.name} "
                                  "has none", param_hint="--embedding-planner")
     explicit_targets = bool(targets)
-    # named targets narrow the search to plans they all run; default targets do not
-    limits = space_limits(targets) if explicit_targets else {}
-    space = SpaceOptions(fixed=_parse_fixed(fixed), offload_search=offload_search, **limits)
+    runtime_name, note = (runtime, None) if runtime else primary_runtime(targets, bool(job.model.num_experts))
+    if note:
+        click.echo(f"note: {note}", err=True)
+    job = job.on(load_runtime(runtime_name))
+    space = SpaceOptions(fixed=_parse_fixed(fixed), offload_search=offload_search)
+    if explicit_targets:
+        # one plan every named target can express: the intersection of their spaces (a target whose runtime
+        # cannot run the model at all is skipped at emit time instead)
+        space = space.model_copy(update={"replica_groups": False})
+        for target in targets:
+            profile = load_runtime(TARGET_RUNTIMES[target])
+            if profile.space.moe or not job.model.num_experts:
+                space = narrow_to_runtime(space, profile, job)
     options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
     targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in targets if t not in available_targets()]
@@ -168,17 +187,20 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(render.compile_summary(plan, wall))
     if out_dir is not None:
         files = {"plan.json": plan_json(plan)}
-        written = []
-        for target in targets:
-            try:
-                files.update(emit_targets(plan, job, (target,)))
-                written.append(target)
-            except UnsupportedPlan as err:
-                if explicit_targets:
-                    raise PlannerInputError(f"--target {target}: {err}") from None
-                click.echo(f"note: no {target}/ files: {err}", err=True)  # a default target that does not apply
-        targets = tuple(written)
-        files["report.md"] = render_report(plan, targets, plots=True)
+        checks, refused = [], []
+        for target in targets:  # each target's written strategy is costed under its runtime before its files
+            check, target_files = emit_checked(plan, job, target)
+            checks.append(check)
+            if check.status == "written":
+                files.update(target_files)
+            elif check.status == "refused" and explicit_targets:
+                refused.append(check.line)
+            else:  # a target that cannot express the plan, or a default target that would not hold it
+                click.echo(f"note: no {target}/ files: {check.why}", err=True)
+        if refused:  # nothing is written: the named targets' files would not run the plan as costed
+            raise Infeasible("\n".join(refused))
+        targets = tuple(c.target for c in checks if c.status == "written")
+        files["report.md"] = render_report(plan, targets, plots=True, checks=tuple(checks))
         files.update(report_plots(plan))
         write_outputs(out_dir, files, force=force)
         folders = "".join(f", {t}/" for t in targets)

@@ -96,6 +96,14 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def runtime_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--runtime NAME: the framework profile (hardware/data/runtimes) a command costs under."""
+    from planner.profile import runtime_names
+
+    return click.option("--runtime", "runtime", type=click.Choice(runtime_names()), default=None, metavar="NAME",
+                        help=help_text + f" ({', '.join(runtime_names())})")
+
+
 def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
     """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'."""
     if value is None:

@@ -5,12 +5,16 @@
   (even, or Megatron's shorter first and last stages when pp does not divide
   the layers), dp for the rest, micro-batch 1, the distributed optimizer
   (ZeRO-1), selective then full recompute, interleaving (vpp) when it is
-  faster.
+  faster.  "Fits" is as Megatron runs it: every candidate is costed under the
+  megatron runtime profile (fp32 main gradients kept whole, 18 bytes per
+  parameter without the distributed optimizer) and only candidates that
+  profile can express are tried.
 * uniform_pp: the best strategy whose pipeline stages hold equal numbers of
   blocks (the even split of Megatron-LM and DeepSpeed's PipelineModule
   `partition_method="uniform"`): the compiler itself on the space with
-  `even_split` (pp divides the blocks, every stage blocks / pp of them), so
-  the row is certified and deterministic like the planner's.
+  `split_shape="even"` (pp divides the blocks, every stage blocks / pp of them), so
+  the row is certified and deterministic like the planner's.  It names no
+  framework, so it searches under the job's own runtime (the planner row's).
 * metis_greedy (mixed clusters only): a greedy after Metis (Um et al., "Metis:
   Fast Automatic Distributed Training on Heterogeneous GPUs", USENIX ATC 2024),
   which assigns device groups to pipeline stages, balances the layer
@@ -29,13 +33,17 @@
   attention) and full recompute are tried; the fastest fitting candidate is
   kept.  Metis also searches per-stage tp/dp and pool orders; this greedy
   keeps one strategy for every stage and the cluster's pool order, so it is a
-  subset of the compiler's space.
+  subset of the compiler's space.  Metis is a search, not a framework: it
+  runs under the job's own runtime, on the part of its space that runtime
+  expresses.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog, load_catalog
 from models.graph import Layer, ModelGraph
@@ -47,9 +55,10 @@ from planner.cost.stage import compose_stage, sum_layers
 from planner.cost.sums import StageSums
 from planner.errors import InfeasibleError
 from planner.job import Job
+from planner.profile import RuntimeProfile, load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
-from planner.search.space import SpaceOptions, global_configs
+from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime
 from planner.strategy import Recompute, Strategy
 
 METIS_MAX_MBS = 8  # micro-batch sizes the Metis greedy tries (search breadth, not a hardware constant)
@@ -69,14 +78,35 @@ def megatron_split(blocks: int, pp: int) -> tuple[int, ...] | None:
     return (first,) + (per,) * (pp - 2) + (last,)
 
 
-def megatron_recipe(job: Job) -> Strategy | None:
-    """Megatron-LM's hand recipe (module docstring), or None when no pipeline depth fits."""
-    model, cluster = job.model, job.cluster
-    gpn = min(p.node.gpus_per_node for p in cluster.pools)
-    tp = gpn
+class RecipeResult(BaseModel):
+    """What Megatron's recipe chose under a runtime profile, or why nothing it tried fits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    runtime: str = Field(description="The runtime profile every candidate was costed under.")
+    strategy: Strategy | None = Field(description="The chosen strategy; None when no candidate fits.")
+    estimate: Estimate | None = Field(description="The chosen strategy's estimate under `runtime`.")
+    why: str = Field("", description="Why nothing fits (empty when a strategy was chosen).")
+
+
+def _tensor_parallel(job: Job) -> int:
+    """A node of tensor parallelism, halved until it divides the heads (and the KV heads, or they it)."""
+    model = job.model
+    tp = min(p.node.gpus_per_node for p in job.cluster.pools)
     while tp > 1 and (model.heads % tp or (model.kv_heads % tp and tp % model.kv_heads)):
         tp //= 2
+    return tp
+
+
+def megatron_plan(job: Job, runtime: RuntimeProfile | None = None) -> RecipeResult:
+    """Megatron-LM's hand recipe (module docstring), each candidate costed under `runtime` (default: the megatron
+    profile, so the row says what Megatron itself would hold and run; another profile gives what the recipe
+    would pick under that cost model, e.g. the reference one it used to be costed under)."""
+    runtime = runtime or load_runtime("megatron")
+    job = job.on(runtime)
+    model, cluster = job.model, job.cluster
+    tp = _tensor_parallel(job)
     gpus, blocks = cluster.num_gpus, max(1, model.num_blocks)
+    closest: Estimate | None = None  # the candidate over its HBM by the least share: why nothing fits
     for pp in range(1, blocks + 1):
         split = megatron_split(blocks, pp)
         if split is None or gpus % (tp * pp):
@@ -85,7 +115,7 @@ def megatron_recipe(job: Job) -> Strategy | None:
         if job.global_batch % dp:
             continue
         micro = job.global_batch // dp
-        best = None
+        best: tuple[float, Strategy, Estimate] | None = None
         even = blocks % pp == 0
         for recompute in ("selective", "full"):
             vpps = [1] + [v for v in (2, 3, 4, 6, 8)
@@ -93,18 +123,39 @@ def megatron_recipe(job: Job) -> Strategy | None:
             for vpp in vpps:
                 strategy = Strategy(tp=tp, pp=pp, dp=dp, mbs=1, vpp=vpp, zero=1 if dp > 1 else 0,
                                     recompute=recompute, split=None if even else split)
+                # only what the runtime can launch (e.g. no selective recompute where it has none)
+                if runtime.cannot_express(strategy, bool(model.num_experts), job.flash, split):
+                    continue
                 estimate = evaluate(job, strategy)
-                if estimate.memory.fits and (best is None or estimate.step_time_s < best[0]):
-                    best = (estimate.step_time_s, strategy)
-            if best is not None:
-                return best[1]  # selective first: full recompute only when selective does not fit
-    return None
+                if estimate.memory.fits:
+                    if best is None or estimate.step_time_s < best[0]:
+                        best = (estimate.step_time_s, strategy, estimate)
+                elif closest is None or _over(estimate) < _over(closest):
+                    closest = estimate
+            if best is not None:  # selective first: full recompute only when selective does not fit
+                return RecipeResult(runtime=runtime.name, strategy=best[1], estimate=best[2])
+    if closest is None:
+        why = f"no pipeline depth divides {gpus} GPUs and batch {job.global_batch} with tp={tp} and Megatron's split"
+    else:
+        s = closest.strategy
+        reason = closest.memory.reasons[0] if closest.memory.reasons else "over capacity"
+        why = f"no depth fits; least over: tp={s['tp']},pp={s['pp']},recompute={s['recompute']}: {reason}"
+    return RecipeResult(runtime=runtime.name, strategy=None, estimate=None, why=why)
+
+
+def _over(estimate: Estimate) -> float:
+    return estimate.memory.peak_bytes / estimate.memory.capacity_bytes
+
+
+def megatron_recipe(job: Job, runtime: RuntimeProfile | None = None) -> Strategy | None:
+    """The strategy of `megatron_plan` (None when no pipeline depth fits)."""
+    return megatron_plan(job, runtime).strategy
 
 
 def uniform_pp(job: Job, time_limit: float) -> Strategy | None:
     """The fastest fitting strategy with an even layer split: the compiler on the even-split space."""
     options = CompileOptions(time_limit=time_limit, runners_up=0,
-                             space=SpaceOptions(even_split=True, replica_groups=False))
+                             space=SpaceOptions(split_shape="even", replica_groups=False))
     try:
         return compile_job(job, options).strategy
     except InfeasibleError:
@@ -228,7 +279,7 @@ def _fit_memory(job: Job, strategy: Strategy, catalog: Catalog) -> tuple[Strateg
     (strategy, estimate), or None when a stage cannot give up more."""
     split = list(strategy.split)
     for _ in range(sum(split)):
-        estimate = evaluate(job, strategy, catalog)
+        estimate = evaluate(job, strategy, catalog=catalog)
         if estimate.memory.fits:
             return strategy, estimate
         reports = estimate.memory.per_stage
@@ -254,9 +305,12 @@ def metis_greedy(job: Job, time_limit: float) -> Strategy | None:
     catalog = load_catalog()
     blocks = job.model.num_blocks
     fixed, block = _fixed_layers(job.model), _typical_block(job.model)
-    space = SpaceOptions(max_cp=1, max_vpp=1, max_mbs=METIS_MAX_MBS, zero_stages=(0, 1), shard_scopes=("full",),
-                         regathers=("network",), replica_groups=False)
-    modes: tuple[Recompute, ...] = ("none", "full") if job.flash_attention else ("none", "selective", "full")
+    runtime = job.runtime
+    space = narrow_to_runtime(SpaceOptions(max_cp=1, max_vpp=1, max_mbs=METIS_MAX_MBS, zero_stages=(0, 1),
+                                           shard_scopes=("full",), regathers=("network",), replica_groups=False),
+                              runtime, job)
+    selective = not job.flash and runtime.space.selective_recompute
+    modes: tuple[Recompute, ...] = ("none", "selective", "full") if selective else ("none", "full")
     best: tuple[float, str, Strategy] | None = None
     for config in global_configs(job, space):
         if config.pp < 2 or config.zero != (1 if config.dp > 1 else 0) or config.recompute != "none":
@@ -280,6 +334,8 @@ def metis_greedy(job: Job, time_limit: float) -> Strategy | None:
             if fitted is None:
                 continue
             strategy, estimate = fitted
+            if runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, strategy.split):
+                continue  # e.g. an uneven split where the runtime takes only even ones
             if best is None or (estimate.step_time_s, strategy.spec()) < best[:2]:
                 best = (estimate.step_time_s, strategy.spec(), strategy)
         if time.perf_counter() - start > time_limit:

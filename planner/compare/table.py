@@ -1,14 +1,14 @@
-"""Baseline strategies scored on the same cost model as the compiler, for `planner compare`.
+"""Baseline strategies scored against the compiler, for `planner compare`, each under its framework's runtime.
 
 Each baseline is a named generator with its source:
 
 * ddp: data parallel only, weights and optimizer replicated (PyTorch DDP);
   the best micro-batch, recompute and offload the compiler finds under tp = pp = cp = 1, zero = 0.
-* zero1, zero2, zero3 (fsdp): the same with ZeRO stage 1/2/3 over the whole
-  data-parallel group (Rajbhandari et al. 2020; PyTorch FSDP).
+* zero1, zero2, zero3: the same with DeepSpeed's ZeRO stage 1/2/3 over the whole
+  data-parallel group (Rajbhandari et al. 2020).
 * hsdp: ZeRO-3 sharded inside a node, replicated across nodes (FSDP HYBRID_SHARD).
 * megatron: Megatron-LM's recipe (Narayanan et al. 2021, arXiv 2104.04473):
-  tp = GPUs per node, the smallest pp whose even layer split fits, dp for the
+  tp = GPUs per node, the smallest pp whose layer split fits, dp for the
   rest, micro-batch 1, the distributed optimizer (ZeRO-1), selective then full
   recompute, interleaving (vpp) when it is faster.
 * uniform-pp: the best strategy whose pipeline stages hold equal numbers of
@@ -21,48 +21,74 @@ Each baseline is a named generator with its source:
 * torchrec-greedy (recommendation models): TorchRec's greedy sharding planner.
 * planner: the compiler's certified plan over the whole space.
 
+Runtimes (`planner.profile`): a baseline named after a framework is searched
+and costed as that framework runs it (`FRAMEWORK_RUNTIMES`): megatron under
+the megatron profile, zero1-3 under deepspeed, ddp and hsdp under torchtitan
+(torch-native DDP and FSDP2).  A comparison that costed every row under one
+idealized model would credit a framework with memory it does not have (Megatron
+keeps fp32 gradients whole, DeepSpeed has no tensor parallelism).  The planner
+row, and the baselines that name no framework (uniform-pp, metis: a split
+rule and a paper's search), run under the job's runtime.  A baseline whose
+framework cannot express it for this model (a mixture-of-experts model on a
+dense-only runtime) is reported as not applicable with the reason
+(`RuntimeProfile.cannot_express`), not costed.  Every row says its runtime;
+the planner row is never slower than a fitting baseline of the same runtime.
+
 The dense recipes (megatron, uniform-pp, metis) live in `planner.compare.baselines`
-with their details.  Every row is evaluated by `evaluate` (or the embedding
-cost model), so the planner row is never slower than a baseline row that fits.
+with their details.  Recommendation models use the embedding cost model (runtime `embedding`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-from planner.compare.baselines import megatron_recipe, metis_greedy, uniform_pp
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.compare.baselines import megatron_plan, metis_greedy, uniform_pp
 from planner.cost import evaluate
+from planner.cost.estimate import Estimate
 from planner.embedding.compile import compile_embedding
 from planner.errors import InfeasibleError
 from planner.job import Job
+from planner.profile import RuntimeProfile, load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
+from planner.strategy import Strategy
 
 GB = 1e9
+# The framework runtime (hardware/data/runtimes) each baseline named after a framework is searched and costed under.
+# ddp is PyTorch DDP with bf16 autocast (fp32 weights and gradients) and hsdp FSDP2's hybrid sharding: torchtitan's
+# profile runs both; ZeRO 1-3 are DeepSpeed's.  Names not here follow the job's runtime (the planner row's).
+FRAMEWORK_RUNTIMES: dict[str, str] = {"ddp": "torchtitan", "zero1": "deepspeed", "zero2": "deepspeed",
+                                      "zero3": "deepspeed", "hsdp": "torchtitan", "megatron": "megatron"}
+EMBEDDING_RUNTIME = "embedding"  # the runtime column of recommendation-model rows: the embedding cost model
 
 
-@dataclass(frozen=True)
-class CompareRow:
-    """One strategy's score."""
+class CompareRow(BaseModel):
+    """One strategy's score, and the runtime profile its numbers come from."""
 
-    strategy: str  # baseline name
-    spec: str  # what it chose (SPEC string, or a summary of the table sharding)
-    fits: bool
-    why: str  # why it does not fit, or ""
-    step_time_s: float | None
-    tokens_per_s_per_gpu: float | None
-    mfu: float | None
-    peak_hbm_bytes: float | None
-    host_bytes: float | None  # per node
-    nvme_bytes: float | None  # per node
-    planning_s: float
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    strategy: str = Field(description="Baseline name (or planner).")
+    runtime: str = Field(description="Runtime profile it was searched and costed under (hardware/data/runtimes), "
+                         "or 'embedding' for the embedding cost model.")
+    spec: str = Field(description="What it chose (SPEC string, or a summary of the table sharding); '-' if nothing.")
+    applicable: bool = Field(True, description="False when the runtime's framework cannot express this baseline "
+                             "for the model (then `why` says what it lacks and nothing is costed).")
+    fits: bool = Field(description="It fits in memory (False when not applicable).")
+    why: str = Field(description="Why it does not fit or does not apply, or ''.")
+    step_time_s: float | None = Field(description="Seconds per step.")
+    tokens_per_s_per_gpu: float | None = Field(description="Tokens (samples for recsys) per second per GPU.")
+    mfu: float | None = Field(description="Model FLOPs utilisation.")
+    peak_hbm_bytes: float | None = Field(description="Peak HBM per GPU.")
+    host_bytes: float | None = Field(description="Host DRAM per node.")
+    nvme_bytes: float | None = Field(description="NVMe per node.")
+    planning_s: float = Field(description="Wall-clock seconds spent choosing it (varies run to run).")
 
     def as_dict(self) -> dict:
         """JSON/CSV-ready fields."""
-        return dict(self.__dict__)
+        return self.model_dump()
 
 
 def _dense_fixed(name: str) -> dict:
@@ -72,56 +98,89 @@ def _dense_fixed(name: str) -> dict:
             "hsdp": {**plain, "zero": 3, "shard": "node"}}[name]
 
 
-def _row_from_estimate(name: str, estimate, planning_s: float) -> CompareRow:
+def runtime_for(name: str, job: Job) -> RuntimeProfile:
+    """The runtime baseline `name` runs under: its framework's, or the job's."""
+    return load_runtime(FRAMEWORK_RUNTIMES[name]) if name in FRAMEWORK_RUNTIMES else job.runtime
+
+
+def _row_from_estimate(name: str, estimate: Estimate, planning_s: float) -> CompareRow:
     host = estimate.memory.host
     fits = estimate.memory.fits
-    return CompareRow(name, estimate.strategy_spec, fits, "" if fits else "; ".join(estimate.memory.reasons)[:200],
-                      estimate.step_time_s, estimate.tokens_per_s_per_gpu, estimate.mfu, estimate.memory.peak_bytes,
-                      host.dram_bytes, host.nvme_bytes, planning_s)
+    return CompareRow(strategy=name, runtime=estimate.runtime, spec=estimate.strategy_spec, fits=fits,
+                      why="" if fits else "; ".join(estimate.memory.reasons)[:200], step_time_s=estimate.step_time_s,
+                      tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu,
+                      peak_hbm_bytes=estimate.memory.peak_bytes, host_bytes=host.dram_bytes,
+                      nvme_bytes=host.nvme_bytes, planning_s=planning_s)
 
 
-def _failed(name: str, why: str, planning_s: float) -> CompareRow:
-    return CompareRow(name, "-", False, why.splitlines()[0][:200], None, None, None, None, None, None, planning_s)
+def _failed(name: str, runtime: str, why: str, planning_s: float, applicable: bool = True) -> CompareRow:
+    return CompareRow(strategy=name, runtime=runtime, spec="-", applicable=applicable, fits=False,
+                      why=why.splitlines()[0][:200], step_time_s=None, tokens_per_s_per_gpu=None, mfu=None,
+                      peak_hbm_bytes=None, host_bytes=None, nvme_bytes=None, planning_s=planning_s)
+
+
+def _not_applicable(name: str, job: Job, probe: Strategy) -> CompareRow | None:
+    """The not-applicable row when `job.runtime` cannot express `probe` (what the baseline fixes) for this model."""
+    missing = job.runtime.cannot_express(probe, bool(job.model.num_experts), job.flash)
+    if not missing:
+        return None
+    return _failed(name, job.runtime.name, f"{job.runtime.name} cannot run {'; '.join(missing)}", 0.0,
+                   applicable=False)
 
 
 def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> CompareRow:
+    blocked = _not_applicable(name, job, Strategy(**space.fixed))
+    if blocked is not None:
+        return blocked
     start = time.perf_counter()
     try:
         result = compile_job(job, CompileOptions(time_limit=time_limit, space=space, runners_up=0))
     except InfeasibleError as err:
-        return _failed(name, str(err), time.perf_counter() - start)
+        return _failed(name, job.runtime.name, str(err), time.perf_counter() - start)
     elapsed = time.perf_counter() - start
     if result.estimate is None:  # replica groups on a mixed cluster
         g = result.groups
         spec = "; ".join(f"{r.group.pool}[batch={r.group.batch}]: {r.estimate.strategy_spec}" for r in g.groups)
-        return CompareRow(name, spec, g.fits, "", g.step_time_s, g.tokens_per_s_per_gpu, g.mfu,
-                          max(r.estimate.memory.peak_bytes for r in g.groups), None, None, elapsed)
+        return CompareRow(strategy=name, runtime=job.runtime.name, spec=spec, fits=g.fits, why="",
+                          step_time_s=g.step_time_s, tokens_per_s_per_gpu=g.tokens_per_s_per_gpu, mfu=g.mfu,
+                          peak_hbm_bytes=max(r.estimate.memory.peak_bytes for r in g.groups), host_bytes=None,
+                          nvme_bytes=None, planning_s=elapsed)
     return _row_from_estimate(name, result.estimate, elapsed)
 
 
 def _megatron(job: Job) -> CompareRow:
+    blocked = _not_applicable("megatron", job, Strategy())
+    if blocked is not None:
+        return blocked
     start = time.perf_counter()
-    strategy = megatron_recipe(job)
-    if strategy is None:
-        return _failed("megatron", "no pipeline depth with an even layer split fits", time.perf_counter() - start)
-    return _row_from_estimate("megatron", evaluate(job, strategy), time.perf_counter() - start)
+    plan = megatron_plan(job, job.runtime)
+    if plan.estimate is None:
+        return _failed("megatron", job.runtime.name, plan.why, time.perf_counter() - start)
+    return _row_from_estimate("megatron", plan.estimate, time.perf_counter() - start)
 
 
 def _uniform(job: Job, time_limit: float) -> CompareRow:
+    blocked = _not_applicable("uniform-pp", job, Strategy())
+    if blocked is not None:
+        return blocked
     start = time.perf_counter()
     strategy = uniform_pp(job, time_limit)
     if strategy is None:
-        return _failed("uniform-pp", "no strategy with an even layer split fits", time.perf_counter() - start)
+        return _failed("uniform-pp", job.runtime.name, "no strategy with an even layer split fits",
+                       time.perf_counter() - start)
     return _row_from_estimate("uniform-pp", evaluate(job, strategy), time.perf_counter() - start)
 
 
 def _metis(job: Job, time_limit: float) -> CompareRow:
+    blocked = _not_applicable("metis", job, Strategy())
+    if blocked is not None:
+        return blocked
     start = time.perf_counter()
     strategy = metis_greedy(job, time_limit)
     if strategy is None:
         why = ("needs a cluster with more than one pool" if len(job.cluster.pools) < 2 else
-               "no pipeline over more than one pool fits")
-        return _failed("metis", why, time.perf_counter() - start)
+               f"no pipeline over more than one pool fits (as the {job.runtime.name} runtime runs it)")
+        return _failed("metis", job.runtime.name, why, time.perf_counter() - start)
     return _row_from_estimate("metis", evaluate(job, strategy), time.perf_counter() - start)
 
 
@@ -131,15 +190,17 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
     try:
         result = compile_embedding(job, strategy=strategy, time_limit=time_limit)
     except InfeasibleError as err:
-        return _failed(name, str(err), time.perf_counter() - start)
+        return _failed(name, EMBEDDING_RUNTIME, str(err), time.perf_counter() - start)
     e = result.estimate
     kinds: dict[str, int] = {}
     for t in result.tables:
         key = t.sharding_type.value + ("" if t.cache_fraction >= 1.0 else f"@{t.cache_fraction:g}")
         kinds[key] = kinds.get(key, 0) + 1
     spec = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-    return CompareRow(name, spec, e.fits, "", e.step_time_s, e.samples_per_s_per_gpu, None, e.peak_hbm_bytes,
-                      e.peak_host_bytes, 0.0, time.perf_counter() - start)
+    return CompareRow(strategy=name, runtime=EMBEDDING_RUNTIME, spec=spec, fits=e.fits, why="",
+                      step_time_s=e.step_time_s, tokens_per_s_per_gpu=e.samples_per_s_per_gpu, mfu=None,
+                      peak_hbm_bytes=e.peak_hbm_bytes, host_bytes=e.peak_host_bytes, nvme_bytes=0.0,
+                      planning_s=time.perf_counter() - start)
 
 
 DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "metis", "planner")
@@ -158,21 +219,24 @@ def baselines_for(job: Job) -> tuple[str, ...]:
 
 def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: float = 60.0,
             progress: Callable[[str], None] | None = None) -> list[CompareRow]:
-    """Score every applicable strategy (or `strategies`) on `job`."""
+    """Score every applicable strategy (or `strategies`) on `job`: the planner row and the baselines that name no
+    framework under `job.runtime`, the others under their framework's runtime (`FRAMEWORK_RUNTIMES`)."""
     rows = []
     for name in strategies or baselines_for(job):
         if progress:
             progress(f"compare: {name}")
         if job.model.family == "recsys":
             rows.append(_embedding(name, job, time_limit))
-        elif name == "megatron":
-            rows.append(_megatron(job))
+            continue
+        on = job.on(runtime_for(name, job))
+        if name == "megatron":
+            rows.append(_megatron(on))
         elif name == "uniform-pp":
-            rows.append(_uniform(job, time_limit))
+            rows.append(_uniform(on, time_limit))
         elif name == "metis":
-            rows.append(_metis(job, time_limit))
+            rows.append(_metis(on, time_limit))
         elif name == "planner":
-            rows.append(_compiled(name, job, SpaceOptions(), time_limit))
+            rows.append(_compiled(name, on, SpaceOptions(), time_limit))
         else:
-            rows.append(_compiled(name, job, SpaceOptions(fixed=_dense_fixed(name)), time_limit))
+            rows.append(_compiled(name, on, SpaceOptions(fixed=_dense_fixed(name)), time_limit))
     return rows

@@ -11,9 +11,12 @@
 * EP: two all-to-alls (dispatch, combine) of the routed tokens each way.
 * PP: one boundary activation each way per micro-batch (v per micro-batch
   with interleaving).
-* DP: DDP all-reduce; ZeRO-1/2 reduce-scatter + all-gather; ZeRO-3/FSDP
-  all-gather forward and backward plus reduce-scatter, every micro-batch;
-  HSDP shards inside the node and all-reduces across replicas.
+* DP: DDP all-reduce; ZeRO-1/2 reduce-scatter + all-gather; sharded weights
+  (ZeRO-3/FSDP) as the runtime gathers them (`RuntimeProfile.gathering`):
+  per layer forward and backward plus a reduce-scatter every micro-batch,
+  once per micro-batch, or once per step (FSDP without reshard under
+  pipeline parallelism); HSDP shards inside the node and all-reduces across
+  replicas.  Gradients travel in the runtime's reduce dtype.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ ACT_BYTES = 2.0  # 16-bit activations on the wire
 
 
 def grad_reduce_bytes(job: Job) -> float:
-    """Bytes per gradient element on the wire: fp16 runs reduce in fp16, bf16/fp8 runs in fp32
-    (Megatron forces fp32 grad reduction with bf16; torchtitan's FSDP2 reduce_dtype is fp32)."""
-    return 2.0 if job.precision == "fp16" else 4.0
+    """Bytes per gradient element on the wire, as the job's runtime reduces them (Megatron reduces bf16
+    runs' gradients in fp32, DeepSpeed in the model's 16-bit type, FSDP2 in its reduce_dtype)."""
+    return job.runtime.overlap.grad_reduce_bytes[job.precision]
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,10 @@ def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups
 class DataParallelComm:
     """Data-parallel traffic of one stage: raw seconds and where they can hide."""
 
-    per_microbatch_forward: float  # ZeRO-3 weight all-gather before each forward
-    per_microbatch_backward: float  # ZeRO-3 re-gather + reduce-scatter, ZeRO-2 reduce-scatter
-    first_gather: float  # ZeRO-3 gather of the first layer, which nothing hides
+    per_microbatch_forward: float  # sharded weights gathered before each forward
+    per_microbatch_backward: float  # re-gather + reduce-scatter of sharded weights, ZeRO-2 reduce-scatter
+    first_gather: float  # gather of the first layer, which nothing hides
+    step_start: float  # once per step before the first forward (it hides behind that forward)
     step_end: float  # gradient sync / parameter gather once per step
     total: float  # everything, for the breakdown
 
@@ -120,6 +124,13 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
                        groups: StageGroups, micro_batches: int, catalog: Catalog,
                        host_rate: float = 0.0) -> DataParallelComm:
     """Seconds of data-parallel communication for a stage holding `params` per rank.
+
+    Weights sharded at rest are gathered as the runtime's policy says
+    (`Gathering.policy`): "layers" gathers each layer before its forward and
+    again before its backward and reduce-scatters its gradients, every
+    micro-batch; "microbatch" gathers once per micro-batch and keeps the
+    weights through its backward; "step" gathers the stage once per step and
+    reduce-scatters the accumulated gradients once.
 
     With regather=host (FCDP, arXiv 2602.06499) only the first forward of a
     step gathers ZeRO-3 weights over the sharding group; it leaves them in host
@@ -130,31 +141,43 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
     """
     s = strategy
     if groups.dp.size == 1:
-        return DataParallelComm(0.0, 0.0, 0.0, 0.0, 0.0)
+        return DataParallelComm(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    runtime = job.runtime
     grad_bytes = params * grad_reduce_bytes(job)
-    weight_bytes = params * WEIGHT_BYTES
     shard, replicate = groups.dp_shard, groups.dp_replicate
-    fwd = bwd = end = first = 0.0
+    policy = runtime.gathering.policy(s.zero, s.pipelined) if shard.size > 1 else None
+    fwd = bwd = end = first = start = 0.0
     if s.zero == 0:
         end = coll.all_reduce(grad_bytes, groups.dp, catalog)
-    elif s.zero in (1, 2):
+    elif policy is None:  # ZeRO-1/2: whole weights, sharded optimizer
         rs = coll.reduce_scatter(grad_bytes, shard, catalog)
         if s.zero == 2:
             bwd = rs  # partitioned gradients are reduced every micro-batch
         else:
             end += rs
-        end += coll.all_gather(weight_bytes, shard, catalog)
+        gather = coll.all_gather(params * WEIGHT_BYTES, shard, catalog)
+        if runtime.overlap.param_gather:
+            start = gather  # Megatron --overlap-param-gather: behind the next step's first forward
+        else:
+            end += gather
         end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
     else:
+        weight_bytes = params * runtime.gathering.bytes_per_param
         gather = coll.all_gather(weight_bytes, shard, catalog)
-        first = coll.all_gather(largest_layer_params * WEIGHT_BYTES, shard, catalog)
-        fwd = again = gather
-        if s.regather == "host" and shard.spans_nodes:
-            local = shard.ranks_per_node
-            in_node = shard.model_copy(update={"size": local, "ranks_per_node": local})
-            again = weight_bytes / local / host_rate + coll.all_gather(weight_bytes, in_node, catalog)
-            fwd = (gather + (micro_batches - 1) * again) / micro_batches  # the first forward fills the cache
-        bwd = again + coll.reduce_scatter(grad_bytes, shard, catalog)
-        end = coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
-    total = micro_batches * (fwd + bwd) + end
-    return DataParallelComm(fwd, bwd, first, end, total)
+        rs = coll.reduce_scatter(grad_bytes, shard, catalog)
+        first = coll.all_gather(largest_layer_params * runtime.gathering.bytes_per_param, shard, catalog)
+        if policy == "step":
+            start, end, first = gather, rs, 0.0
+        elif policy == "microbatch":
+            fwd, bwd = gather, rs
+        else:
+            fwd = again = gather
+            if s.regather == "host" and shard.spans_nodes:
+                local = shard.ranks_per_node
+                in_node = shard.model_copy(update={"size": local, "ranks_per_node": local})
+                again = weight_bytes / local / host_rate + coll.all_gather(weight_bytes, in_node, catalog)
+                fwd = (gather + (micro_batches - 1) * again) / micro_batches  # the first forward fills the cache
+            bwd = again + rs
+        end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
+    total = micro_batches * (fwd + bwd) + start + end
+    return DataParallelComm(fwd, bwd, first, start, end, total)

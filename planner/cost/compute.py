@@ -67,7 +67,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     attn_s = 0.0
     if attn_flops:
         plain_rate = device.peak(job.compute_dtype) * device.efficiency(attn_flops / 2)
-        if job.flash_attention:
+        if job.flash:
             plain_rate *= catalog.constant("attention_relative_efficiency")
         if strategy.cp > 1:
             plain_rate *= catalog.constant("context_parallel_attention_efficiency")
@@ -75,17 +75,17 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
 
     hbm_rate = device.hbm_bandwidth * catalog.constant("hbm_efficiency")
     traffic = catalog.constant("elementwise_traffic_per_saved_byte")
-    if not job.fused_kernels:
+    if not job.fused:
         traffic *= catalog.constant("eager_elementwise_traffic_factor")
     saved = layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=strategy.tp if layer.tp_splittable else 1,
         sequence_parallel=strategy.sequence_parallel and layer.tp_splittable,
-        recompute="none", flash_attention=job.flash_attention,
+        recompute="none", flash_attention=job.flash,
     ) / strategy.cp
     elementwise_s = traffic * saved / hbm_rate
     # The score tensors (non-flash) are the part selective recompute redoes.
     scores = 0.0
-    if not job.flash_attention and layer.act_attn_scores:
+    if not job.flash and layer.act_attn_scores:
         scores = traffic * tokens * layer.act_attn_scores * job.seq_len / tp / hbm_rate
 
     forward = gemm_s + attn_s + elementwise_s

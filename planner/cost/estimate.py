@@ -91,3 +91,4 @@ class Estimate(BaseModel):
     breakdown: Breakdown = Field(description="Time breakdown.")
     strategy: dict = Field(description="The resolved strategy.")
     strategy_spec: str = Field(description="The resolved strategy as a SPEC string.")
+    runtime: str = Field(description="The runtime profile it was costed under (hardware/data/runtimes).")

@@ -1,4 +1,4 @@
-"""`evaluate(job, strategy)`: the single cost model.
+"""`evaluate(job, strategy, runtime)`: the single cost model.
 
 The step is composed per pipeline stage from per-layer tables (compute.py,
 comm.py, memory.py), so the integer program can be built from the same
@@ -21,6 +21,7 @@ from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport,
 from planner.cost.layout import StagePlacement, place_stages, stage_groups
 from planner.cost.stage import StageCost, compose_stage, sum_layers
 from planner.job import Job
+from planner.profile import RuntimeProfile
 from planner.strategy import Strategy
 from planner.validation import check_strategy
 
@@ -83,9 +84,12 @@ def _reasons(reports: list[StageReport], host: HostMemory) -> list[str]:
     return out
 
 
-def evaluate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Estimate:
-    """Score `strategy` on `job`: step time, throughput, memory and breakdown."""
+def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None, *,
+             catalog: Catalog | None = None) -> Estimate:
+    """Score `strategy` on `job` as `runtime` runs it (default: the job's own runtime): step time,
+    throughput, memory and breakdown."""
     catalog = catalog or load_catalog()
+    job = job.on(runtime)
     s = check_strategy(job, strategy)
     stages = place_stages(job, s, catalog)
     costs = [stage_cost(job, s, stage, catalog) for stage in stages]
@@ -131,5 +135,5 @@ def evaluate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Es
         step_time_s=step, tokens_per_s=tokens / step, tokens_per_s_per_gpu=tokens / step / n,
         mfu=model_flops / step / peak_sum, hfu=model_flops * (1 + recompute_share) / step / peak_sum,
         micro_batches=m, num_gpus=n, memory=memory, breakdown=breakdown,
-        strategy=s.resolved(), strategy_spec=s.spec(),
+        strategy=s.resolved(), strategy_spec=s.spec(), runtime=job.runtime.name,
     )

@@ -94,7 +94,7 @@ def evaluate_groups(job: Job, groups: list[ReplicaGroup], catalog: Catalog | Non
     if sum(g.batch for g in groups) != job.global_batch:
         raise ValueError(f"group batches sum to {sum(g.batch for g in groups)}, not the global batch "
                          f"{job.global_batch}")
-    scored = [GroupEstimate(group=g, estimate=evaluate(group_job(job, g.pool, g.batch), g.strategy, catalog))
+    scored = [GroupEstimate(group=g, estimate=evaluate(group_job(job, g.pool, g.batch), g.strategy, catalog=catalog))
               for g in groups]
     sync = sync_seconds(job, [g.pool for g in groups], catalog)
     step = max(s.estimate.step_time_s for s in scored) + sync

@@ -1,16 +1,19 @@
 """Memory per stage: model states, activations in flight, buffers, host tiers.
 
-* Model states (mixed-precision Adam, Rajbhandari et al. 2020): 2 B weights,
-  2 B gradients, 12 B optimizer per parameter; ZeRO-1/2/3 shard the optimizer,
-  + gradients, + weights over the sharding group; offload moves optimizer
-  states (and with ZeRO-3 weights) to host DRAM or NVMe.
+* Model states as the job's runtime lays them out (`RuntimeProfile.states`,
+  hardware/data/runtimes/*.yaml): each per-parameter term (16-bit weights,
+  fp32 gradients, master weights, Adam moments...) with the ZeRO stage from
+  which the framework shards it; offload moves the optimizer terms (and with
+  ZeRO-3 the weights) to host DRAM or NVMe.
 * Activations: per-layer saved bytes (Korthikanti et al. 2022) times the
   micro-batches a stage holds in flight: 1F1B stage i of p keeps min(p-i, m);
   interleaved keeps p + (p-1)/v stage-equivalents on the first stage
   (Megatron's warm-up count); GPipe keeps all m.  Full recompute keeps the
   layer inputs plus one layer's full working set.
-* FSDP/ZeRO-3 holds the gathered weights of the running and the prefetched
-  layer; a fixed reserve (context, NCCL, workspaces) and fragmentation.
+* Sharded weights gathered for compute (`RuntimeProfile.gathering`): the
+  running and prefetched layer, a whole micro-batch's worth, or the whole
+  stage for the step (torchtitan's FSDP under pipeline parallelism); a fixed
+  reserve (context, NCCL, workspaces) and fragmentation.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from planner.job import Job
 from planner.strategy import Strategy
 
 
-WEIGHT_BYTES = 2.0  # 16-bit weights (bf16/fp16; fp8 runs keep bf16 masters of the weights)
-GRAD_BYTES = 2.0  # 16-bit gradients (docs/cost-model.md: 2 + 2 + 12 bytes per parameter)
+WEIGHT_BYTES = 2.0  # 16-bit weights and activations on the wire (bf16/fp16; fp8 runs keep bf16 weights)
+GRAD_BYTES = 2.0  # 16-bit gradients (embedding tables' dense gradients)
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,22 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
     sp = strategy.sequence_parallel and layer.tp_splittable
     return layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
-        recompute=recompute, flash_attention=job.flash_attention,
+        recompute=recompute, flash_attention=job.flash,
     ) / strategy.cp
+
+
+def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) -> float:
+    """HBM of sharded weights gathered for compute (and their unsharded gradients), under the runtime's policy."""
+    gathering = job.runtime.gathering
+    policy = gathering.policy(strategy.zero, strategy.pipelined) if shard > 1 else None
+    per_param = gathering.bytes_per_param + gathering.grad_bytes_per_param
+    if policy == "layers":  # the running and the prefetched layer
+        return 2.0 * sums.largest_layer_params * per_param
+    if policy == "microbatch":  # the stage's weights through a micro-batch, one layer's gradients at a time
+        return sums.params * gathering.bytes_per_param + sums.largest_layer_params * gathering.grad_bytes_per_param
+    if policy == "step":  # the stage's weights and accumulated unsharded gradients for the whole step
+        return sums.params * per_param
+    return 0.0
 
 
 def stage_memory(
@@ -113,30 +130,37 @@ def stage_memory(
     catalog: Catalog,
 ) -> RankMemory:
     """Peak HBM and offloaded bytes of one rank of the stage at `site` holding `sums`."""
-    s = strategy
+    s, runtime = strategy, job.runtime
     params = sums.params
     gpn = site.node.gpus_per_node
     shard = shard_degree(s, gpn)
     opt_shard = shard if s.zero >= 1 else 1
+    terms = runtime.states
 
-    weights = params * WEIGHT_BYTES / (shard if s.zero >= 3 else 1)
-    grads = params * GRAD_BYTES / (shard if s.zero >= 2 else 1)
-    optimizer = params * catalog.constant("optimizer_bytes_per_param") / opt_shard
+    weights = runtime.state_bytes("weights", params, s.zero, shard)
+    grads = runtime.state_bytes("grads", params, s.zero, shard)
+    optimizer = runtime.state_bytes("optimizer", params, s.zero, shard)
 
     host = nvme = 0.0
     if s.offloads_optimizer:
-        # the offloaded share of the optimizer states plus the fp32 gradient copy the CPU optimizer reads
+        # the offloaded share of the optimizer states and of the terms that live with them; without such a
+        # term the CPU optimizer reads an fp32 gradient copy of its own
         share = s.offload_ratio
-        fp32_grads = share * params * 4.0 / opt_shard
+        with_optimizer = sum(t.bytes(params, s.zero, shard) for t in terms if t.moves_with == "optimizer")
+        fp32_grads = share * (with_optimizer or params * 4.0 / opt_shard)
+        grads -= share * with_optimizer
         moved = share * optimizer
         host, nvme = (moved + fp32_grads, 0.0) if s.offload_device == "cpu" else (fp32_grads, moved)
         optimizer -= moved
     if s.offloads_params:
+        # the weights at rest, and the gradient shards that FSDP offloads with them
+        with_params = sum(t.bytes(params, s.zero, shard) for t in terms if t.moves_with == "params")
+        parked = weights + with_params
         if s.offload_device == "cpu":
-            host += weights
+            host += parked
         else:
-            nvme += weights
-        weights = 0.0
+            nvme += parked
+        weights, grads = 0.0, grads - with_params
 
     if s.regather == "host" and shard > 1:
         # FCDP: the node keeps one gathered copy of the stage's weights, split over its members of the group
@@ -146,10 +170,7 @@ def stage_memory(
     # backward re-materialises one recomputed layer at a time on top of what is kept
     activations = sums.kept_activations * in_flight + sums.working_set
 
-    buffers = 0.0
-    if s.zero >= 3:
-        # the running and the prefetched layer's gathered weights (and their gradients)
-        buffers += 2.0 * sums.largest_layer_params * (WEIGHT_BYTES + GRAD_BYTES)
+    buffers = gathered_bytes(job, s, sums, shard)
     allocated = weights + grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated
     return RankMemory(

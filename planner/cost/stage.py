@@ -113,11 +113,11 @@ def _offload_seconds(memory: RankMemory, job: Job, strategy: Strategy, site: Sta
     return transfer + cpu_adam + swap
 
 
-def param_fetch_seconds(memory: RankMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
+def param_fetch_seconds(job: Job, memory: RankMemory, site: StageSite, strategy: Strategy, catalog: Catalog) -> float:
     """Seconds per micro-batch to bring offloaded weight shards to the GPU (forward and backward)."""
     if not strategy.offloads_params:
         return 0.0
-    shard_bytes = memory.params * WEIGHT_BYTES / max(1, strategy.dp)
+    shard_bytes = job.runtime.state_bytes("weights", memory.params, 3, max(1, strategy.dp))
     node = site.node
     if strategy.offload_device == "cpu":
         rate = host_rate(site, catalog)
@@ -140,7 +140,7 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     memory = stage_memory(job, strategy, site, sums, micro_batches, catalog)
     dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog,
                             host_rate(site, catalog) if strategy.regather == "host" else 0.0)
-    fetch = param_fetch_seconds(memory, site, strategy, catalog)
+    fetch = param_fetch_seconds(job, memory, site, strategy, catalog)
     dp_micro = 0.0
     if dp.per_microbatch_forward or dp.per_microbatch_backward or fetch:
         dp_micro = (
@@ -148,7 +148,12 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
             + max(0.0, dp.per_microbatch_backward + fetch / 2 - overlap * backward)
             + dp.first_gather  # the first layer's gather has nothing to hide behind
         )
-    dp_end = max(0.0, dp.step_end - overlap * sums.compute) if dp.step_end else 0.0
+    # the step-end sync hides behind the last micro-batch where the runtime overlaps it; a once-per-step
+    # gather hides behind the first forward
+    hidden = overlap * sums.compute if job.runtime.overlap.grad_reduce else 0.0
+    dp_end = max(0.0, dp.step_end - hidden) if dp.step_end else 0.0
+    if dp.step_start:
+        dp_end += max(0.0, dp.step_start - overlap * forward)
 
     optimizer = 0.0
     on_gpu = 1.0 - strategy.offload_ratio if strategy.offloads_optimizer else 1.0

@@ -1,15 +1,20 @@
 """Launch files: one module per target, each turning a Plan into files.
 
-Every emitter is a function `emit(plan: Plan, job: Job) -> dict[str, str]`
+Every emitter module has `emit(plan: Plan, job: Job) -> dict[str, str]`
 returning paths relative to its own folder (e.g. "ds_config.json",
-"launch.sh") and their text.  Output is deterministic: sorted keys, no
-timestamps, no absolute paths.  `emit_targets` prefixes each path with the
-target's folder name, as `compile -o DIR` writes them.
+"launch.sh") and their text, and `written_strategy(plan, job) -> Strategy`:
+the strategy those files ask the framework to run, read off the same
+decisions the files are written from (a framework may substitute: DeepSpeed's
+PipelineEngine runs ZeRO-1 where the plan says ZeRO-2).  Output is
+deterministic: sorted keys, no timestamps, no absolute paths.
 
-A module may also declare `SPACE_LIMITS`: SpaceOptions fields that keep the
-search to plans the target can run.  `compile --target T` applies them (the
-compiler then never picks what T refuses); default targets do not narrow the
-search, and a target that cannot run the plan is skipped with a note.
+Before any file of a target is produced, `planner.emit.check` costs its
+written strategy under the target's runtime profile (TARGET_RUNTIMES) and
+refuses files that would not fit or would run slower than the plan's strategy
+does there; `planner.emit.check.emit_targets` prefixes each path with the
+target's folder name, as `compile -o DIR` writes them.  What a target's framework can express at all
+is its profile's `space` section (`compile --target T` searches only that:
+`planner.search.space.narrow_to_runtime`).
 """
 
 from __future__ import annotations
@@ -19,15 +24,39 @@ from typing import Callable
 
 from planner.job import Job
 from planner.plan.schema import Plan
-from planner.strategy import PLACEMENT_KEYS
+from planner.strategy import PLACEMENT_KEYS, Strategy
 
 
 class UnsupportedPlan(ValueError):
-    """A target cannot express this plan's model (e.g. a recommendation model for Megatron)."""
+    """A target cannot express this plan (e.g. a recommendation model for Megatron, experts for DeepSpeed)."""
+
+
+class RefusedPlan(ValueError):
+    """A target's files would not hold the plan: its written strategy does not fit, or runs slower than the
+    plan's strategy, under the target's runtime."""
 
 
 TARGETS = ("deepspeed", "torch", "torchtitan", "megatron", "slurm", "k8s")
 DEFAULT_TARGETS = ("deepspeed", "torch")
+# the runtime profile (hardware/data/runtimes) each target's files run under: Slurm and Kubernetes wrap the
+# torch target's launcher, which runs planner's own runtime
+TARGET_RUNTIMES = {"deepspeed": "deepspeed", "torch": "planner", "torchtitan": "torchtitan", "megatron": "megatron",
+                   "slurm": "planner", "k8s": "planner"}
+
+
+def primary_runtime(targets: tuple[str, ...], model_has_experts: bool) -> tuple[str, str | None]:
+    """The runtime a compile searches under when none is named, and a note when it is not the obvious one:
+    the first named target's, else planner's own runtime; for a mixture-of-experts model that runtime
+    cannot run, the first target runtime (or Megatron) that can."""
+    from planner.profile import CLI_RUNTIME, load_runtime
+
+    first = TARGET_RUNTIMES[targets[0]] if targets else CLI_RUNTIME
+    if not model_has_experts or load_runtime(first).space.moe:
+        return first, None
+    for name in [TARGET_RUNTIMES[t] for t in targets] + ["megatron"]:
+        if load_runtime(name).space.moe:
+            return name, (f"searched under the {name} runtime: {first} cannot run mixture-of-experts models")
+    return first, None
 
 Emitter = Callable[[Plan, Job], dict[str, str]]
 
@@ -37,6 +66,24 @@ def emitter(target: str) -> Emitter:
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
     return import_module(f"planner.emit.{target}").emit
+
+
+def strategy_writer(target: str) -> Callable[[Plan, Job], Strategy]:
+    """The `written_strategy` function of `target`."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
+    return import_module(f"planner.emit.{target}").written_strategy
+
+
+def one_placement(plan: Plan, target: str) -> None:
+    """UnsupportedPlan when the plan's stages keep their state differently: `target` writes one offload
+    setting for every rank."""
+    per_stage = [key for key in PLACEMENT_KEYS if getattr(plan.strategy, f"stage_{key}")]
+    if per_stage:
+        key = per_stage[0]
+        values = "/".join(map(str, getattr(plan.strategy, f"stage_{key}")))
+        raise UnsupportedPlan(f"{target} applies one {key} setting to every rank; the plan's stages differ "
+                              f"({key}={values})")
 
 
 def available_targets() -> tuple[str, ...]:
@@ -49,38 +96,3 @@ def available_targets() -> tuple[str, ...]:
             continue
         out.append(target)
     return tuple(out)
-
-
-def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, str]:
-    """Files of every target, keyed by "target/relative/path"."""
-    files: dict[str, str] = {}
-    if plan.groups and targets:
-        # every framework here runs one strategy over all its ranks
-        raise UnsupportedPlan(f"a replica-group plan (a strategy per pool) has no {targets[0]} form; plan.json "
-                              "lists each group's plan")
-    per_stage = [key for key in PLACEMENT_KEYS if getattr(plan.strategy, f"stage_{key}")]
-    for target in targets:
-        limits = getattr(import_module(f"planner.emit.{target}"), "SPACE_LIMITS", {})
-        if per_stage and limits.get("stage_placement") is False:
-            key = per_stage[0]
-            values = "/".join(map(str, getattr(plan.strategy, f"stage_{key}")))
-            raise UnsupportedPlan(f"{target} applies one {key} setting to every rank; the plan's stages differ "
-                                  f"({key}={values})")
-        for path, text in sorted(emitter(target)(plan, job).items()):
-            files[f"{target}/{path}"] = text
-    return files
-
-
-def space_limits(targets: tuple[str, ...]) -> dict:
-    """SpaceOptions updates under which every plan runs on all of `targets` (their SPACE_LIMITS combined)."""
-    # every framework here runs one strategy over all its ranks (no replica groups) and re-gathers
-    # ZeRO-3 weights over the network (none has a host-memory parameter cache, FCDP)
-    limits: dict = {"replica_groups": False, "regathers": ("network",)} if targets else {}
-    for target in targets:
-        for key, value in getattr(import_module(f"planner.emit.{target}"), "SPACE_LIMITS", {}).items():
-            if key in limits:  # the narrower of two limits: fewer devices, a smaller maximum, False over True
-                old = limits[key]
-                value = (tuple(v for v in old if v in value) if isinstance(value, tuple)
-                         else value and old if isinstance(value, bool) else min(old, value))
-            limits[key] = value
-    return limits

@@ -6,7 +6,9 @@
 interleaved schedules, fp8, tensor/context parallelism, uneven pipeline
 splits) the nearest supported setting is written and the substitution is
 explained in the folder's README.md: ds_config.json carries only keys that
-DeepSpeedConfig accepts.
+DeepSpeedConfig accepts.  `written_strategy` reads ds_config.json and
+pipeline.json back as the strategy DeepSpeed runs (planner.emit.check costs
+it before anything is written).
 
 Output is deterministic: JSON with sorted keys and indent 2, a trailing
 newline, no timestamps, no absolute paths.
@@ -17,10 +19,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from planner.emit import one_placement
 from planner.job import Job
 from planner.plan.build import rank_location
 from planner.plan.schema import Plan
-from planner.strategy import Strategy
+from planner.strategy import Offload, Strategy
 
 NVME_PATH = "/local_nvme"
 MASTER_PORT = 29500
@@ -39,16 +42,12 @@ def _json(data: dict) -> str:
 
 # ---------------------------------------------------------------- decisions
 
-# `--target deepspeed` keeps the search off what the PipelineEngine refuses (ZeRO-2/3) or cannot run
-# (interleaved chunks).
-SPACE_LIMITS = {"allow_zero_with_pp": False, "max_vpp": 1, "stage_placement": False}
-
-
 class _Decisions:
     """The DeepSpeed settings for a plan, and the notes on what was substituted."""
 
     def __init__(self, plan: Plan, job: Job) -> None:
         s = plan.strategy
+        one_placement(plan, "deepspeed")  # one ds_config.json for every rank
         self.plan, self.job = plan, job
         self.tp, self.pp, self.dp, self.cp, self.ep = s.tp, s.pp, s.dp, s.cp, s.ep
         self.mbs = s.mbs
@@ -460,6 +459,45 @@ def readme(d: _Decisions) -> str:
         lines += [f"- {note}" for note in d.notes]
         lines.append("")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- what the files ask for
+
+
+def _offload_of(section: dict) -> tuple[Offload, str, float]:
+    """(offload, device, ratio) of a zero_optimization section."""
+    opt, par = section.get("offload_optimizer"), section.get("offload_param")
+    kinds: dict[tuple[bool, bool], Offload] = {(False, False): "none", (True, False): "optimizer",
+                                               (False, True): "params", (True, True): "all"}
+    device = (opt or par or {"device": "cpu"})["device"]
+    return kinds[(opt is not None, par is not None)], device, float((opt or {}).get("ratio", 1.0))
+
+
+def written_strategy(plan: Plan, job: Job) -> Strategy:
+    """The strategy ds_config.json and pipeline.json ask DeepSpeed to run, read off them: ZeRO stage and
+    offload after the PipelineEngine's and ZeRO-Offload's substitutions, 1F1B with one chunk per stage, the
+    plan's split (custom parts), one activation-checkpoint count."""
+    d = _Decisions(plan, job)
+    config, pipeline = ds_config(d), pipeline_json(d)
+    section = config["zero_optimization"]
+    offload, device, ratio = _offload_of(section)
+    recompute, recompute_layers = "none", None
+    checkpointing = config.get("activation_checkpointing")
+    if pipeline["activation_checkpoint_interval"] and checkpointing is not None:
+        recompute = "full"
+        count = checkpointing["number_checkpoints"]  # the first `count` blocks of every stage
+        if count < max(pipeline["blocks_per_stage"]):
+            recompute_layers = (count,)
+    return Strategy(
+        tp=pipeline["tensor_model_parallel_size"], pp=pipeline["pipeline_model_parallel_size"],
+        dp=pipeline["data_parallel_size"], cp=pipeline["context_parallel_size"],
+        ep=pipeline["expert_parallel_size"], mbs=config["train_micro_batch_size_per_gpu"], vpp=1,
+        sp=pipeline["sequence_parallel"] and pipeline["tensor_model_parallel_size"] > 1,
+        zero=section["stage"], shard="node" if "zero_hpz_partition_size" in section else "full",
+        recompute=recompute, recompute_layers=recompute_layers, offload=offload, offload_device=device,
+        offload_ratio=ratio, schedule="1f1b",
+        split=tuple(pipeline["blocks_per_stage"]) if pipeline["stages"] > 1 else None,
+        stage_pools=plan.strategy.stage_pools)
 
 
 # ---------------------------------------------------------------- entry point

@@ -13,8 +13,10 @@ YAML is written by hand (deterministic); the image is a placeholder.
 from __future__ import annotations
 
 from planner.emit.slurm import job_name, launch_shape
+from planner.emit import strategy_writer
 from planner.job import Job
 from planner.plan.schema import Plan
+from planner.strategy import Strategy
 
 API_VERSION = "kubeflow.org/v1"
 IMAGE = "REGISTRY/planner-runtime:latest"
@@ -85,3 +87,8 @@ def emit(plan: Plan, job: Job) -> dict[str, str]:
     if nnodes > 1:
         lines += _replica("Worker", nnodes - 1, name, gpn, cpu_only)
     return {"pytorchjob.yaml": "\n".join(lines) + "\n"}
+
+
+def written_strategy(plan: Plan, job: Job) -> Strategy:
+    """the PyTorchJob runs planner.runtime.train on plan.json: the torch target's strategy (the plan's own)."""
+    return strategy_writer("torch")(plan, job)

@@ -13,23 +13,25 @@ Every emitted argument set is checked with `check_megatron_args` (our
 re-implementation of Megatron's validate_args rules); a violation raises
 ValueError instead of writing files that fail on the cluster.  What the plan
 decides but Megatron cannot express (per-stage recompute counts, an uneven
-split with unequal middle stages, ZeRO-3, parameter offload) is listed in
-README.md together with what Megatron will do instead.
+split with unequal middle stages, ZeRO-2/3, parameter offload) is listed in
+README.md together with what Megatron will do instead; `written_strategy`
+reads the argument set back as the strategy Megatron runs (flag by flag, as
+pretrain_gpt.py parses it), which planner.emit.check costs before writing.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from models.graph import LayerKind, ModelGraph
-from planner.emit import UnsupportedPlan
+from planner.emit import UnsupportedPlan, one_placement
 from planner.emit.megatron_check import check_megatron_args
 from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan.schema import Plan
-
-# Megatron applies one offload setting (--optimizer-cpu-offload, --optimizer-offload-fraction) to every rank.
-SPACE_LIMITS = {"stage_placement": False}
+from planner.strategy import Strategy
 
 MEGATRON_VERSION = "Megatron-LM core_r0.12 (megatron/training/arguments.py)"
 
@@ -121,6 +123,7 @@ def _pipeline_split(counts: list[int], vpp: int) -> tuple[dict[str, Any], list[s
 def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     """The argument dict (flag name without dashes -> value, True for store-true) and README notes."""
     s = plan.strategy
+    one_placement(plan, "megatron")  # --optimizer-cpu-offload and its fraction apply to every rank
     shape = model_shape(job.model)
     notes: list[str] = []
     args: dict[str, Any] = {
@@ -151,9 +154,10 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
                              "stages that needed fewer recompute more (slower, never out of memory).")
     if s.zero >= 1:
         args["use-distributed-optimizer"] = True
-        if s.zero == 3:
-            notes.append("zero=3 (sharded weights) has no counterpart in Megatron's distributed optimizer, which "
-                         "shards optimizer states and gradients only; weights stay replicated over dp.")
+        if s.zero >= 2:
+            what = "sharded gradients" if s.zero == 2 else "sharded gradients and weights"
+            notes.append(f"zero={s.zero} ({what}) -> Megatron's distributed optimizer (zero=1), which shards the "
+                         "optimizer states only: fp32 gradients and weights stay whole on every dp rank.")
         if s.shard == "node":
             shape_ = launch_shape(plan)
             shard = max(1, min(s.dp, shape_["nproc_per_node"] // (s.tp * s.cp)))
@@ -166,6 +170,11 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     if s.offload in ("params", "all") or s.offload_device == "nvme" and s.offload != "none":
         notes.append(f"offload={s.offload} to {s.offload_device}: Megatron offloads only optimizer states, "
                      "and only to CPU memory (--optimizer-cpu-offload); the rest stays in HBM.")
+    if s.regather == "host":
+        notes.append("regather=host (a host-memory weight cache) has no Megatron counterpart; weights are not "
+                     "sharded, so nothing is re-gathered.")
+    if s.pp > 1 and s.pipeline_schedule == "gpipe":
+        notes.append("schedule=gpipe -> 1F1B: Megatron runs 1F1B (interleaved with vpp > 1) only.")
     args.update({
         "micro-batch-size": s.mbs,
         "global-batch-size": job.global_batch,
@@ -202,6 +211,55 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
         notes.append("The plan assumes unfused attention (flash_attention off); Megatron picks its attention "
                      "backend itself (--attention-backend).")
     return args, notes
+
+
+def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[str, ...] | None = None) -> Strategy:
+    """The strategy Megatron runs for an argument dict (as `megatron_args` makes it), flag by flag as
+    pretrain_gpt.py reads them; UnsupportedPlan when planner has no strategy for it."""
+    tp, pp = int(args["tensor-model-parallel-size"]), int(args["pipeline-model-parallel-size"])
+    cp, layers = int(args["context-parallel-size"]), int(args["num-layers"])
+    first, last = args.get("decoder-first-pipeline-num-layers"), args.get("decoder-last-pipeline-num-layers")
+    chunk = args.get("num-layers-per-virtual-pipeline-stage")
+    vpp = layers // (pp * int(chunk)) if chunk else 1
+    split = None
+    if pp > 1:  # Megatron's layer assignment: the flagged ends, the rest evenly over the other stages
+        middle = pp - (first is not None) - (last is not None)
+        rest = layers - int(first or 0) - int(last or 0)
+        per = rest // middle if middle else 0
+        split = tuple([int(first)] if first is not None else []) + (per,) * middle + \
+            tuple([int(last)] if last is not None else [])
+    granularity, method = args.get("recompute-granularity"), args.get("recompute-method")
+    recompute, recompute_layers = granularity or "none", None
+    if granularity == "full" and method == "block":  # the first N blocks of every stage (every chunk)
+        recompute_layers = (int(args["recompute-num-layers"]),)
+    # method uniform with --recompute-num-layers 1 checkpoints every block: recompute_layers None (all)
+    offload = "optimizer" if args.get("optimizer-cpu-offload") else "none"
+    values = {
+        "tp": tp, "pp": pp, "cp": cp, "dp": world_size // (tp * pp * cp), "ep": int(args["expert-model-parallel-size"]),
+        "mbs": int(args["micro-batch-size"]), "vpp": vpp, "sp": bool(args.get("sequence-parallel")),
+        "zero": 1 if args.get("use-distributed-optimizer") else 0,
+        "shard": "node" if args.get("num-distributed-optimizer-instances") else "full",
+        "recompute": recompute, "recompute_layers": recompute_layers, "offload": offload,
+        "offload_ratio": float(args.get("optimizer-offload-fraction", 1.0)),
+        "schedule": "interleaved" if vpp > 1 else "1f1b", "tp_overlap": bool(args.get("tp-comm-overlap")),
+        "split": split, "stage_pools": stage_pools,
+    }
+    try:
+        return Strategy(**values)
+    except ValidationError as err:
+        message = err.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UnsupportedPlan(f"the Megatron arguments have no planner strategy: {message}") from None
+
+
+def written_strategy(plan: Plan, job: Job) -> Strategy:
+    """The strategy args.txt asks Megatron to run: its split (first/last-stage flags or an even one), one
+    recompute count (--recompute-num-layers), the distributed optimizer for ZeRO >= 1, optimizer offload to
+    CPU only."""
+    args, _ = megatron_args(plan, job)
+    errors = check_megatron_args(args, plan.job.num_gpus)
+    if errors:
+        raise UnsupportedPlan("the arguments would break Megatron's rules: " + "; ".join(errors))
+    return strategy_of_args(args, plan.job.num_gpus, plan.strategy.stage_pools)
 
 
 def args_lines(args: dict[str, Any]) -> list[str]:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import re
 
+from planner.emit import strategy_writer
 from planner.job import Job
 from planner.plan.schema import Plan
+from planner.strategy import Strategy
 
 CPUS_PER_GPU = 8  # placeholder: hardware catalog nodes carry no CPU core count
 
@@ -76,3 +78,8 @@ srun --kill-on-bad-exit=1 --ntasks-per-node=1 \\
     bash -c 'export NODE_RANK=$SLURM_NODEID PET_NODE_RANK=$SLURM_NODEID; exec bash "$0"' "$LAUNCHER"
 """
     return {"job.sbatch": text}
+
+
+def written_strategy(plan: Plan, job: Job) -> Strategy:
+    """job.sbatch runs ../torch/launch.sh: the torch target's strategy (the plan's own)."""
+    return strategy_writer("torch")(plan, job)

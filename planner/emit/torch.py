@@ -29,9 +29,6 @@ from planner.job import Job
 from planner.plan.schema import Plan, ReplicaGroupsStrategy
 from planner.strategy import Strategy
 
-# `--target torch` searches only what the runtime runs: FSDP2 offloads to CPU, never NVMe.
-SPACE_LIMITS = {"offload_devices": ("cpu",), "offload_ratios": ()}  # FSDP2 offloads all of a module or none
-
 _LLAMA_STYLE = {  # TransformerConfig field -> the value the reference model needs
     "activation": "swiglu", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "bias": False,
     "qkv_bias": False, "tied_embeddings": False, "moe": None, "mla": None, "causal": True, "type_vocab": 0,
@@ -137,6 +134,16 @@ after forward; zero 0: replicated, gradients all-reduced). It trains the referen
 synthetic data in fp32 (NCCL on GPUs, gloo on CPU) and prints `step <i> loss <x>` and
 `param_bytes <rank> <bytes>`. Not supported: ep > 1 (the reference model is dense), NVMe offload.
 """
+
+
+def written_strategy(plan: Plan, job: Job) -> Strategy:
+    """The plan's own strategy: planner.runtime.train reads plan.json and runs it as it is (UnsupportedPlan
+    when the runtime cannot)."""
+    problem = runtime_problem(plan)
+    if problem is not None:
+        raise UnsupportedPlan(problem)
+    assert isinstance(plan.strategy, Strategy)  # runtime_problem refuses replica groups
+    return plan.strategy
 
 
 def emit(plan: Plan, job: Job) -> dict[str, str]:

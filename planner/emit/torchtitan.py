@@ -11,7 +11,9 @@ Mapping of the plan:
   the whole dp group -> data_parallel_shard_degree=dp (FSDP2); shard=node ->
   HSDP: shard = the dp ranks inside one node, replicate = the rest.  ZeRO-1/2
   keep weights gathered between forward and backward
-  (fsdp_reshard_after_forward="never"), ZeRO-3 reshards ("default").
+  (fsdp_reshard_after_forward="never"), ZeRO-3 reshards ("default"), and so
+  does ZeRO-1/2 with CPU offload (training.enable_cpu_offload, which moves
+  parameters, gradients and optimizer states: zero=3, offload=all).
 * tp, cp, pp, ep degrees; schedule 1F1B / GPipe / Interleaved1F1B;
   pipeline_parallel_microbatch_size = mbs; the split as
   pipeline_parallel_split_points ("layers.<i>" where each stage begins; with
@@ -25,6 +27,8 @@ Mapping of the plan:
 * fp8 -> model.converters=["float8"] with the [float8] section.
 
 The TOML is written by hand (deterministic key order, no toml dependency).
+`written_strategy` reads the sections back as the strategy torchtitan runs
+(planner.emit.check costs it before anything is written).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ import json
 import math
 from typing import Any
 
+from planner.emit import one_placement
 from planner.emit.megatron import model_shape, stage_block_counts
 from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan.schema import Plan
+from planner.strategy import Strategy
 
 TORCHTITAN_VERSION = "torchtitan v0.1.0"
 
@@ -48,9 +54,6 @@ FLAVORS = {
 }
 
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
-
-# training.enable_cpu_offload moves parameters, gradients and optimizer states together: no partial share
-SPACE_LIMITS = {"offload_ratios": (), "stage_placement": False}
 
 
 def _value(value: Any) -> str:
@@ -131,6 +134,7 @@ def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
 def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Sections of train.toml and README notes."""
     s = plan.strategy
+    one_placement(plan, "torchtitan")  # one [training] and [parallelism] section for every rank
     shape = model_shape(job.model)
     notes: list[str] = []
     name, flavor = FLAVORS.get(plan.job.model, ("llama3", plan.job.model))
@@ -161,13 +165,22 @@ def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], 
     elif cpu_offload and s.offload != "all":
         notes.append(f"offload={s.offload}: torchtitan's training.enable_cpu_offload moves parameters, "
                      "gradients and optimizer states to CPU together (more than the plan offloads).")
+    # ZeRO-1/2 are FSDP2 keeping the gathered weights from forward to backward; CPU offload moves the
+    # parameters to the host, so they are re-gathered for backward as under ZeRO-3
+    reshard = "default" if s.zero in (0, 3) or cpu_offload else "never"
     if s.zero in (1, 2) and shard > 1:
         notes.append(f"zero={s.zero}: FSDP2 always shards weights too; fsdp_reshard_after_forward=\"never\" "
-                     "keeps them gathered from forward to backward, as ZeRO-1/2 would.")
+                     "keeps them gathered from forward to backward, as ZeRO-1/2 would."
+                     if reshard == "never" else
+                     f"zero={s.zero} -> 3: with training.enable_cpu_offload FSDP2 keeps the parameters on the "
+                     "host and re-gathers them for backward (fsdp_reshard_after_forward=\"default\").")
+    if s.regather == "host":
+        notes.append("regather=host (a host-memory weight cache) has no torchtitan counterpart: FSDP2 re-gathers "
+                     "weights over the data-parallel group.")
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
-        "fsdp_reshard_after_forward": "default" if s.zero in (0, 3) else "never",
+        "fsdp_reshard_after_forward": reshard,
         "tensor_parallel_degree": s.tp,
         "disable_loss_parallel": not (s.tp > 1),
         "enable_async_tensor_parallel": s.tp_overlap and s.tp > 1,
@@ -217,6 +230,56 @@ def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], 
             "filter_fqns": ["output"],
         }
     return sections, notes
+
+
+def _stage_counts(points: list[str], total: int, pp: int) -> tuple[tuple[int, ...], int]:
+    """(blocks per stage, chunks per stage) of pipeline_parallel_split_points: chunk k runs on stage k % pp."""
+    edges = [0, *(int(point.removeprefix("layers.")) for point in points), total]
+    chunks = [b - a for a, b in zip(edges, edges[1:])]
+    return tuple(sum(chunks[i::pp]) for i in range(pp)), len(chunks) // pp
+
+
+def _recompute_of(section: dict[str, Any], counts: tuple[int, ...], vpp: int) -> dict[str, Any]:
+    """recompute and recompute_layers of an [activation_checkpoint] section on stages of `counts` blocks."""
+    mode, option = section["mode"], section.get("selective_ac_option")
+    if mode == "none":
+        return {"recompute": "none"}
+    if mode == "full":
+        return {"recompute": "full"}
+    if option == "op":
+        return {"recompute": "selective"}
+    # every `option`-th block of a stage is checkpointed (torchtitan counts the blocks it wraps): per chunk,
+    # as planner counts recompute_layers
+    chunks = [max(1, c // vpp) for c in counts]
+    per_stage = tuple(c // int(option) for c in chunks)
+    if all(k >= c for k, c in zip(per_stage, chunks)):
+        return {"recompute": "full"}
+    return {"recompute": "full", "recompute_layers": per_stage[:1] if len(set(per_stage)) == 1 else per_stage}
+
+
+def written_strategy(plan: Plan, job: Job) -> Strategy:
+    """The strategy train.toml asks torchtitan to run, read off its sections: DDP, FSDP2 or HSDP for the ZeRO
+    stage, CPU offload of everything or nothing, sequence parallel with every tp, the split points, and every
+    n-th block checkpointed for per-stage recompute counts."""
+    sections, _ = torchtitan_config(plan, job)
+    p, training = sections["parallelism"], sections["training"]
+    replicate, shard = p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]
+    tp, pp = p["tensor_parallel_degree"], p["pipeline_parallel_degree"]
+    zero = plan.strategy.zero  # one data-parallel rank: nothing is sharded, the plan's zero costs the same
+    if shard > 1:
+        zero = 3 if p["fsdp_reshard_after_forward"] == "default" else plan.strategy.zero if plan.strategy.zero in (
+            1, 2) else 1
+    elif replicate > 1:
+        zero = 0  # DDP
+    schedule = {v: k for k, v in SCHEDULES.items()}[p.get("pipeline_parallel_schedule", "1F1B")]
+    counts, vpp = _stage_counts(p.get("pipeline_parallel_split_points", []), job.model.num_blocks, pp)
+    return Strategy(
+        tp=tp, pp=pp, dp=replicate * shard, cp=p["context_parallel_degree"], ep=p["expert_parallel_degree"],
+        mbs=p["pipeline_parallel_microbatch_size"] if pp > 1 else training["local_batch_size"], vpp=vpp,
+        sp=tp > 1, zero=zero, shard="node" if replicate > 1 and shard > 1 else "full",
+        offload="all" if training["enable_cpu_offload"] else "none", schedule=schedule,
+        tp_overlap=p["enable_async_tensor_parallel"], split=counts if pp > 1 else None,
+        stage_pools=plan.strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts, vpp))
 
 
 def emit(plan: Plan, job: Job) -> dict[str, str]:

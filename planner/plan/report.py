@@ -1,14 +1,18 @@
 """report.md: a compiled plan explained for a person.
 
-`render_report(plan)` is a pure function of the Plan, so the same inputs give
-a byte-identical report (no wall time: the CLI prints that on stderr).
+`render_report(plan, targets, plots, checks)` is a pure function of the Plan and
+the targets' checks (planner.plan.targets), so the same inputs give a
+byte-identical report (no wall time: the CLI prints that on stderr).
 Units on the page: GB = 1e9 bytes, ms, s.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from planner.plan.schema import Plan, PlanStage
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
+from planner.plan.targets import TargetCheck
 
 GB = 1e9
 
@@ -236,9 +240,54 @@ def _groups(plan: Plan, plots: bool = False) -> list[str]:
     return lines
 
 
-def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False) -> str:
+def _pct(x: float) -> str:
+    return f"{100 * x:+.2f}%"
+
+
+def _targets(plan: Plan, checks: Sequence[TargetCheck]) -> list[str]:
+    """The Targets section: each launch folder's strategy as its framework runs it, costed under its runtime."""
+    if not checks:
+        return []
+    lines = [
+        "## Targets",
+        "",
+        f"Each launch folder asks its framework for the strategy below (after the framework's own substitutions), "
+        f"costed under that framework's runtime profile (hardware/data/runtimes). A folder is written only when "
+        f"that strategy fits and runs at most {100 * checks[0].tolerance:.1f}% slower than the plan's strategy "
+        f"does under the same runtime. The plan itself is costed under the {plan.job.runtime} runtime.",
+        "",
+    ]
+    written = [c for c in checks if c.status == "written"]
+    if written:
+        rows = [[c.target, c.runtime, f"{c.step_time_s:.4f}", f"{c.tokens_per_s_per_gpu:,.0f}",
+                 _pct(c.vs_plan or 0.0), _pct(c.slower or 0.0), "yes" if c.fits else "no"] for c in written]
+        lines += [md_table(["target", "runtime", "step s", "tokens/s per GPU", "vs plan",
+                            "vs plan's strategy on this runtime", "fits"], rows, right=(2, 3, 4, 5)), ""]
+        for c in written:
+            change = ("as planned" if not c.changed else
+                      f"differs from the plan in {', '.join(c.changed)} (plan: {', '.join(c.planned)})")
+            lines.append(f"- {c.target}: `{c.written_spec}`: {change}; under the {c.runtime} runtime it "
+                         f"{'fits' if c.fits else 'does not fit'} on every stage.")
+        lines.append("")
+        stages = max(len(c.stages) for c in written)
+        rows = [[c.target, *(f"{_gb(s.peak_bytes)} / {_gb(s.capacity_bytes)}" for s in c.stages),
+                 *([""] * (stages - len(c.stages)))] for c in written]
+        lines += ["Peak HBM per GPU under each target's runtime (GB used / capacity):", "",
+                  md_table(["target", *(f"stage {i}" for i in range(stages))], rows,
+                           right=tuple(range(1, stages + 1))), ""]
+    skipped = [c for c in checks if c.status != "written"]
+    if skipped:
+        lines += ["Not written:", ""]
+        lines += [f"- {c.target} ({c.runtime} runtime): {c.why}" for c in skipped]
+        lines.append("")
+    return lines
+
+
+def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False,
+                  checks: Sequence[TargetCheck] = ()) -> str:
     """report.md for a compiled plan; `targets` are the launch folders written beside it; `plots`: link
-    memory.png and time.png (planner.plan.plots), written beside it too."""
+    memory.png and time.png (planner.plan.plots), written beside it too; `checks`: every target's check
+    (planner.emit.check), written or not, for the Targets section."""
     job, t = plan.job, plan.time
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [
@@ -265,6 +314,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         "",
         *_runners_up(plan),
         "",
+        *_targets(plan, checks),
         "## Launch",
         "",
         *(["From this directory:", "", "```", *(LAUNCH_COMMANDS[t] for t in targets if t in LAUNCH_COMMANDS),

@@ -61,7 +61,7 @@ from planner.cost.groups import evaluate_groups, group_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
 from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
-from planner.search.space import SpaceOptions, global_configs, placement_variants
+from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
 from planner.strategy import Strategy
 
 def _now() -> float:
@@ -185,7 +185,8 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     floor = _rate_floor(search, config, pools)
     cap = _stage_cap(search, config, micro_batches, pools, floor, runner_up)
     tables = build_tables(search.builder, config, micro_batches, cap, variants,
-                          prune=search.options.space.stage_placement, even=search.options.space.even_split)
+                          prune=search.options.space.stage_placement, even=search.options.space.split_shape == "even",
+                          every_recompute=_ties_recompute(search.options.space, config))
     if tables is None:
         return
     table_bound = tables.bottleneck_bound() * floor
@@ -237,7 +238,9 @@ def _program(search: _Search, tables: ConfigTables, micro_batches: int, runner_u
               else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
                             mixed_cluster=mixed, cutoff_ns=cutoff,
-                            uniform_placement=not search.options.space.stage_placement)
+                            uniform_placement=not search.options.space.stage_placement,
+                            middle_stages_equal=search.options.space.split_shape == "ends",
+                            recompute_counts=search.options.space.recompute_counts)
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):
@@ -304,6 +307,10 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     """Search the strategy space of `job` for the best plan, with a certificate."""
     options = options or CompileOptions()
     catalog = catalog or load_catalog()
+    options = options.model_copy(update={"space": narrow_to_runtime(options.space, job.runtime, job)})
+    if job.model.num_experts and not job.runtime.space.moe:
+        raise InfeasibleError(f"the {job.runtime.name} runtime cannot run mixture-of-experts models "
+                              f"({job.model.name} has {job.model.num_experts} experts)")
     search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress)
     legal = _legal_configs(job, options.space)  # counts the space (bounded after the replica groups)
     grouped = None
@@ -349,13 +356,20 @@ def _solve_closest_runners_up(search: _Search) -> None:
         _solve_config(search, config, m, bound, variants, runner_up=True)
 
 
+def _ties_recompute(space: SpaceOptions, config: Strategy) -> bool:
+    """Whether the program ties the stages' recompute counts together, so its tables need every count."""
+    return space.recompute_counts == "all" or (space.recompute_counts == "uniform" and config.pp > 1)
+
+
 def _space_limits_note(space: SpaceOptions) -> str:
     """What narrowed the space, for the no-legal-strategy message."""
     notes = [f"--fix {','.join(f'{k}={v}' for k, v in sorted(space.fixed.items()))}"] if space.fixed else []
-    if not space.allow_zero_with_pp:
-        notes.append("no ZeRO-2/3 with pipeline parallelism (the --target's limit)")
+    if set(space.zero_stages_pipelined) != set(space.zero_stages):
+        notes.append(f"ZeRO stages {'/'.join(map(str, space.zero_stages_pipelined))} with pipeline parallelism")
     if space.max_vpp == 1:
-        notes.append("no interleaving (the --target's limit)")
+        notes.append("no interleaving")
+    if space.max_tp == 1:
+        notes.append("no tensor parallelism")
     return f" under {'; '.join(notes)}" if notes else ""
 
 
@@ -490,7 +504,7 @@ def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, 
 
 def _result(search: _Search, configurations: int, other_bound: float = float("inf")) -> CompileResult:
     best = search.best
-    estimate = evaluate(search.job, best, search.catalog)  # the re-check every plan gets
+    estimate = evaluate(search.job, best, catalog=search.catalog)  # the re-check every plan gets
     objective = search.incumbent
     step = objective / _price_rate(search.job, best, search.catalog) if search.options.objective == "cost" else objective
     if not estimate.memory.fits or abs(estimate.step_time_s - step) > 0.005 * step:

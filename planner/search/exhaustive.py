@@ -29,8 +29,10 @@ from hardware import Catalog, load_catalog
 from planner.cost import evaluate
 from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
+from planner.profile import recompute_counts_allowed
 from planner.search.groups import share_grid
-from planner.search.space import SpaceOptions, global_configs, placement_variants
+from planner.cost.layout import split_blocks
+from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
 from planner.strategy import Strategy
 
 
@@ -106,6 +108,15 @@ def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], 
                     yield config.with_stage_placements(placement, **update, stage_pools=stage_pools)
 
 
+def _shape_allowed(job: Job, strategy: Strategy, space: SpaceOptions) -> bool:
+    """The split shape and recompute counts the space allows (the program's add_middle_stages_equal and
+    add_uniform_recompute)."""
+    blocks = [len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split)]
+    if space.split_shape == "ends" and len(set(blocks[1:-1])) > 1:
+        return False
+    return not job.model.num_blocks or recompute_counts_allowed(strategy, tuple(blocks), space.recompute_counts)
+
+
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
     ranks = strategy.tp * strategy.cp * strategy.dp
     names = strategy.stage_pools or (job.cluster.pools[0].name,) * strategy.pp
@@ -118,13 +129,15 @@ def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog, l
                   for c in configs}
     total = 0
     for config in configs:  # the guard first: nothing is scored on a space over the limit
-        total += _count(job, config, len(placements[id(config)]), space.even_split)
+        total += _count(job, config, len(placements[id(config)]), space.split_shape == "even")
         if total > limit:
             raise ValueError(f"exhaustive search would score more than limit={limit} candidates")
     best: tuple[float, str, Strategy] | None = None
     for config in configs:
-        for strategy in _candidates(job, config, placements[id(config)], space.even_split):
-            estimate = evaluate(job, strategy, catalog)
+        for strategy in _candidates(job, config, placements[id(config)], space.split_shape == "even"):
+            if not _shape_allowed(job, strategy, space):
+                continue
+            estimate = evaluate(job, strategy, catalog=catalog)
             if not estimate.memory.fits:
                 continue
             value = estimate.step_time_s
@@ -147,7 +160,7 @@ def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: L
     if objective not in ("time", "cost"):
         raise ValueError(f"objective must be 'time' or 'cost', not {objective!r}")
     catalog = catalog or load_catalog()
-    space = space or SpaceOptions()
+    space = narrow_to_runtime(space or SpaceOptions(), job.runtime, job)
     configs = list(global_configs(job, space))
     found = _best(job, configs, objective, catalog, limit, space, offload=False)
     if found is None and offload_fallback:  # nothing fits: offload trades time for memory

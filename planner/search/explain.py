@@ -119,7 +119,7 @@ def _scored(job: Job, catalog: Catalog, devices: tuple[str, ...], offload: bool 
         if not offload and strategy.offload != "none":
             continue
         try:
-            estimate = evaluate(job, strategy, catalog)
+            estimate = evaluate(job, strategy, catalog=catalog)
         except PlannerInputError:
             continue
         out.append(_Scored(ratios=_ratios(estimate), spec=short_spec(estimate.strategy), estimate=estimate))

@@ -26,6 +26,7 @@ from typing import Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.job import Job
+from planner.profile import RecomputeCounts, RuntimeProfile
 from planner.strategy import Strategy
 
 
@@ -36,10 +37,18 @@ class SpaceOptions(BaseModel):
     max_mbs: int = Field(16, gt=0, description="Largest micro-batch size tried.")
     max_vpp: int = Field(8, gt=0, description="Most virtual pipeline chunks per stage tried.")
     max_cp: int = Field(16, gt=0, description="Largest context-parallel degree tried.")
+    max_tp: int | None = Field(None, gt=0, description="Largest tensor-parallel degree tried (default: a node).")
+    max_ep: int | None = Field(None, gt=0, description="Largest expert-parallel degree tried (default: any).")
     zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="ZeRO stages tried.")
+    zero_stages_pipelined: tuple[int, ...] = Field(
+        (0, 1, 2, 3), description="ZeRO stages tried with pipeline parallelism (DeepSpeed's PipelineEngine: 0, 1)."
+    )
     shard_scopes: tuple[Literal["full", "node"], ...] = Field(("full", "node"), description="Sharding scopes tried.")
-    allow_zero_with_pp: bool = Field(
-        True, description="Allow ZeRO-2/3 together with pipeline parallelism (DeepSpeed refuses it)."
+    offloads: tuple[Literal["optimizer", "all"], ...] = Field(
+        ("optimizer", "all"), description="Offload settings a stage may take when it offloads."
+    )
+    selective_recompute: bool = Field(
+        True, description="Try recompute=selective where it pays (attention scores materialised)."
     )
     offload_devices: tuple[Literal["cpu", "nvme"], ...] = Field(
         ("cpu", "nvme"), description="Where offloaded optimizer states and parameters may go."
@@ -56,9 +65,15 @@ class SpaceOptions(BaseModel):
         "(fallback), or in every program, where offload can buy fewer recomputed blocks or a better split "
         "(always; slower to search)."
     )
-    even_split: bool = Field(
-        False, description="Only pipeline splits with the same number of blocks on every stage (pp divides the "
-        "blocks): the uniform-pp baseline (Megatron-LM's and DeepSpeed's uniform partition)."
+    split_shape: Literal["any", "ends", "even"] = Field(
+        "any", description="Pipeline splits tried: any; ends (the middle stages equal, the first and last free: "
+        "Megatron's --decoder-first/last-pipeline-num-layers); even (pp divides the blocks, the uniform-pp "
+        "baseline)."
+    )
+    recompute_counts: RecomputeCounts = Field(
+        "per_stage", description="Fully recomputed blocks: a count per stage; uniform, one count k for every stage "
+        "(each recomputes min(k, its blocks per chunk): Megatron's --recompute-num-layers); all, every block of "
+        "every stage or none (torchtitan's activation_checkpoint.mode)."
     )
     stage_placement: bool = Field(
         True, description="Let each pipeline stage choose its own placement (offload, device, ratio, regather); "
@@ -112,14 +127,14 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
     blocks = max(1, model.num_blocks)
     is_sequence = model.family != "recsys"
 
-    tps = [t for t in powers_of_two(gpn) if model.family != "recsys" or t == 1]
+    tps = [t for t in powers_of_two(min(gpn, options.max_tp or gpn)) if model.family != "recsys" or t == 1]
     tps = [t for t in tps if t == 1 or (model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0))]
     cps = [c for c in powers_of_two(options.max_cp) if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
     experts = model.num_experts
     for tp in _allowed(options, "tp", tps):
         for cp in _allowed(options, "cp", cps):
             pps = [p for p in range(1, blocks + 1) if (model.family != "recsys" or p == 1)
-                   and not (options.even_split and blocks % p)]
+                   and not (options.split_shape == "even" and blocks % p)]
             for pp in _allowed(options, "pp", pps):
                 if homogeneous:
                     if gpus % (tp * cp * pp):
@@ -137,9 +152,9 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
 
 def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, experts: int,
            blocks: int) -> Iterator[Strategy]:
-    eps = [e for e in _divisors(experts) if (dp * cp) % e == 0] if experts else [1]
+    eps = [e for e in _divisors(experts) if (dp * cp) % e == 0 and e <= (options.max_ep or e)] if experts else [1]
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"
-    recomputes = ["none"] if job.flash_attention else ["none", "selective"]
+    recomputes = ["none"] if job.flash or not options.selective_recompute else ["none", "selective"]
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in range(1, options.max_mbs + 1) if job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
     for ep in _allowed(options, "ep", eps):
@@ -150,7 +165,7 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                 vpps += [v for v in range(2, options.max_vpp + 1) if blocks % (pp * v) == 0]
             for vpp in _allowed(options, "vpp", vpps):
                 for zero in _allowed(options, "zero", list(options.zero_stages)):
-                    if zero >= 2 and pp > 1 and not options.allow_zero_with_pp:
+                    if pp > 1 and zero not in options.zero_stages_pipelined:
                         continue
                     if dp * cp == 1 and zero > 0:
                         continue  # nothing to shard over
@@ -192,9 +207,11 @@ def placement_variants(job: Job, config: Strategy, options: SpaceOptions, offloa
     offloads: list[Placement] = [{}]
     if offload:
         devices = options.offload_devices
-        offloads += [{"offload": "optimizer", "offload_device": d} for d in devices]
-        if config.zero == 3:
+        if "optimizer" in options.offloads:
+            offloads += [{"offload": "optimizer", "offload_device": d} for d in devices]
+        if config.zero == 3 and "all" in options.offloads:
             offloads += [{"offload": "all", "offload_device": d} for d in devices]
+        if config.zero == 3 and "optimizer" in options.offloads:
             if "cpu" in devices:
                 # partial optimizer offload (ZeRO-Offload++): less CPU Adam and PCIe, more HBM
                 offloads += [{"offload": "optimizer", "offload_device": "cpu", "offload_ratio": r}
@@ -204,3 +221,38 @@ def placement_variants(job: Job, config: Strategy, options: SpaceOptions, offloa
 
 def _min_gpus_per_node(job: Job) -> int:
     return min(pool.node.gpus_per_node for pool in job.cluster.pools)
+
+
+def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) -> SpaceOptions:
+    """`options` cut down to what `runtime` can express (its `Space`); applied once per runtime a plan must
+    run on, it leaves their intersection."""
+    space = runtime.space
+    keep = lambda values, allowed: tuple(v for v in values if v in allowed)  # noqa: E731
+    update: dict = {
+        "zero_stages": keep(options.zero_stages, space.zero_stages),
+        "zero_stages_pipelined": keep(options.zero_stages_pipelined, space.zero_stages_pipelined),
+        "shard_scopes": keep(options.shard_scopes, space.shard_scopes),
+        "offloads": keep(options.offloads, space.offloads),
+        "offload_devices": keep(options.offload_devices, space.offload_devices),
+        "offload_ratios": options.offload_ratios if space.partial_offload else (),
+        "regathers": keep(options.regathers, ("network", "host") if space.host_regather else ("network",)),
+        "stage_placement": options.stage_placement and space.per_stage_placement,
+        "selective_recompute": options.selective_recompute and space.selective_recompute,
+        "tp_overlap": options.tp_overlap and space.tp_overlap,
+        "recompute_counts": _stricter(options.recompute_counts, space.recompute_layers, ("per_stage", "uniform", "all")),
+    }
+    if "interleaved" not in space.schedules:
+        update["max_vpp"] = 1
+    if not space.tensor_parallel:
+        update["max_tp"] = 1
+    if not space.context_parallel or (space.context_parallel_needs_flash and not job.flash):
+        update["max_cp"] = 1
+    if not space.expert_parallel:
+        update["max_ep"] = 1
+    update["split_shape"] = _stricter(options.split_shape, space.split, ("any", "ends", "even"))
+    return options.model_copy(update=update)
+
+
+def _stricter(a: str, b: str, order: tuple[str, ...]) -> str:
+    """The narrower of two settings, `order` listing them from the widest."""
+    return order[max(order.index(a), order.index(b))]

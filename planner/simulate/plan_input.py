@@ -20,6 +20,7 @@ from models.spec import read_text
 from planner.cost.groups import group_job, sync_seconds
 from planner.errors import PlannerInputError
 from planner.job import Job
+from planner.profile import load_runtime
 from planner.plan.build import inputs_digest
 from planner.plan.schema import Plan
 from planner.simulate.result import TOLERANCE, SimulationResult, summarize
@@ -96,7 +97,7 @@ def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | No
         raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "
                                 f"{cluster or j.cluster} has {topology.num_gpus}")
     job = Job(model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
-              flash_attention=j.flash_attention, fused_kernels=j.fused_kernels)
+              flash_attention=j.flash_attention, fused_kernels=j.fused_kernels, runtime=load_runtime(j.runtime))
     _check_digest(plan, job, path, model, cluster)
     return job
 

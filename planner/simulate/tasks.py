@@ -149,7 +149,7 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
     dp = data_parallel_comm(cost.sums.params, cost.sums.largest_layer_params, job, strategy, groups, m, catalog,
                             cache_rate)
     # offloaded weights are fetched half before the forward, half before the backward, as compose_stage charges
-    fetch = param_fetch_seconds(cost.memory, stage.site, strategy, catalog)
+    fetch = param_fetch_seconds(job, cost.memory, stage.site, strategy, catalog)
     # data_parallel_comm's backward term is re-gather + reduce-scatter (ZeRO-3) or reduce-scatter (ZeRO-2)
     reduce = 0.0
     if dp.per_microbatch_backward and strategy.zero >= 2:
@@ -163,7 +163,7 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
         transfer=transfer, send_block=fraction * transfer,
         dp_gather=dp.per_microbatch_forward + fetch / 2, dp_regather=dp.per_microbatch_backward - reduce + fetch / 2,
         dp_reduce=reduce,
-        step_end=dp.step_end, optimizer=cost.optimizer, offload=cost.offload,
+        step_end=dp.step_end + dp.step_start, optimizer=cost.optimizer, offload=cost.offload,
         static_bytes=mem.weights + mem.grads + mem.optimizer + mem.buffers, capacity=mem.capacity, cost=cost,
     )
 

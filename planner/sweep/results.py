@@ -16,9 +16,10 @@ from typing import Any
 
 from planner.sweep.tasks import SweepTask, TaskResult
 
+# runtime: the profile a row was costed under (a baseline named after a framework is costed as that framework runs it)
 RESULT_FIELDS = ("scenario", "model", "cluster", "nodes", "gpus", "batch", "seq_len", "precision", "strategy",
-                 "fits", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
-                 "spec", "why")
+                 "runtime", "fits", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes",
+                 "nvme_bytes", "spec", "why")
 TIMING_FIELDS = ("scenario", "model", "cluster", "batch", "seq_len", "strategy", "planning_s", "task_s", "worker")
 
 
@@ -32,7 +33,8 @@ def result_record(task: SweepTask, result: TaskResult) -> dict[str, Any]:
     row = result.row
     return {"scenario": task.scenario, "model": task.model, "cluster": task.cluster,
             "nodes": task.job.cluster.num_nodes, "gpus": task.job.cluster.num_gpus, "batch": task.batch,
-            "seq_len": task.seq_len, "precision": task.precision, "strategy": task.strategy, "fits": row.fits,
+            "seq_len": task.seq_len, "precision": task.precision, "strategy": task.strategy, "runtime": row.runtime,
+            "fits": row.fits,
             "step_time_s": row.step_time_s, "tokens_per_s_per_gpu": row.tokens_per_s_per_gpu, "mfu": row.mfu,
             "peak_hbm_bytes": row.peak_hbm_bytes, "host_bytes": row.host_bytes, "nvme_bytes": row.nvme_bytes,
             "spec": row.spec, "why": row.why}

@@ -41,6 +41,7 @@ from models.spec import read_mapping
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
+from planner.profile import CLI_RUNTIME, load_runtime, runtime_names
 from planner.sweep.tasks import SweepTask
 
 StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES))]  # type: ignore[valid-type]
@@ -83,6 +84,8 @@ class SweepSpec(BaseModel):
     seq_lens: list[PositiveInt] = Field(default_factory=list, description="Sequence lengths of the grid.")
     precision: Precision = Field("bf16", description="Compute precision of every scenario (bf16, fp16, fp8).")
     flash_attention: bool = Field(True, description="Fused flash attention (no s^2 score tensors).")
+    runtime: str = Field(CLI_RUNTIME, description="Runtime profile of the planner row and the non-framework "
+                         "baselines (hardware/data/runtimes/<runtime>.yaml); framework baselines use their own.")
     strategies: list[StrategyName] | None = Field(
         None, min_length=1, description="Strategies scored per scenario; default: every one that applies."
     )
@@ -91,6 +94,13 @@ class SweepSpec(BaseModel):
     title: str | None = Field(None, description="Heading of summary.md and report.md; default: the file name.")
     simulate: bool = Field(False, description="Also simulate each scenario's planner plan (`planner simulate`) "
                            "and report the agreement with the analytic step in report.md.")
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, runtime: str) -> str:
+        if runtime not in runtime_names():
+            raise ValueError(f"unknown runtime {runtime!r}; known: {', '.join(runtime_names())}")
+        return runtime
 
     @field_validator("models", "clusters", "batches", "seq_lens", mode="before")
     @classmethod
@@ -259,7 +269,7 @@ class SweepTasks:
              where: str) -> Job:
         try:
             return Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=self.spec.flash_attention)
+                       flash_attention=self.spec.flash_attention, runtime=load_runtime(self.spec.runtime))
         except ValidationError as err:
             why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
             raise PlannerInputError(f"{self.path}: {where}: {why}") from None

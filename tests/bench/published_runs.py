@@ -1,25 +1,36 @@
 """Accuracy of the cost model against published training runs.
 
-Reads tests/data/published_runs.csv (a copy of shared/data/published_runs.csv),
-rebuilds each tier-A row's model, cluster and published strategy, runs
-`evaluate`, and prints predicted vs published tokens/s per GPU.
+Reads tests/data/published_runs.csv (shared/data/published_runs.csv plus a
+`runtime` column), rebuilds each row's model, cluster and published strategy,
+runs `evaluate` under the row's runtime profile, and prints predicted vs
+published tokens/s per GPU, predicted vs published peak HBM where the row
+publishes it, and the errors per runtime, separately for the rows with ids
+< 200 (the in-sample set the cost model was developed against) and the rows
+201-232 added with the runtime profiles.
 
-    python tests/bench/published_runs.py            # table
+    python tests/bench/published_runs.py            # tier-A table
+    python tests/bench/published_runs.py --tier all # every row (tier B too)
     python tests/bench/published_runs.py --csv F    # also write the rows
     python tests/bench/published_runs.py --compile  # also compile every row (up to 60 s each)
     python tests/bench/published_runs.py --compile --ids 63,72   # only these rows
 
 How a row becomes a job (one rule for every row, never a per-row constant):
 
+* the framework that ran it is the row's `runtime` column, a profile of
+  hardware/data/runtimes (`load_runtime`): memory layout, FSDP gathering,
+  gradient reduce dtype, overlap and kernels (flash attention, fused
+  element-wise work) all come from it; the job itself allows both kernels;
 * architecture from the row (layers, hidden, heads, kv_heads, ffn, vocab);
-  family from the model name: GPT (Megatron: learned positions, GeLU 4h,
-  biases, tied), Llama (SwiGLU, RMSNorm, RoPE), Nemotron (squared-ReLU), MPT
-  (GeLU, no biases, ALiBi so no position table, tied);
-* dropout as the codebase trains: Megatron-LM GPT runs keep its default
-  (0.1), NeMo/torchtitan/llm-foundry recipes train without;
-* flash attention for runs after 2022 (Megatron 2021-22 papers predate it);
-  fused element-wise kernels except where the run is eager PyTorch
-  (torchtitan without compile, llm-foundry's FSDP training loop);
+  family from the model name (case-insensitive): GPT (Megatron: learned
+  positions, GeLU 4h, biases, tied), Llama (SwiGLU, RMSNorm, RoPE), Nemotron
+  (squared-ReLU), MPT (GeLU, no biases, ALiBi so no position table, tied);
+* dropout as the model code trains by default, per runtime (`DROPOUT`):
+  Megatron-LM's GPT of 2021-22 (megatron-2021 and its torch-DDP variant,
+  and deepspeed-2021, which runs the same model code) keeps
+  --hidden-dropout/--attention-dropout 0.1, flash-attention's GPT
+  (pytorch-ddp) keeps transformers.GPT2Config's 0.1; the Megatron-Core/NeMo,
+  torchtitan, llm-foundry and lit-gpt rows train without (the Megatron-Core
+  README rows 20-28 publish no config; they are costed as the NeMo rows);
 * the published strategy; unpublished fields take the documented defaults:
   mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the cheapest
   setting that fits memory, as recipes are tuned to: none, selective, then
@@ -28,10 +39,13 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   SAC policy): recompute=full on half the blocks.  Our `selective` is
   Megatron's attention-core recompute, which saves nothing under flash
   attention, so it would not describe what torchtitan does;
-* "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on.
+* "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on;
+* a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
+  many GPUs.
 
 With --compile, every row's job (same model, cluster, batch, seq_len,
-precision, flash_attention, fused_kernels) is also given to `compile_job`
+precision and runtime profile) is also given to `compile_job`, whose space
+the runtime narrows to what the framework can express
 (CompileOptions(time_limit=60, space=SpaceOptions(tp_overlap=<the published
 strategy's tp_overlap>))) and a second table compares the compiled plan with
 the published strategy.  The comparison lives inside the cost model: the
@@ -61,24 +75,37 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hardware import load_cluster  # noqa: E402
+from hardware import Cluster, NodeSpec, Pool, load_catalog, load_cluster  # noqa: E402
 from models.transformer import build_transformer  # noqa: E402
 from models.transformer import gpt, llama  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
 from planner.job import Job  # noqa: E402
+from planner.profile import load_runtime  # noqa: E402
 from planner.search.compile import compile_job  # noqa: E402
 from planner.search.result import CompileOptions, CompileResult  # noqa: E402
 from planner.search.space import SpaceOptions  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
 CSV_PATH = ROOT / "tests" / "data" / "published_runs.csv"
+NEW_ROWS = 200  # ids above this are the rows added with the runtime profiles (201-232): out of sample
+GIB = 2.0**30
 
 _GPU_PRESETS = [  # (substring of gpu_type, node preset), first match wins
     ("96GB HBM2e", "h100-96g-8"),
     ("A100-SXM4-40GB", "dgx-a100-40g"),
     ("A100", "dgx-a100-80g"),
     ("H100", "dgx-h100"),
+    ("MI300X", "mi300x-8"),
 ]
+
+# Dropout as the model code a runtime's rows ran trains by default (GPT family only; the Llama, Nemotron and
+# MPT recipes train without):
+#   megatron-2021 (and its --DDP-impl torch variant): Megatron-LM megatron/arguments.py --hidden-dropout and
+#     --attention-dropout default 0.1, which the SC21 scripts (examples/academic_paper_scripts/sc21/CONFIG.sh)
+#     and Korthikanti et al. keep;
+#   deepspeed-2021: the same Megatron GPT code (DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3);
+#   pytorch-ddp: flash-attention's GPTLMHeadModel on transformers.GPT2Config (resid/embd/attn_pdrop 0.1).
+DROPOUT = {"megatron-2021": True, "megatron-2021-torchddp": True, "deepspeed-2021": True, "pytorch-ddp": True}
 
 
 @dataclass(frozen=True)
@@ -90,8 +117,25 @@ class Case:
     strategy: Strategy
 
     @property
-    def published(self) -> float:
-        return float(self.row["tokens_per_s_per_gpu"])
+    def published(self) -> float | None:
+        """Published tokens/s per GPU (None where the row has none)."""
+        value = (self.row.get("tokens_per_s_per_gpu") or "").strip()
+        return float(value) if value else None
+
+    @property
+    def published_peak_gib(self) -> float | None:
+        """Published peak HBM per GPU in GiB (None where the row has none)."""
+        value = (self.row.get("peak_mem_gib") or "").strip()
+        return float(value) if value else None
+
+    @property
+    def runtime(self) -> str:
+        return self.job.runtime.name
+
+    @property
+    def new(self) -> bool:
+        """A row added with the runtime profiles (ids 201-232), not one the model was developed against."""
+        return int(self.row["id"]) > NEW_ROWS
 
 
 def _int(value: str, default: int) -> int:
@@ -99,42 +143,50 @@ def _int(value: str, default: int) -> int:
     return int(float(value)) if value else default
 
 
-def _model(row: dict):
+def _model(row: dict, runtime: str):
     name = row["model"]
+    lower = name.lower()
     layers, hidden, heads = int(row["layers"]), int(row["hidden"]), int(row["heads"])
     sizes = dict(name=name, num_layers=layers, hidden=hidden, heads=heads,
                  kv_heads=_int(row["kv_heads"], heads), ffn=_int(row["ffn"], 4 * hidden),
                  vocab=int(row["vocab"]), max_positions=int(row["seq_len"]))
-    megatron_lm = "Megatron-LM" in name or "Korthikanti" in name or "Megatron-Core" in name
-    if "Llama" in name:
+    if "llama" in lower:
         return build_transformer(llama(**sizes))
-    if "Nemotron" in name:
+    if "nemotron" in lower:
         return build_transformer(llama(activation="squared_relu", norm="layernorm", **sizes))
-    if "MPT" in name:
+    if "mpt" in lower:
         return build_transformer(gpt(bias=False, position="rope", dropout=False, **sizes))
-    return build_transformer(gpt(dropout=megatron_lm, **sizes))
+    return build_transformer(gpt(dropout=DROPOUT.get(runtime, False), **sizes))
 
 
 def _precision(row: dict) -> str:
     text = row["precision"].lower()
     if "float8" in text or "fp8" in text:
         return "fp8"
-    if "fp16" in text:
+    if "fp16" in text or "precision=16" in text:
         return "fp16"
     return "bf16"
 
 
-def _cluster(row: dict):
+def _cluster(row: dict) -> Cluster:
     preset = next(p for key, p in _GPU_PRESETS if key in row["gpu_type"])
-    gpus, per_node = int(row["num_gpus"]), _int(row["gpus_per_node"], 8)
-    return load_cluster(f"{preset}:{max(1, gpus // per_node)}")
+    node = load_catalog().nodes[preset]
+    gpus, per_node = int(row["num_gpus"]), _int(row["gpus_per_node"], node.gpus_per_node)
+    if gpus >= node.gpus_per_node:
+        return load_cluster(f"{preset}:{max(1, gpus // per_node)}")
+    # fewer GPUs than the preset's node has (a 1-GPU run): nodes of the row's size, one NIC per GPU at most
+    size = min(per_node, gpus)
+    fields = node.model_dump()
+    fields.update(gpus_per_node=size, nic_count=min(node.nic_count, size))
+    return Cluster(name=f"{preset}:{gpus}gpu", pools=[Pool(name=preset, node=NodeSpec.model_validate(fields),
+                                                             count=gpus // size)])
 
 
 def _zero(row: dict) -> int:
     text = row["zero_fsdp"].lower()
     if "fsdp" in text or "zero-3" in text:
         return 3
-    if "dist. optimizer" in text or "zero-1" in text:
+    if "dist. optimizer" in text or "distributed optimizer" in text or "zero-1" in text:
         return 1
     return 0
 
@@ -145,13 +197,28 @@ def _base_strategy(row: dict) -> dict:
     schedule_text = row["pp_schedule"].lower()
     vpp = _int(row["vpp_chunks"], 1)
     notes = (row["notes"] + " " + row["zero_fsdp"] + " " + row["precision"]).lower()
+    sp = sp_text.split()[0] if sp_text else ""  # "yes (assumed, ...)" is yes
+    pp = _int(row["pp"], 1)
+    vpp = vpp if "interleaved" in schedule_text and pp > 1 else 1
     return dict(
-        tp=tp, pp=_int(row["pp"], 1), dp=_int(row["dp"], 1), cp=_int(row["cp"], 1), ep=_int(row["ep"], 1),
-        mbs=_int(row["micro_batch"], 1), vpp=vpp if "interleaved" in schedule_text else 1,
-        sp=(sp_text == "yes") if sp_text in ("yes", "no") else None if tp > 1 else False,
+        tp=tp, pp=pp, dp=_int(row["dp"], 1), cp=_int(row["cp"], 1), ep=_int(row["ep"], 1),
+        mbs=_int(row["micro_batch"], 1), vpp=vpp,
+        schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
+        sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,
         zero=_zero(row),
         tp_overlap=tp > 1 and ("comm overlap on" in notes or "asynctp" in row["model"].lower() + notes),
     )
+
+
+def _interleaved_split(blocks: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """Blocks per stage when `blocks` does not divide into pp * vpp equal chunks (e.g. Llama 3.1 405B's 126
+    blocks over 8 x 2 chunks): torchtitan's split points spread the blocks over the pp * vpp chunks as evenly
+    as possible (the first ones one larger) and stage i runs chunks i, i + pp, ...; None when they divide."""
+    chunks = pp * vpp
+    if blocks % chunks == 0 or blocks < chunks:
+        return None
+    sizes = [blocks // chunks + (1 if c < blocks % chunks else 0) for c in range(chunks)]
+    return tuple(sum(sizes[stage + v * pp] for v in range(vpp)) for stage in range(pp))
 
 
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
@@ -167,15 +234,15 @@ def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
 
 
 def build_case(row: dict) -> Case:
-    """The job and strategy of one published row."""
-    model = _model(row)
-    year_2022_or_before = "2104.04473" in row["source"] or "Korthikanti" in row["model"]
-    eager = "eager" in row["model"].lower() or "llm-foundry" in row["model"].lower()
+    """The job and strategy of one published row, under the row's runtime profile."""
+    runtime = load_runtime(row["runtime"])
+    model = _model(row, runtime.name)
+    # the job allows flash attention and fused kernels; the runtime profile says whether the framework has them
     job = Job(model=model, cluster=_cluster(row), global_batch=int(row["global_batch_seqs"]),
-              seq_len=int(row["seq_len"]), precision=_precision(row), flash_attention=not year_2022_or_before,
-              fused_kernels=not eager)
+              seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime)
     base = _base_strategy(row)
-    blocks_per_chunk = model.num_blocks // (base["pp"] * base["vpp"])
+    base["split"] = _interleaved_split(model.num_blocks, base["pp"], base["vpp"]) if base["vpp"] > 1 else None
+    blocks_per_chunk = max(1, model.num_blocks // (base["pp"] * base["vpp"]))
     strategy = None
     for option in _recompute_options(row, blocks_per_chunk):
         strategy = Strategy(**option, **base)
@@ -184,11 +251,15 @@ def build_case(row: dict) -> Case:
     return Case(row=row, job=job, strategy=strategy)
 
 
-def load_cases(tier: str = "A") -> list[Case]:
-    """Every row of the given tier as a Case."""
+def read_rows(tier: str = "A") -> list[dict]:
+    """The CSV rows of `tier` ('all': every row), in file order."""
     with CSV_PATH.open() as handle:
-        rows = [row for row in csv.DictReader(handle) if row["tier"] == tier]
-    return [build_case(row) for row in rows]
+        return [row for row in csv.DictReader(handle) if tier == "all" or row["tier"] == tier]
+
+
+def load_cases(tier: str = "A") -> list[Case]:
+    """Every row of the given tier ('all': every tier) as a Case."""
+    return [build_case(row) for row in read_rows(tier)]
 
 
 @dataclass(frozen=True)
@@ -197,35 +268,92 @@ class Result:
     estimate: Estimate
 
     @property
-    def error(self) -> float:
-        """Relative error of predicted vs published tokens/s per GPU."""
+    def error(self) -> float | None:
+        """Relative error of predicted vs published tokens/s per GPU (None: nothing published)."""
+        if self.case.published is None:
+            return None
         return self.estimate.tokens_per_s_per_gpu / self.case.published - 1.0
+
+    @property
+    def peak_gib(self) -> float:
+        """Predicted peak HBM per GPU (the fullest stage), GiB."""
+        return self.estimate.memory.peak_bytes / GIB
+
+    @property
+    def memory_error(self) -> float | None:
+        """Relative error of predicted vs published peak HBM (None: nothing published)."""
+        published = self.case.published_peak_gib
+        return None if published is None else self.peak_gib / published - 1.0
 
 
 def run(tier: str = "A") -> list[Result]:
-    """Evaluate every row of the tier."""
+    """Evaluate every row of the tier ('all': every tier)."""
     return [Result(case, evaluate(case.job, case.strategy)) for case in load_cases(tier)]
 
 
+def _stats(errors: list[float]) -> tuple[float, float]:
+    absolute = [abs(e) for e in errors]
+    return statistics.median(absolute), max(absolute)
+
+
 def summary(results: list[Result]) -> tuple[float, float]:
-    """(median, max) absolute relative error."""
-    errors = [abs(r.error) for r in results]
-    return statistics.median(errors), max(errors)
+    """(median, max) absolute relative error of the rows that publish a throughput."""
+    return _stats([r.error for r in results if r.error is not None])
+
+
+def error_groups(results: list[Result], kind: str = "throughput") -> list[tuple[str, str, list[float]]]:
+    """(runtime, row set, errors) for every runtime and row set (ids < 200, 201-232, all), then 'all'
+    runtimes; `kind` is 'throughput' or 'memory'.  Groups without errors are left out."""
+    value = (lambda r: r.error) if kind == "throughput" else (lambda r: r.memory_error)
+    sets = (("< 200", lambda r: not r.case.new), ("201-232", lambda r: r.case.new), ("all", lambda r: True))
+    runtimes = sorted({r.case.runtime for r in results})
+    out = []
+    for runtime in (*runtimes, "all"):
+        for label, keep in sets:
+            errors = [value(r) for r in results
+                      if (runtime == "all" or r.case.runtime == runtime) and keep(r) and value(r) is not None]
+            if errors:
+                out.append((runtime, label, errors))
+    return out
+
+
+def print_groups(results: list[Result], kind: str = "throughput", out=sys.stdout) -> None:
+    """The per-runtime error summary of `kind` ('throughput' or 'memory')."""
+    what = "tokens/s per GPU" if kind == "throughput" else "peak HBM per GPU"
+    print(f"\n{what} error by runtime (rows ids < 200: in-sample; 201-232: added with the runtime profiles)",
+          file=out)
+    header = f"{'runtime':<22} {'rows':<8} {'n':>3} {'median |err|':>12} {'max |err|':>10}"
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for runtime, label, errors in error_groups(results, kind):
+        median, worst = _stats(errors)
+        print(f"{runtime:<22} {label:<8} {len(errors):>3} {median:>12.1%} {worst:>10.1%}", file=out)
 
 
 def print_table(results: list[Result], out=sys.stdout) -> None:
-    header = f"{'id':>3} {'model':<44} {'gpus':>5} {'strategy':<34} {'published':>9} {'predicted':>9} {'error':>7} {'mfu':>5} fits"
+    header = (f"{'id':>3} {'model':<44} {'runtime':<22} {'gpus':>5} {'strategy':<34} {'published':>9} "
+              f"{'predicted':>9} {'error':>7} {'mfu':>5} fits {'peak GiB':>8} {'publ.':>6} {'mem err':>7}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for r in results:
         s = r.case.strategy
         rc = s.recompute + (f"x{s.recompute_layers}" if s.recompute_layers else "")
         short = f"tp{s.tp} pp{s.pp} dp{s.dp} cp{s.cp} mbs{s.mbs} v{s.vpp} z{s.zero} {rc}"
-        print(f"{r.case.row['id']:>3} {r.case.row['model'][:44]:<44} {r.estimate.num_gpus:>5} {short:<34} "
-              f"{r.case.published:>9.1f} {r.estimate.tokens_per_s_per_gpu:>9.1f} {r.error:>+7.1%} "
-              f"{r.estimate.mfu:>5.1%} {'yes' if r.estimate.memory.fits else 'NO'}", file=out)
+        published = f"{r.case.published:>9.1f}" if r.case.published is not None else f"{'-':>9}"
+        error = f"{r.error:>+7.1%}" if r.error is not None else f"{'-':>7}"
+        peak = r.case.published_peak_gib
+        memory = (f"{peak:>6.1f} {r.memory_error:>+7.1%}" if peak is not None else f"{'-':>6} {'-':>7}")
+        print(f"{r.case.row['id']:>3} {r.case.row['model'][:44]:<44} {r.case.runtime:<22} {r.estimate.num_gpus:>5} "
+              f"{short:<34} {published} {r.estimate.tokens_per_s_per_gpu:>9.1f} {error} "
+              f"{r.estimate.mfu:>5.1%} {'yes' if r.estimate.memory.fits else 'NO ':<4} {r.peak_gib:>8.1f} {memory}",
+              file=out)
     median, worst = summary(results)
-    print(f"\nrows {len(results)}  median |error| {median:.1%}  max |error| {worst:.1%}", file=out)
+    scored = sum(r.error is not None for r in results)
+    print(f"\nrows {len(results)} ({scored} with a published throughput)  median |error| {median:.1%}  "
+          f"max |error| {worst:.1%}", file=out)
+    print_groups(results, "throughput", out)
+    if any(r.memory_error is not None for r in results):
+        print_groups(results, "memory", out)
 
 
 # ----------------------------------------------------------------------------- --compile
@@ -357,7 +485,7 @@ def print_compile_table(rows: list[CompileRow], out=sys.stdout) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tier", default="A")
+    parser.add_argument("--tier", default="A", help="row tier: A (default), B, or all")
     parser.add_argument("--csv", type=Path, help="write the rows as CSV")
     parser.add_argument("--compile", action="store_true", help="also compile every row and compare")
     parser.add_argument("--time-limit", type=float, default=60.0, help="compile time limit per row (default 60 s)")
@@ -375,11 +503,15 @@ def main() -> None:
     if args.csv:
         with args.csv.open("w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["id", "model", "strategy", "published", "predicted", "error", "mfu", "fits"])
+            writer.writerow(["id", "model", "runtime", "strategy", "published", "predicted", "error", "mfu", "fits",
+                             "peak_gib", "published_peak_gib", "memory_error"])
             for r in results:
-                writer.writerow([r.case.row["id"], r.case.row["model"], r.estimate.strategy_spec, r.case.published,
-                                 f"{r.estimate.tokens_per_s_per_gpu:.2f}", f"{r.error:.4f}",
-                                 f"{r.estimate.mfu:.4f}", r.estimate.memory.fits])
+                optional = lambda value, fmt: "" if value is None else format(value, fmt)  # noqa: E731
+                writer.writerow([r.case.row["id"], r.case.row["model"], r.case.runtime, r.estimate.strategy_spec,
+                                 optional(r.case.published, "g"), f"{r.estimate.tokens_per_s_per_gpu:.2f}",
+                                 optional(r.error, ".4f"), f"{r.estimate.mfu:.4f}", r.estimate.memory.fits,
+                                 f"{r.peak_gib:.2f}", optional(r.case.published_peak_gib, "g"),
+                                 optional(r.memory_error, ".4f")])
 
 
 if __name__ == "__main__":

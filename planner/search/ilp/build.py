@@ -20,11 +20,14 @@ def stage_pools_for(job: Job, strategy: Strategy) -> list[Pool]:
 
 
 def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, time_cap: float,
-                 variants: tuple[dict, ...] = ({},), prune: bool = True, even: bool = False) -> ConfigTables | None:
+                 variants: tuple[dict, ...] = ({},), prune: bool = True, even: bool = False,
+                 every_recompute: bool = False) -> ConfigTables | None:
     """Every stage's feasible options, under each placement variant, no slower than `time_cap` seconds
     per micro-batch.  `prune`: keep only each content's Pareto-optimal placements (off when every stage
     must take the same placement: one stage's dominated placement may be the only one all share).
-    `even`: every stage holds blocks / pp blocks (SpaceOptions.even_split).
+    `even`: every stage holds blocks / pp blocks (SpaceOptions.split_shape "even").  `every_recompute`: each
+    content at every recompute count that fits, not only its fewest (one count for every stage must be
+    choosable: SpaceOptions.recompute_counts).
 
     Stage lengths grow until every content of a length is over the time cap or
     cannot fit even fully recomputed (both only get worse with more blocks).
@@ -54,7 +57,7 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
                 fresh = 0
                 for counts in (stage_contents(bounds, length) if segments else [()]):
                     placed = builder.placed_options(stage, counts, strategy, variants, site, micro_batches, time_cap,
-                                                    prune=prune)
+                                                    prune=prune, every_recompute=every_recompute)
                     if placed:
                         found[counts] = placed
                         fresh += 1

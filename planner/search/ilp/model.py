@@ -177,6 +177,29 @@ def add_time_envelopes(model: cp_model.CpModel, tables: ConfigTables, rows: list
             model.add((x2 - x1) * time[s] >= (x2 - x1) * y1 + (y2 - y1) * (blocks - x1))
 
 
+def add_middle_stages_equal(model: cp_model.CpModel, cut: list) -> None:
+    """Every stage but the first and last holds the same number of blocks (SpaceOptions.split_shape "ends":
+    Megatron's --decoder-first/last-pipeline-num-layers are its only uneven stages)."""
+    for s in range(2, len(cut) - 2):
+        model.add(cut[s + 1] - cut[s] == cut[2] - cut[1])
+
+
+def add_uniform_recompute(model: cp_model.CpModel, tables: ConfigTables, rows: list[StageRows], option: list,
+                          cut: list, all_or_none: bool = False) -> None:
+    """One recompute count k for every stage: stage s recomputes min(k, its blocks per chunk) (Megatron's
+    --recompute-num-layers with the block method); `all_or_none`: k is 0 or every block (torchtitan's full
+    activation checkpointing)."""
+    if not tables.segments:
+        return
+    recomputed = add_stage_costs(model, rows, option, "recompute")
+    values = [0, tables.blocks] if all_or_none else list(range(tables.blocks + 1))
+    k = model.new_int_var_from_domain(cp_model.Domain.from_values(values), "recompute_count")
+    v = tables.strategy.vpp
+    for s, var in enumerate(recomputed):
+        per_chunk = tables.blocks // (tables.strategy.pp * v) if v > 1 else cut[s + 1] - cut[s]
+        model.add_min_equality(var, [k, per_chunk])
+
+
 def add_uniform_placement(model: cp_model.CpModel, rows: list[StageRows], option: list) -> None:
     """Every stage takes the same placement (SpaceOptions.stage_placement off)."""
     variants = add_stage_costs(model, rows, option, "variant")
@@ -210,18 +233,24 @@ def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: d
 
 
 def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None,
-                  mixed_cluster: bool = False, cutoff_ns: int | None = None, uniform_placement: bool = False
-                  ) -> Program:
+                  mixed_cluster: bool = False, cutoff_ns: int | None = None, uniform_placement: bool = False,
+                  middle_stages_equal: bool = False, recompute_counts: str = "per_stage") -> Program:
     """The CP-SAT model of `tables`: minimise step time, or with `prices` (per pool, 1e-4 USD per
     GPU-hour) the cost per step.  `cutoff_ns`: only plans with a step time at most this (the
     incumbent's), so a configuration that cannot beat it ends INFEASIBLE, usually long before
-    its own optimum would be proved.  `uniform_placement`: one placement for every stage."""
+    its own optimum would be proved.  `uniform_placement`: one placement for every stage;
+    `middle_stages_equal`: only the first and last stage may differ in blocks; `recompute_counts`: per_stage,
+    one count for every stage (uniform), or every block or none (all)."""
     model = cp_model.CpModel()
     rows = [_stage_rows(tables, s) for s in range(tables.strategy.pp)]
 
     # variables and structural constraints
-    _, count = add_partition(model, tables)
+    cut, count = add_partition(model, tables)
     option, pool, pool_is = add_stage_choice(model, tables, rows, count)
+    if middle_stages_equal and cut:
+        add_middle_stages_equal(model, cut)
+    if recompute_counts != "per_stage":
+        add_uniform_recompute(model, tables, rows, option, cut, all_or_none=recompute_counts == "all")
     if len(tables.pools) > 1:
         add_pool_capacity(model, tables, pool_is)
     if uniform_placement and len(tables.variants) > 1:

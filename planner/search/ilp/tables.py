@@ -398,8 +398,14 @@ class TableBuilder:
 
     def placed_options(self, stage: int, counts: tuple[int, ...], config: Strategy, variants: tuple[dict, ...],
                        site: StageSite, micro_batches: int, time_cap: float, with_fixed: bool = True,
-                       min_recompute: int = 0, prune: bool = True) -> tuple[StageOption, ...]:
-        """The content's option under each placement variant that fits, Pareto-pruned unless `prune` is off."""
+                       min_recompute: int = 0, prune: bool = True, every_recompute: bool = False
+                       ) -> tuple[StageOption, ...]:
+        """The content's option under each placement variant that fits, Pareto-pruned unless `prune` is off.
+        `every_recompute`: also every larger recompute count than the fewest that fits (pruned per count),
+        for programs that tie the stages' counts together (SpaceOptions.recompute_counts)."""
+        if every_recompute:
+            return self._every_recompute_options(stage, counts, config, variants, site, micro_batches, time_cap,
+                                                 prune)
         found = []
         fewest: dict[tuple, int | None] = {}  # by the placement's HBM-relevant keys (the FCDP cache is host-only)
         for index, variant in enumerate(variants):
@@ -416,6 +422,26 @@ class TableBuilder:
             if option is not None:
                 found.append(option)
         return pareto(found) if prune else tuple(found)
+
+    def _every_recompute_options(self, stage: int, counts: tuple[int, ...], config: Strategy,
+                                 variants: tuple[dict, ...], site: StageSite, micro_batches: int, time_cap: float,
+                                 prune: bool) -> tuple[StageOption, ...]:
+        """placed_options at each recompute count from the fewest that fits up to the whole chunk."""
+        chunk = sum(counts) // config.vpp
+        by_count: dict[int, list[StageOption]] = {}
+        for index, variant in enumerate(variants):
+            strategy = config.model_copy(update=variant) if variant else config
+            fewest = self.fewest_recompute(stage, counts, strategy, site, micro_batches)
+            if fewest is None:
+                continue
+            top = chunk if strategy.recompute == "none" else fewest
+            for recompute in range(fewest, top + 1):
+                option = self.option(stage, counts, strategy, site, micro_batches, time_cap, recompute,
+                                     variant=index)
+                if option is not None:
+                    by_count.setdefault(recompute, []).append(option)
+        kept = [o for r in sorted(by_count) for o in (pareto(by_count[r]) if prune else by_count[r])]
+        return tuple(kept)
 
     def fewest_recompute(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
                          micro_batches: int, with_fixed: bool = True, min_recompute: int = 0) -> int | None:

@@ -1,0 +1,260 @@
+"""Runtime profiles: how a training framework stores, overlaps and schedules a strategy.
+
+Megatron-LM, DeepSpeed, torchtitan and our own runtime (`planner.runtime`) run
+the same strategy differently: Megatron's distributed optimizer shards the
+optimizer but keeps fp32 gradients whole, DeepSpeed keeps an fp32 gradient
+partition for its optimizer, FSDP2 keeps fp32 shards and gathers bf16 copies,
+and under pipeline parallelism torchtitan does not reshard after forward.  A
+`RuntimeProfile` states those facts for one framework; the cost model
+(`planner.cost.evaluate(job, strategy, runtime)`), the search space and the
+emitters' re-check all read it.
+
+Profiles are data: `hardware/data/runtimes/<name>.yaml`, every value with its
+source; a profile may `extends:` another and override some sections (a
+framework's older release, or its eager mode).  docs/cost-model.md describes
+how each field enters the cost model.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from planner.errors import PlannerInputError
+from planner.strategy import Offload, OffloadDevice, Schedule, ShardScope, Strategy
+
+_FIELD = ConfigDict(extra="forbid", frozen=True)
+StateKind = Literal["weights", "grads", "optimizer"]
+# what stays gathered of ZeRO-3/FSDP-sharded weights: the running and prefetched layer (re-gathered for
+# backward), a micro-batch's worth (gathered in forward, kept through its backward), or the whole stage
+# for the step (gathered once, gradients accumulated unsharded and reduce-scattered once)
+Gather = Literal["layers", "microbatch", "step"]
+# how the blocks each stage fully recomputes may be chosen: a count per stage; one count k for every stage
+# (stage i recomputes min(k, its blocks per chunk)); or all blocks of every stage, or none
+RecomputeCounts = Literal["per_stage", "uniform", "all"]
+
+
+class StateTerm(BaseModel):
+    """One per-parameter state a framework keeps in HBM (a weight copy, a gradient buffer, optimizer moments)."""
+
+    model_config = _FIELD
+    name: str = Field(description="What it is, e.g. 'fp32 main gradients'.")
+    kind: StateKind = Field(description="Report column it counts under.")
+    bytes_per_param: float = Field(ge=0, description="Bytes per parameter.")
+    sharded_from_zero: int | None = Field(
+        description="Lowest ZeRO stage at which this term is sharded over the sharding group; null: never sharded."
+    )
+    moves_with: Literal["optimizer", "params"] | None = Field(
+        None, description="Offloaded with the optimizer states (DeepSpeed's fp32 gradient partition) or with the "
+        "parameters (FSDP2's CPUOffloadPolicy moves gradient shards too); null: stays in HBM.")
+    source: str = Field(description="Where the framework allocates it.")
+
+    def bytes(self, params: float, zero: int, shard: int) -> float:
+        """Bytes of this term for `params` parameters under ZeRO stage `zero` over `shard` ranks."""
+        sharded = self.sharded_from_zero is not None and zero >= self.sharded_from_zero
+        return params * self.bytes_per_param / (shard if sharded else 1)
+
+
+class Gathering(BaseModel):
+    """How sharded weights are brought back for compute (ZeRO-3 / FSDP, and FSDP-backed ZeRO-1/2)."""
+
+    model_config = _FIELD
+    sharded_weights_from_zero: int = Field(
+        3, ge=1, le=4, description="Lowest ZeRO stage whose weights are sharded at rest and gathered for compute "
+        "(4: never)."
+    )
+    bytes_per_param: float = Field(2.0, gt=0, description="Bytes per parameter of the gathered copy (bf16: 2).")
+    grad_bytes_per_param: float = Field(
+        2.0, ge=0, description="Bytes per parameter of unsharded gradients held before they are reduce-scattered.")
+    held: dict[int, Gather] = Field(description="What stays gathered, per ZeRO stage whose weights are gathered.")
+    held_pipelined: dict[int, Gather] = Field(
+        default_factory=dict, description="Overrides of `held` when pp > 1 (torchtitan: no reshard after forward).")
+    source: str = Field(description="Where the framework decides it.")
+
+    def policy(self, zero: int, pipelined: bool) -> Gather | None:
+        """What stays gathered under `zero` (None: weights are not sharded at rest)."""
+        if zero < self.sharded_weights_from_zero:
+            return None
+        if pipelined and zero in self.held_pipelined:
+            return self.held_pipelined[zero]
+        return self.held.get(zero, "layers")
+
+
+class Overlap(BaseModel):
+    """What data-parallel communication hides behind compute."""
+
+    model_config = _FIELD
+    grad_reduce: bool = Field(description="The step-end gradient reduction overlaps the last backward "
+                              "(Megatron --overlap-grad-reduce, DeepSpeed overlap_comm, FSDP2/DDP buckets).")
+    param_gather: bool = Field(description="The distributed optimizer's parameter all-gather overlaps the next "
+                               "forward (Megatron --overlap-param-gather).")
+    grad_reduce_bytes: dict[str, float] = Field(
+        description="Bytes per gradient element on the wire, per job precision (bf16, fp16, fp8).")
+    source: str = Field(description="Where the framework does it.")
+
+
+class Kernels(BaseModel):
+    """Kernel facts that change time and activation memory."""
+
+    model_config = _FIELD
+    flash_attention: bool = Field(description="Fused flash attention (no s^2 score tensors).")
+    fused_elementwise: bool = Field(description="Element-wise work in fused kernels (Transformer Engine, apex "
+                                    "fusions or torch.compile); False: eager PyTorch kernels.")
+    source: str = Field(description="Which kernels the framework runs.")
+
+
+class Space(BaseModel):
+    """The strategies the framework can express (what its launch files can ask for)."""
+
+    model_config = _FIELD
+    tensor_parallel: bool = Field(description="tp > 1.")
+    context_parallel: bool = Field(description="cp > 1.")
+    context_parallel_needs_flash: bool = Field(description="cp > 1 only with fused (flash) attention.")
+    expert_parallel: bool = Field(description="ep > 1.")
+    moe: bool = Field(description="Mixture-of-experts models at all.")
+    zero_stages: tuple[int, ...] = Field(description="ZeRO stages it runs without pipeline parallelism.")
+    zero_stages_pipelined: tuple[int, ...] = Field(description="ZeRO stages it runs with pp > 1.")
+    shard_scopes: tuple[ShardScope, ...] = Field(description="Sharding scopes (node: HSDP).")
+    offloads: tuple[Offload, ...] = Field(description="Offload settings.")
+    offload_devices: tuple[OffloadDevice, ...] = Field(description="Offload targets.")
+    partial_offload: bool = Field(description="offload_ratio < 1.")
+    per_stage_placement: bool = Field(description="Stages may offload differently.")
+    host_regather: bool = Field(description="regather=host (the FCDP host cache).")
+    schedules: tuple[Schedule, ...] = Field(description="Pipeline schedules.")
+    split: Literal["any", "ends", "even"] = Field(
+        description="Pipeline splits: any; ends (only the first and last stage may differ from the others); even.")
+    recompute_layers: RecomputeCounts = Field(
+        description="Full recompute of the first k blocks: k per stage (per_stage), one k for every stage "
+        "(uniform), or every block or none (all).")
+    selective_recompute: bool = Field(description="recompute=selective.")
+    tp_overlap: bool = Field(description="Overlap of TP collectives with GEMMs.")
+    source: str = Field(description="Where the framework's arguments and checks are.")
+
+
+class RuntimeProfile(BaseModel):
+    """One framework as it runs a strategy."""
+
+    model_config = _FIELD
+    name: str = Field(description="Profile name (the data file's stem).")
+    description: str = Field(description="What framework and release it describes.")
+    version: str = Field(description="The release the profile was read from.")
+    states: tuple[StateTerm, ...] = Field(min_length=1, description="Per-parameter states in HBM.")
+    gathering: Gathering = Field(description="How sharded weights come back for compute.")
+    overlap: Overlap = Field(description="Data-parallel overlap.")
+    kernels: Kernels = Field(description="Kernel facts.")
+    space: Space = Field(description="What it can express.")
+
+    def state_bytes(self, kind: StateKind, params: float, zero: int, shard: int) -> float:
+        """HBM bytes of every state term of `kind` for `params` parameters."""
+        return sum(t.bytes(params, zero, shard) for t in self.states if t.kind == kind)
+
+    def cannot_express(self, strategy: Strategy, model_has_experts: bool = False,
+                       flash_attention: bool = True, split_blocks: tuple[int, ...] | None = None) -> list[str]:
+        """Why this framework cannot run `strategy` (empty when it can).  `split_blocks`: the blocks per
+        stage the strategy puts on each stage (its split, resolved)."""
+        s, sp = strategy, self.space
+        out: list[str] = []
+        if model_has_experts and not sp.moe:
+            out.append("mixture-of-experts models")
+        checks = [
+            (s.tp > 1 and not sp.tensor_parallel, f"tensor parallelism (tp={s.tp})"),
+            (s.cp > 1 and not sp.context_parallel, f"context parallelism (cp={s.cp})"),
+            (s.cp > 1 and sp.context_parallel and sp.context_parallel_needs_flash and not flash_attention,
+             "context parallelism without fused attention"),
+            (s.ep > 1 and not sp.expert_parallel, f"expert parallelism (ep={s.ep})"),
+            (s.pp == 1 and s.zero not in sp.zero_stages, f"zero={s.zero}"),
+            (s.pp > 1 and s.zero not in sp.zero_stages_pipelined, f"zero={s.zero} with pipeline parallelism"),
+            (s.zero > 0 and s.shard not in sp.shard_scopes, f"shard={s.shard}"),
+            (s.per_stage_placement and not sp.per_stage_placement, "a different offload setting per stage"),
+            (s.regather == "host" and not sp.host_regather, "regather=host (host-memory weight cache)"),
+            (s.pp > 1 and s.pipeline_schedule not in sp.schedules, f"schedule={s.pipeline_schedule}"),
+            (s.recompute == "selective" and not sp.selective_recompute, "recompute=selective"),
+            (s.tp_overlap and s.tp > 1 and not sp.tp_overlap, "tp_overlap"),
+        ]
+        out += [what for bad, what in checks if bad]
+        if sp.recompute_layers != "per_stage" and not recompute_counts_allowed(s, split_blocks, sp.recompute_layers):
+            what = "every block or none" if sp.recompute_layers == "all" else "one count for every stage"
+            out.append(f"recompute_layers={'/'.join(map(str, s.recompute_layers or ()))} ({what})")
+        for stage in range(s.pp):
+            view = s.for_stage(stage)
+            if view.offload not in sp.offloads:
+                out.append(f"offload={view.offload}")
+            elif view.offload != "none" and view.offload_device not in sp.offload_devices:
+                out.append(f"offload_device={view.offload_device}")
+            if view.offload_ratio < 1.0 and not sp.partial_offload:
+                out.append(f"offload_ratio={view.offload_ratio:g}")
+        if split_blocks is not None and len(split_blocks) > 1:
+            middle = split_blocks[1:-1]
+            if sp.split == "even" and len(set(split_blocks)) > 1:
+                out.append(f"split={'/'.join(map(str, split_blocks))} (even splits only)")
+            elif sp.split == "ends" and len(set(middle)) > 1:
+                out.append(f"split={'/'.join(map(str, split_blocks))} (only the first and last stage may differ)")
+            elif s.vpp > 1 and len(set(split_blocks)) > 1:
+                out.append(f"split={'/'.join(map(str, split_blocks))} with vpp={s.vpp} (chunks must be even)")
+        return list(dict.fromkeys(out))
+
+
+def recompute_counts_allowed(strategy: Strategy, split_blocks: tuple[int, ...] | None,
+                             rule: RecomputeCounts) -> bool:
+    """Whether the strategy's recomputed blocks follow `rule`.  uniform: one count k gives every stage its
+    blocks, stage i recomputing min(k, its blocks per chunk) (Megatron's --recompute-num-layers), so (4, 2, 4)
+    on stages of 4/2/4 blocks is one count; all: every block of every stage (or none)."""
+    counts = strategy.recompute_layers
+    if rule == "per_stage" or counts is None:
+        return True
+    if split_blocks is None:
+        return rule == "uniform" and len(set(counts)) == 1
+    per_stage = counts * len(split_blocks) if len(counts) == 1 else counts
+    done = [min(k, n // strategy.vpp) for k, n in zip(per_stage, split_blocks)]
+    chunks = [n // strategy.vpp for n in split_blocks]
+    if rule == "all":
+        return done == chunks or not any(done)
+    top = max(done)
+    return all(d == min(top, c) for d, c in zip(done, chunks))
+
+
+DEFAULT_RUNTIME = "reference"  # the library's default (what planner costed before profiles); the CLI's is "planner"
+CLI_RUNTIME = "planner"
+
+
+def _data_dir():
+    return resources.files("hardware").joinpath("data", "runtimes")
+
+
+def runtime_names() -> tuple[str, ...]:
+    """Every built-in profile name, sorted."""
+    return tuple(sorted(p.name.removesuffix(".yaml") for p in _data_dir().iterdir() if p.name.endswith(".yaml")))
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """`override` on top of `base`, section by section (mappings merge, everything else replaces)."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _raw(name: str, seen: tuple[str, ...] = ()) -> dict:
+    if name not in runtime_names():
+        raise PlannerInputError(f"--runtime: unknown runtime {name!r}; known: {', '.join(runtime_names())}")
+    if name in seen:
+        raise PlannerInputError(f"runtimes/{name}.yaml: extends: cycle {' -> '.join((*seen, name))}")
+    data = yaml.safe_load(_data_dir().joinpath(f"{name}.yaml").read_text())
+    parent = data.pop("extends", None)
+    data["name"] = name
+    return _merge(_raw(parent, (*seen, name)), data) if parent else data
+
+
+@lru_cache(maxsize=None)
+def load_runtime(name: str = DEFAULT_RUNTIME) -> RuntimeProfile:
+    """The built-in profile `name` (hardware/data/runtimes/<name>.yaml, with what it extends)."""
+    try:
+        return RuntimeProfile.model_validate(_raw(name))
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise PlannerInputError(f"runtimes/{name}.yaml: {where}: {first['msg']}") from None
