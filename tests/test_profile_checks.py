@@ -225,7 +225,6 @@ def test_deepspeed_zero3_offload_against_its_estimator(ds_estimators, offload, n
     """
     _, _, zero3 = ds_estimators
     job = _job("llama3-8b", f"dgx-h100:{nodes}", 64, 4096)
-    d = 8 * nodes
     P, L = LLAMA3_8B.total(), LLAMA3_8B.largest_layer()
     est, (r,) = _stages(job, f"tp=1,pp=1,zero=3,offload={offload},offload_device=cpu", "deepspeed")
     cpu, gpu, _ = zero3(total_params=P, largest_layer_params=L, num_gpus_per_node=8, num_nodes=nodes,

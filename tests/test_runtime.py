@@ -169,10 +169,10 @@ def _launch(out: Path, tmp_path: Path, steps: int = 6) -> tuple[list[float], dic
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("fix, zero, schedule", [
     ("pp=2,dp=2,zero=3,vpp=1", 3, "1f1b"),       # pipeline + FSDP2 (ZeRO-3)
-    ("tp=2,dp=2", 2, "1f1b"),                # 2D: tensor parallel + FSDP2 without reshard (the solver picks ZeRO-2)
+    ("tp=2,dp=2,zero=2", 2, "1f1b"),         # 2D: tensor parallel + FSDP2 without reshard after forward
     ("pp=2,tp=2,vpp=1", 0, "1f1b"),              # pipeline + tensor parallel, no data parallelism
-    ("pp=2,vpp=2,dp=2", 2, "interleaved"),   # interleaved pipeline: two chunks per rank
-    ("cp=2,dp=2", 2, "1f1b"),                # context parallel: FSDP2 over dp x cp
+    ("pp=2,vpp=2,dp=2,zero=2", 2, "interleaved"),  # interleaved pipeline: two chunks per rank
+    ("cp=2,dp=2,zero=2", 2, "1f1b"),         # context parallel: FSDP2 over dp x cp
 ])
 def test_launch_sh_trains_and_matches_param_prediction(tmp_path, fix, zero, schedule):
     out = _compile(tmp_path, fix)

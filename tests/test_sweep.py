@@ -15,6 +15,7 @@ from models import load_model
 from planner.cli import cli
 from planner.compare.table import DENSE_BASELINES, compare
 from planner.job import Job
+from planner.profile import load_runtime
 from planner.sweep.progress import ProgressBar
 from planner.sweep.run import plan_sweep, run_sweep
 from planner.sweep.scenarios import expand, load_sweep
@@ -155,7 +156,8 @@ def test_csv_rows_match_compare_called_directly(local_sweep):
     _, out, _ = local_sweep
     with (out / "results.csv").open() as handle:
         rows = [r for r in csv.DictReader(handle) if r["cluster"] == "cpu:2"]
-    job = Job(model=load_model("tiny-llama"), cluster=load_cluster("cpu:2"), global_batch=8, seq_len=128)
+    job = Job(model=load_model("tiny-llama"), cluster=load_cluster("cpu:2"), global_batch=8, seq_len=128,
+              runtime=load_runtime("planner"))  # a sweep's default runtime, the command line's
     direct = compare(job, ("zero3", "megatron", "planner"), time_limit=20)
     assert [r["strategy"] for r in rows] == [d.strategy for d in direct]
     for row, want in zip(rows, direct):
@@ -215,7 +217,7 @@ def test_report_compares_every_strategy_and_checks_the_planner_plan_by_simulatio
         from planner.simulate import simulate
         from planner.strategy import parse_strategy
         job = Job(model=load_model("tiny-llama"), cluster=load_cluster(planner["cluster"]), global_batch=8,
-                  seq_len=128)
+                  seq_len=128, runtime=load_runtime(planner["runtime"]))
         run = simulate(job, parse_strategy(planner["spec"]))
         assert f"Simulated (`planner simulate`, {len(run.timeline.end):,} events): {run.step_time:.4g} s" in section
         for name in (f"plots/compare-{index}.png", f"plots/timeline-{index}.png"):

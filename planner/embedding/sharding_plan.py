@@ -23,7 +23,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.embedding.compile import EmbeddingCompileResult, TableChoice
+from planner.embedding.compile import EmbeddingCompileResult
 from planner.embedding.options import ShardingType, TableOption, table_hit_rate
 from planner.embedding.sites import JobSites
 
