@@ -61,7 +61,8 @@ from planner.cost.groups import evaluate_groups, group_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
 from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
-from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
+from planner.search.space import (SpaceOptions, global_configs, limits_note, narrow_to_runtime, placement_variants,
+                                  ties_recompute)
 from planner.strategy import Strategy
 
 def _now() -> float:
@@ -186,7 +187,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
     cap = _stage_cap(search, config, micro_batches, pools, floor, runner_up)
     tables = build_tables(search.builder, config, micro_batches, cap, variants,
                           prune=search.options.space.stage_placement, even=search.options.space.split_shape == "even",
-                          every_recompute=_ties_recompute(search.options.space, config))
+                          every_recompute=ties_recompute(search.options.space, config))
     if tables is None:
         return
     table_bound = tables.bottleneck_bound() * floor
@@ -335,7 +336,7 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
         if not configs:
             raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size "
                                   f"divides the model and batch {job.global_batch} on {job.cluster.num_gpus} GPUs"
-                                  + _space_limits_note(options.space))
+                                  + limits_note(options.space))
         raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
     _solve_closest_runners_up(search)
     if search.best is None:
@@ -354,23 +355,6 @@ def _solve_closest_runners_up(search: _Search) -> None:
             search.stopped = True
             return
         _solve_config(search, config, m, bound, variants, runner_up=True)
-
-
-def _ties_recompute(space: SpaceOptions, config: Strategy) -> bool:
-    """Whether the program ties the stages' recompute counts together, so its tables need every count."""
-    return space.recompute_counts == "all" or (space.recompute_counts == "uniform" and config.pp > 1)
-
-
-def _space_limits_note(space: SpaceOptions) -> str:
-    """What narrowed the space, for the no-legal-strategy message."""
-    notes = [f"--fix {','.join(f'{k}={v}' for k, v in sorted(space.fixed.items()))}"] if space.fixed else []
-    if set(space.zero_stages_pipelined) != set(space.zero_stages):
-        notes.append(f"ZeRO stages {'/'.join(map(str, space.zero_stages_pipelined))} with pipeline parallelism")
-    if space.max_vpp == 1:
-        notes.append("no interleaving")
-    if space.max_tp == 1:
-        notes.append("no tensor parallelism")
-    return f" under {'; '.join(notes)}" if notes else ""
 
 
 def _search_configs(search: _Search, legal: list[tuple[int, Strategy]], retry_offload: bool = True) -> list:

@@ -256,3 +256,20 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
 def _stricter(a: str, b: str, order: tuple[str, ...]) -> str:
     """The narrower of two settings, `order` listing them from the widest."""
     return order[max(order.index(a), order.index(b))]
+
+
+def ties_recompute(space: SpaceOptions, config: Strategy) -> bool:
+    """Whether the program ties the stages' recompute counts together, so its tables need every count."""
+    return space.recompute_counts == "all" or (space.recompute_counts == "uniform" and config.pp > 1)
+
+
+def limits_note(space: SpaceOptions) -> str:
+    """What narrowed the space, for the no-legal-strategy message."""
+    notes = [f"--fix {','.join(f'{k}={v}' for k, v in sorted(space.fixed.items()))}"] if space.fixed else []
+    if set(space.zero_stages_pipelined) != set(space.zero_stages):
+        notes.append(f"ZeRO stages {'/'.join(map(str, space.zero_stages_pipelined))} with pipeline parallelism")
+    if space.max_vpp == 1:
+        notes.append("no interleaving")
+    if space.max_tp == 1:
+        notes.append("no tensor parallelism")
+    return f" under {'; '.join(notes)}" if notes else ""
