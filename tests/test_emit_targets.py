@@ -364,6 +364,8 @@ def test_named_targets_search_the_intersection_of_their_runtimes_spaces(tmp_path
     assert result.exit_code == 0, result.output
     plan = json.loads((out / "plan.json").read_text())
     assert plan["job"]["runtime"] == "deepspeed"  # the first target's
+    assert plan["solver"]["space_runtimes"] == ["megatron"]  # and the certificate says over which space
+    assert ("the strategies the deepspeed and megatron runtimes can all express" in (out / "report.md").read_text())
     strategy = parse_strategy(plan["strategy_spec"])
     for runtime in ("deepspeed", "megatron"):
         assert load_runtime(runtime).cannot_express(strategy, split_blocks=strategy.split) == []

@@ -156,6 +156,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(f"note: {note}", err=True)
     job = job.on(load_runtime(runtime_name))
     space = SpaceOptions(fixed=_parse_fixed(fixed), offload_search=offload_search)
+    narrowed: list[str] = []
     if explicit_targets:
         # one plan every named target can express: the intersection of their spaces (a target whose runtime
         # cannot run the model at all is skipped at emit time instead)
@@ -164,7 +165,10 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
             profile = load_runtime(TARGET_RUNTIMES[target])
             if profile.space.moe or not job.model.num_experts:
                 space = narrow_to_runtime(space, profile, job)
-    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space)
+                narrowed.append(profile.name)
+    others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)
+    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space,
+                             space_runtimes=others)
     targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in targets if t not in available_targets()]
     if missing:

@@ -226,4 +226,5 @@ def plan_solver(cert: Certificate, options: CompileOptions) -> PlanSolver:
         objective_kind=options.objective, status=cert.status, objective=cert.objective, bound=cert.bound,
         gap=cert.gap, configurations=cert.configurations, solved=cert.solved, pruned=cert.pruned,
         time_limit_s=options.time_limit, max_step_time_s=options.max_step_time, stopped=cert.stopped,
+        space_runtimes=list(options.space_runtimes),
     )

@@ -159,6 +159,12 @@ def _solver(plan: Plan) -> list[str]:
     ]
     if s.max_step_time_s is not None:
         lines.append(f"- step-time limit: {s.max_step_time_s:g} s")
+    runtimes = [plan.job.runtime, *s.space_runtimes]
+    over = (f"the strategies the {runtimes[0]} runtime can express" if len(runtimes) == 1 else
+            f"the strategies the {', '.join(runtimes[:-1])} and {runtimes[-1]} runtimes can all express (one plan "
+            "for every named target)")
+    lines.append(f"- what the certificate covers: {over}, costed as the {plan.job.runtime} runtime runs them "
+                 f"(hardware/data/runtimes/{plan.job.runtime}.yaml)")
     return lines
 
 

@@ -201,6 +201,9 @@ class PlanSolver(BaseModel):
     pruned: int = Field(description="Configurations pruned by their lower bound.")
     time_limit_s: float = Field(description="The search's wall-clock budget.")
     max_step_time_s: float | None = Field(description="Step-time limit with the cost objective, if any.")
+    space_runtimes: list[str] = Field(
+        default_factory=list, description="Runtimes besides the plan's own (job.runtime) whose strategy spaces "
+        "the search was confined to: the certificate covers the strategies all of them can express.")
     stopped: Literal["time_limit"] | None = Field(
         None, description="None: the search ran to its end, so the same inputs give this plan on any machine; "
         "time_limit: the wall-clock budget cut it short, so the plan depends on the machine's speed and load "

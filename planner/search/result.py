@@ -28,6 +28,9 @@ class CompileOptions(BaseModel):
                               "command line asks for a finite one, as plan.json records it).")
     space: SpaceOptions = Field(default_factory=SpaceOptions, description="The strategy space.")
     runners_up: int = Field(5, ge=0, description="Best other configurations to report.")
+    space_runtimes: tuple[str, ...] = Field(
+        (), description="Runtimes besides the job's own whose strategy spaces `space` was narrowed to (the named "
+        "targets' frameworks): the plan is one every one of them can express.")
 
 
 class Certificate(BaseModel):
