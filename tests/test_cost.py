@@ -261,3 +261,43 @@ def test_random_small_models_give_consistent_estimates(blocks, heads, width, tp,
     assert 0 < est.mfu < 1
     stage_params = sum(s.params for s in est.memory.per_stage) * tp
     assert stage_params >= model.params  # tied heads may be counted twice across stages
+
+
+# ----------------------------------------------------------------------------- pipeline boundaries
+
+
+def _boundary_send(hidden: int, seq: int, inter: bool) -> float:
+    """One bf16 boundary activation (b=1, no SP) over NVLink or the fabric, priced by the collectives module."""
+    from hardware import collectives as coll
+    from hardware.collectives import CommGroup
+
+    cluster = load_cluster("dgx-h100:2")
+    node = cluster.pools[0].node
+    pair = CommGroup(size=2, ranks_per_node=1 if inter else 2, intra=node.intra_link,
+                     inter_bandwidth=cluster.inter_node_bandwidth_per_gpu(cluster.pools[0]),
+                     inter_latency=cluster.fabric.latency)
+    catalog = load_catalog()
+    return coll.point_to_point(seq * hidden * 2.0, pair, catalog) * catalog.constant("pp_p2p_exposed_fraction")
+
+
+def test_stage_boundaries_that_leave_the_node_pay_the_fabric():
+    # tp=4 x pp=4 on two 8-GPU nodes: stages 0-1 share node 0, stages 2-3 node 1, so the 1|2 boundary (and the
+    # 3|0 wrap a first or last stage is charged for) crosses InfiniBand while 0|1 and 2|3 stay on NVLink: every
+    # stage sends once each way
+    from planner.cost import stage_cost
+    from planner.cost.layout import place_stages
+    from planner.validation import check_strategy
+
+    job = make_job("llama3-8b", "dgx-h100:2", batch=16, seq=4096)
+    strategy = check_strategy(job, parse_strategy("tp=4,pp=4,sp=off"))
+    catalog = load_catalog()
+    stages = place_stages(job, strategy, catalog)
+    sends = [stage_cost(job, strategy, stage, catalog).pp for stage in stages]
+    hidden = job.model.hidden
+    mixed = _boundary_send(hidden, 4096, False) + _boundary_send(hidden, 4096, True)
+    assert sends == pytest.approx([mixed] * 4, rel=1e-9)
+    # on one node (tp=2 x pp=4 = 8 GPUs) no boundary leaves it
+    one = make_job("llama3-8b", "dgx-h100:1", batch=16, seq=4096)
+    inside = check_strategy(one, parse_strategy("tp=2,pp=4,sp=off"))
+    sends = [stage_cost(one, inside, stage, catalog).pp for stage in place_stages(one, inside, catalog)]
+    assert sends == pytest.approx([2 * _boundary_send(hidden, 4096, False)] * 4, rel=1e-9)

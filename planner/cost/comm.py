@@ -97,15 +97,45 @@ def layer_comm(
 P2P_READS = ("tp", "cp", "dp", "mbs", "sequence_parallel", "vpp", "pipelined")
 
 
-def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups, catalog: Catalog) -> float:
-    """Exposed pipeline send/receive seconds per micro-batch of a stage whose boundary is `hidden` wide."""
+def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups, catalog: Catalog,
+                crossings: tuple[bool, bool] | None = None) -> float:
+    """Exposed pipeline send/receive seconds per micro-batch of a stage whose boundary is `hidden` wide.
+
+    `crossings`: whether the stage's forward send (to the next stage) and its backward send (to the
+    previous one) leave the node (`boundary_crossings`); None: the cheapest the ranks' layout allows, a
+    lower bound for any stage."""
     if strategy.pp == 1:
         return 0.0
     volume = strategy.mbs * job.seq_len / strategy.cp * hidden * ACT_BYTES
     if strategy.sequence_parallel:
         volume /= strategy.tp
-    sends = 2 * strategy.vpp  # forward activation and backward gradient, per chunk
-    return sends * coll.point_to_point(volume, groups.pp, catalog) * catalog.constant("pp_p2p_exposed_fraction")
+    fraction = catalog.constant("pp_p2p_exposed_fraction")
+    if crossings is None:
+        sends = 2 * strategy.vpp  # forward activation and backward gradient, per chunk
+        return sends * coll.point_to_point(volume, groups.pp, catalog) * fraction
+    pair = groups.pp.model_copy(update={"size": 2})
+    link = {False: pair.model_copy(update={"ranks_per_node": 2}), True: pair.model_copy(update={"ranks_per_node": 1})}
+    per_chunk = sum(coll.point_to_point(volume, link[cross], catalog) for cross in crossings)
+    return strategy.vpp * per_chunk * fraction
+
+
+def boundary_crossings(strategy: Strategy, stage: int, gpus_per_node: int, mixed: bool) -> tuple[bool, bool]:
+    """(forward, backward): whether stage `stage`'s send to the next stage and to the previous one (cyclically:
+    interleaved chunks wrap from the last stage to the first) leave its node.  Ranks fill nodes in order,
+    tp*cp*dp per stage, so with fewer ranks per stage than GPUs per node some boundaries stay inside a node
+    and the others cross the fabric; on a mixed cluster no node holds two stages (planner.search.space)."""
+    if strategy.pp == 1:
+        return False, False
+    if mixed:
+        return True, True
+    ranks, pp = strategy.tp * strategy.cp * strategy.dp, strategy.pp
+
+    def crosses(boundary: int) -> bool:  # between stage `boundary` and the next one
+        last = ((boundary % pp + 1) * ranks - 1) // gpus_per_node
+        first = ((boundary + 1) % pp * ranks) // gpus_per_node
+        return last != first
+
+    return crosses(stage), crosses(stage - 1)
 
 
 @dataclass(frozen=True)

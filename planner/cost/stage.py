@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from hardware import Catalog
 from models.graph import Layer, RecomputeMode
-from planner.cost.comm import data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
+from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import WEIGHT_BYTES, RankMemory, layer_params_per_rank, saved_bytes, stage_memory
@@ -127,12 +127,13 @@ def param_fetch_seconds(job: Job, memory: RankMemory, site: StageSite, strategy:
 
 
 def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGroups, sums: StageSums,
-                  micro_batches: int, catalog: Catalog) -> StageCost:
+                  micro_batches: int, catalog: Catalog, cheapest_transfers: bool = False) -> StageCost:
     """Stage cost from its layer sums: the only non-additive part of the cost model.
 
     Communication hides behind compute as far as `comm_overlap_efficiency`
     allows; the windows are forward and backward compute without
-    recomputation, so a stage's time is linear in its recomputed blocks.
+    recomputation, so a stage's time is linear in its recomputed blocks.  `cheapest_transfers`: pipeline
+    sends at the cheapest link any stage of this layout has (the search's lower bounds), not this stage's.
     """
     overlap = catalog.constant("comm_overlap_efficiency")
     forward = sums.forward
@@ -163,7 +164,9 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
         hbm = site.device.hbm_bandwidth * catalog.constant("hbm_efficiency")
         optimizer = owned * catalog.constant("optimizer_traffic_per_param") / hbm
     return StageCost(
-        sums=sums, pp=p2p_seconds(sums.max_hidden, job, strategy, groups, catalog),
+        sums=sums, pp=p2p_seconds(sums.max_hidden, job, strategy, groups, catalog, None if cheapest_transfers else
+                                  boundary_crossings(strategy, site.index, site.node.gpus_per_node,
+                                                     len(job.cluster.pools) > 1)),
         dp_exposed_microbatch=dp_micro, dp_exposed_end=dp_end, dp_total=dp.total,
         optimizer=optimizer, offload=_offload_seconds(memory, job, strategy, site, catalog, groups.dp_shard.size),
         memory=memory,

@@ -13,6 +13,8 @@ publishes it, and the errors per runtime, separately for the rows with ids
     python tests/bench/published_runs.py --csv F    # also write the rows
     python tests/bench/published_runs.py --compile  # also compile every row (up to 60 s each)
     python tests/bench/published_runs.py --compile --ids 63,72   # only these rows
+    python tests/bench/published_runs.py --groups   # also errors per source, device and parallelism family
+    python tests/bench/published_runs.py --constants backward_time_ratio=2.4   # trial constant values
 
 How a row becomes a job (one rule for every row, never a per-row constant):
 
@@ -43,6 +45,13 @@ How a row becomes a job (one rule for every row, never a per-row constant):
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs.
 
+--constants NAME=VALUE,... costs every row with those constants in place of
+constants.yaml's (`with_constants`); the cases, and so the recompute setting
+picked by memory, stay those of constants.yaml, so the flag moves step times
+only.  tests/bench/fit_constants.py fits the calibrated constants this way and
+validates them leaving one source out; `source_key`, `device_family` and
+`parallel_family` are the groupings it and --groups print.
+
 With --compile, every row's job (same model, cluster, batch, seq_len,
 precision and runtime profile) is also given to `compile_job`, whose space
 the runtime narrows to what the framework can express
@@ -65,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 import time
@@ -75,7 +85,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hardware import Cluster, NodeSpec, Pool, load_catalog, load_cluster  # noqa: E402
+from hardware import Catalog, Cluster, NodeSpec, Pool, load_catalog, load_cluster  # noqa: E402
 from models.transformer import build_transformer  # noqa: E402
 from models.transformer import gpt, llama  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
@@ -286,9 +296,108 @@ class Result:
         return None if published is None else self.peak_gib / published - 1.0
 
 
-def run(tier: str = "A") -> list[Result]:
-    """Evaluate every row of the tier ('all': every tier)."""
-    return [Result(case, evaluate(case.job, case.strategy)) for case in load_cases(tier)]
+def run(tier: str = "A", catalog: Catalog | None = None) -> list[Result]:
+    """Evaluate every row of the tier ('all': every tier), with `catalog`'s constants (default constants.yaml);
+    the cases are built with constants.yaml's either way."""
+    return evaluate_cases(load_cases(tier), catalog)
+
+
+def evaluate_cases(cases: list[Case], catalog: Catalog | None = None) -> list[Result]:
+    """Evaluate fixed cases with `catalog`'s constants (default: constants.yaml)."""
+    return [Result(case, evaluate(case.job, case.strategy, catalog=catalog)) for case in cases]
+
+
+def with_constants(values: dict[str, float], catalog: Catalog | None = None) -> Catalog:
+    """A copy of the catalog (default: the built-in one) with these constants' values replaced."""
+    catalog = catalog or load_catalog()
+    unknown = sorted(set(values) - set(catalog.constants))
+    if unknown:
+        raise KeyError(f"unknown constants {unknown}; known: {', '.join(sorted(catalog.constants))}")
+    constants = dict(catalog.constants)
+    for name, value in values.items():
+        constants[name] = constants[name].model_copy(update={"value": float(value)})
+    return catalog.model_copy(update={"constants": constants})
+
+
+def parse_constants(text: str) -> dict[str, float]:
+    """'name=value,name=value' -> {name: value}."""
+    values = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"expected name=value, got {item!r}")
+        values[name.strip()] = float(value)
+    return values
+
+
+# ----------------------------------------------------------------------------- groupings
+
+
+def source_key(row: dict) -> str:
+    """The publication or repository a row comes from: the arXiv id or the owner/repo its `source` starts
+    with ('arXiv 2104.04473', 'NVIDIA/dgxc-benchmarking', 'pytorch/torchtitan', ...).  Rows of one paper
+    share a key whatever table they come from (SC21 Tables 1 and 2 are both 'arXiv 2104.04473')."""
+    text = row["source"].strip()
+    match = re.match(r"arXiv (\d{4}\.\d{4,5})", text)
+    if match:
+        return f"arXiv {match.group(1)}"
+    match = re.match(r"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)", text)
+    if match:
+        return match.group(1)
+    return text.split(";")[0].split()[0] if text else "?"
+
+
+_DEVICE_FAMILIES = ("MI300X", "H100", "A100", "L4")
+
+
+def device_family(row: dict) -> str:
+    """GPU family of a row's gpu_type: A100, H100, MI300X, ... (the gpu_type itself when none matches)."""
+    return next((family for family in _DEVICE_FAMILIES if family in row["gpu_type"]), row["gpu_type"])
+
+
+PARALLEL_FAMILIES = ("DP/FSDP", "TP", "PP", "TP+PP", "CP", "EP")
+
+
+def parallel_family(strategy: Strategy) -> str:
+    """EP if experts are split, else CP if the sequence is, else TP+PP, PP, TP, or DP/FSDP (data parallel
+    only, any ZeRO stage)."""
+    if strategy.ep > 1:
+        return "EP"
+    if strategy.cp > 1:
+        return "CP"
+    if strategy.tp > 1 and strategy.pp > 1:
+        return "TP+PP"
+    if strategy.pp > 1:
+        return "PP"
+    return "TP" if strategy.tp > 1 else "DP/FSDP"
+
+
+GROUPINGS = {
+    "source": lambda case: source_key(case.row),
+    "device": lambda case: device_family(case.row),
+    "family": lambda case: parallel_family(case.strategy),
+    "runtime": lambda case: case.runtime,
+}
+
+
+def print_grouped(results: list[Result], by: str, kind: str = "throughput", out=sys.stdout) -> None:
+    """Median and max |error| of `kind` ('throughput' or 'memory') per value of grouping `by` (GROUPINGS)."""
+    key = GROUPINGS[by]
+    value = (lambda r: r.error) if kind == "throughput" else (lambda r: r.memory_error)
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        if value(r) is not None:
+            groups.setdefault(key(r.case), []).append(r)
+    what = "tokens/s per GPU" if kind == "throughput" else "peak HBM per GPU"
+    print(f"\n{what} error by {by}", file=out)
+    header = f"{by:<26} {'n':>3} {'median |err|':>12} {'max |err|':>10}  rows"
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for name in sorted(groups):
+        members = groups[name]
+        median, worst = _stats([value(r) for r in members])
+        ids = ",".join(r.case.row["id"] for r in members)
+        print(f"{name:<26} {len(members):>3} {median:>12.1%} {worst:>10.1%}  {ids}", file=out)
 
 
 def _stats(errors: list[float]) -> tuple[float, float]:
@@ -490,12 +599,20 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also compile every row and compare")
     parser.add_argument("--time-limit", type=float, default=60.0, help="compile time limit per row (default 60 s)")
     parser.add_argument("--ids", help="only these row ids, comma-separated")
+    parser.add_argument("--constants", help="cost with these constant values: name=value,... (the cases, and "
+                        "the recompute setting they pick by memory, stay those of constants.yaml)")
+    parser.add_argument("--groups", action="store_true", help="also print the errors per source, device family "
+                        "and parallelism family")
     args = parser.parse_args()
-    results = run(args.tier)
+    catalog = with_constants(parse_constants(args.constants)) if args.constants else None
+    results = run(args.tier, catalog)
     if args.ids:
         wanted = {i.strip() for i in args.ids.split(",")}
         results = [r for r in results if r.case.row["id"] in wanted]
     print_table(results)
+    if args.groups:
+        for by in ("source", "device", "family"):
+            print_grouped(results, by)
     if args.compile:
         print()
         progress = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731

@@ -478,10 +478,11 @@ class TableBuilder:
                micro_batches: int, time_cap: float, recompute: int, with_fixed: bool = True,
                variant: int = 0) -> StageOption | None:
         """The stage with `recompute` blocks recomputed (its fewest that fit HBM), or None (host tiers
-        do not fit, or slower than time_cap)."""
+        do not fit, or slower than time_cap).  Without the fixed layers (the bounds' floors) its pipeline
+        sends take the cheapest link of the layout, so a floor holds for every stage."""
         sums = self.stage_sums(stage, counts, recompute, strategy, site, with_fixed)
         cost = compose_stage(self.job, strategy, site, self.groups(strategy, site), sums, micro_batches,
-                             self.catalog)
+                             self.catalog, cheapest_transfers=not with_fixed)
         if not cost.memory.fits or cost.microbatch > time_cap:
             return None
         dp_end, optimizer, offload = (round(x * NS) for x in (cost.dp_exposed_end, cost.optimizer, cost.offload))
