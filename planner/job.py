@@ -33,6 +33,11 @@ class Job(BaseModel):
         description="Element-wise work may run in fused kernels (Megatron/Transformer Engine fusions or "
         "torch.compile) where the runtime has them; False forces eager PyTorch's unfused kernels.",
     )
+    memory_margin: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="Share of every GPU's HBM a plan must leave free: the cost model's memory error (the command "
+        "line's compile default is the bench's measured median error, docs/cost-model.md).",
+    )
     runtime: RuntimeProfile = Field(
         default_factory=load_runtime,
         description="The framework that runs the job (planner/profile.py): its memory layout, overlap, kernels "

@@ -7,6 +7,7 @@ import io
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,3 +132,51 @@ def test_recompute_labels_normalise(published_runs):
     assert label(recompute="full", recompute_layers=(32,)) == "full"
     assert label(recompute="full", recompute_layers=(0,)) == "none"
     assert label(recompute="full", recompute_layers=(16,)) == "full:16"
+
+
+def test_fit_constants_leave_one_source_out_refits_without_the_source(published_runs):
+    # two sources that pull backward_time_ratio apart: llm-foundry's MPT-30B row runs faster than predicted
+    # (-10%: a lower ratio fits), LambdaLabs' H100 rows slower (+24%, +26%: a higher one); one free constant
+    # on a 9-point lattice, so the test can brute-force every fit it checks
+    fit_constants = _load("fit_constants")
+    sources = ["LambdaLabsML/examples", "mosaicml/llm-foundry"]
+    cases = fit_constants.load_fit_cases(sources)
+    assert {published_runs.source_key(c.row) for c in cases} == set(sources) and len(cases) == 7
+    free = {"backward_time_ratio": fit_constants.FREE["backward_time_ratio"]}
+    predictor = fit_constants.Predictor(cases, free, points=5, refine=1, jobs=1)
+    v = fit_constants.validate(predictor, "clipped")
+
+    lattice = [(k,) for k in range(predictor.lattice + 1)]
+    ratios = dict(zip(lattice, predictor.log_ratios(lattice)))
+    yaml_unit = predictor.unit({"backward_time_ratio": 2.3})[0]
+
+    def brute_force(rows):  # the lattice's optimum on these rows, by the script's own key
+        return min(lattice, key=lambda p: fit_constants.objective_key(ratios[p][rows], "clipped",
+                                                                      abs(p[0] / predictor.lattice - yaml_unit)))
+
+    everything = list(range(len(cases)))
+    assert v.full.point == brute_force(everything)
+    values = {}
+    for source in sources:
+        held = [i for i, s in enumerate(v.sources) if s == source]
+        train = [i for i in everything if i not in held]
+        fold = v.folds[source]
+        assert sorted(fold.rows) == train and fold.point == brute_force(train), source
+        # the held-out rows are predicted with the fold's constants, not with the fit on every row
+        assert np.allclose(v.loso[held], ratios[fold.point][held])
+        values[source] = fold.values["backward_time_ratio"]
+    full = v.full.values["backward_time_ratio"]
+    assert values["mosaicml/llm-foundry"] > full > values["LambdaLabsML/examples"], (values, full)
+    assert not np.allclose(v.loso, v.in_sample)
+    # constants.yaml's predictions are the ones the bench prints
+    bench = [r.error for r in published_runs.evaluate_cases(cases)]
+    assert np.allclose(np.expm1(v.current), bench)
+
+    out = io.StringIO()
+    for render in (fit_constants.print_grouping, fit_constants.print_rows, fit_constants.print_summary,
+                   fit_constants.print_targets):
+        render(v, out=out)
+    fit_constants.print_constants(v, predictor, out=out)
+    fit_constants.print_groups(v, "family", out=out)
+    text = out.getvalue()
+    assert "LOSO" in text and "mosaicml/llm-foundry" in text and "DP/FSDP" in text

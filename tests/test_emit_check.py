@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hardware import load_cluster
+from hardware import load_catalog, load_cluster
 from models import load_model
 from planner.cli import cli
 from planner.cost import evaluate
@@ -52,10 +52,13 @@ def test_llama3_70b_megatron_report_fits_under_the_megatron_profile(tmp_path):
     plan = _plan(out)
     assert plan.job.runtime == "megatron" and plan.solver.status == "OPTIMAL"
     section = _targets_section((out / "report.md").read_text())
+    margin = load_catalog().constant("memory_margin_default")  # compile's default: 10% of HBM left free
+    assert plan.job.memory_margin == margin
     job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:32"), global_batch=1024,
-              seq_len=8192).on(load_runtime("megatron"))
+              seq_len=8192, memory_margin=margin).on(load_runtime("megatron"))
     estimate = evaluate(job, strategy_writer("megatron")(plan, job))
     assert estimate.memory.fits and estimate.runtime == "megatron"
+    assert all(r.peak_bytes <= 80e9 * (1 - margin) for r in estimate.memory.per_stage)
     row = next(line for line in section.splitlines() if line.startswith("| megatron | megatron |"))
     assert f"| {estimate.step_time_s:.4f} |" in row and row.endswith("| yes |")
     assert f"{estimate.tokens_per_s_per_gpu:,.0f}" in row
@@ -81,7 +84,7 @@ def test_named_target_refused_exits_1_with_the_numbers_and_writes_nothing(tmp_pa
     # does not fit under the megatron profile
     out = tmp_path / "ref"
     result = _cli("llama3-8b", "dgx-h100:1", "-b", "64", "-s", "8192", "--runtime", "reference", "--target",
-                  "megatron", "--time-limit", "20", "-o", str(out))
+                  "megatron", "--time-limit", "20", "--memory-margin", "0", "-o", str(out))
     assert result.exit_code == 1
     lines = [line for line in result.output.splitlines() if "megatron:" in line]
     assert len(lines) == 1

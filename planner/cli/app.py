@@ -22,7 +22,8 @@ from planner import __version__
 from planner.cli import compare_cmd, compile_cmd, render, simulate_cmd
 from planner.cli import sweep_cmd
 from planner.cli.signals import interrupted_by_sigint
-from planner.cli.options import Infeasible, InputError, job_options, json_option, one_line, runtime_option, user_errors
+from planner.cli.options import (Infeasible, InputError, job_options, json_option, memory_margin_option, one_line,
+                                 runtime_option, user_errors)
 from planner.cost import evaluate
 from planner.cost.layout import split_blocks
 from planner.job import Job
@@ -227,10 +228,11 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
               metavar="FILE", help="Recommendation models: score this sharding_plan.json (or plan.json).")
 @runtime_option("Score the strategy as this framework runs it (its memory layout, overlap, kernels); exit 2 when "
                 "it cannot run the strategy at all; default: planner's runtime")
+@memory_margin_option(0.0)
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             spec: str, sharding_file: Path | None, runtime: str | None, as_json: bool) -> None:
+             spec: str, sharding_file: Path | None, runtime: str | None, memory_margin: float, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
     Exits 1 (after printing the report) when the strategy does not fit in memory.
@@ -250,7 +252,7 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention)
+              precision=precision, flash_attention=flash_attention, memory_margin=memory_margin)
     if job.model.family == "recsys":
         _estimate_embedding(job, spec, sharding_file, as_json)
         return

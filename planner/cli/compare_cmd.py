@@ -12,7 +12,8 @@ import click
 from hardware import load_cluster
 from models import load_model
 from planner.cli import render
-from planner.cli.options import job_options, json_option, runtime_option, user_errors
+from planner.cli.options import (job_options, json_option, margin_or_default, memory_margin_option, runtime_option,
+                                 user_errors)
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
 from planner.emit import primary_runtime
 from planner.job import Job
@@ -60,11 +61,12 @@ def _legend(rows: list[CompareRow]) -> str:
               metavar="FILE.png", help="Also draw the rows as bars (throughput and peak HBM per GPU).")
 @runtime_option("Runtime profile of the planner row and of the baselines that name no framework (uniform-pp, "
                 "metis); default: planner's runtime (megatron for mixture-of-experts models, which it cannot run)")
+@memory_margin_option(None)
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              only: tuple[str, ...], time_limit: float, csv_path: Path | None, plot_path: Path | None,
-             runtime: str | None, as_json: bool) -> None:
+             runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,
@@ -89,7 +91,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         if path is not None:
             check_file_target(path)  # before minutes of solving, not after
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention)
+              precision=precision, flash_attention=flash_attention, memory_margin=margin_or_default(memory_margin))
     if job.model.family != "recsys":  # recommendation models have the embedding cost model, no runtime profile
         name, note = (runtime, None) if runtime else primary_runtime((), bool(job.model.num_experts))
         if note:

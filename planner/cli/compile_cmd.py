@@ -23,7 +23,8 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.compile_embedding import run_embedding_compile
-from planner.cli.options import Infeasible, job_options, json_option, output_dir_path, runtime_option, user_errors
+from planner.cli.options import (Infeasible, job_options, json_option, margin_or_default, memory_margin_option,
+                                 output_dir_path, runtime_option, user_errors)
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.plan.output import check_output_dir, write_outputs
@@ -99,6 +100,7 @@ def _progress(enabled: bool | None):
                    "the plan's strategy does there.")
 @runtime_option("Runtime profile the plan is searched and costed under; default: the first --target's framework "
                 "(torch, slurm and k8s run planner's runtime), else planner's runtime")
+@memory_margin_option(None)
 @click.option("--fix", "fixed", default="", metavar="SPEC",
               help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
@@ -117,7 +119,8 @@ def _progress(enabled: bool | None):
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
-             runtime: str | None, fixed: str, out_dir: Path | None, force: bool, embedding_planner: str,
+             runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
+             embedding_planner: str,
              offload_search: str, progress: bool | None, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
@@ -141,7 +144,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     if out_dir is not None:
         check_output_dir(out_dir, force)  # before the search, not after it
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention)
+              precision=precision, flash_attention=flash_attention, memory_margin=margin_or_default(memory_margin))
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
         run_embedding_compile(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,

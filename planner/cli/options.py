@@ -104,6 +104,23 @@ def runtime_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..
                         help=help_text + f" ({', '.join(runtime_names())})")
 
 
+def memory_margin_option(default: float | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--memory-margin FRACTION: the share of HBM every plan leaves free (Job.memory_margin); default None:
+    constants.yaml's memory_margin_default, the cost model's measured memory error."""
+    shown = "the measured memory error, memory_margin_default in hardware/data/constants.yaml" if default is None \
+        else f"{default:g}"
+    return click.option("--memory-margin", "memory_margin", type=click.FloatRange(min=0.0, max=1.0, max_open=True),
+                        default=default, metavar="FRACTION",
+                        help=f"Share of each GPU's HBM a plan must leave free (default: {shown}).")
+
+
+def margin_or_default(value: float | None) -> float:
+    """The --memory-margin given, or constants.yaml's default."""
+    from hardware import load_catalog
+
+    return load_catalog().constant("memory_margin_default") if value is None else value
+
+
 def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
     """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'."""
     if value is None:

@@ -240,7 +240,8 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [
         f"{job.model} on {job.cluster_description}",
-        f"batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}, {job.runtime} runtime",
+        f"batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}, {job.runtime} runtime"
+        + (f", {100 * job.memory_margin:g}% of HBM left free" if job.memory_margin else ""),
         f"strategy     {plan.strategy_spec}",
         "",
         f"throughput   {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU, {job.num_gpus} GPUs)",

@@ -36,7 +36,7 @@ class HbmBreakdown(BaseModel):
     buffers_bytes: float = Field(description="Gathered-weight and communication buffers.")
     reserve_bytes: float = Field(description="Framework reserve and fragmentation.")
     peak_bytes: float = Field(description="Total HBM at the peak.")
-    capacity_bytes: float = Field(description="HBM of the device.")
+    capacity_bytes: float = Field(description="HBM of the device a plan may use (less the job's memory margin).")
     fits: bool = Field(description="peak_bytes <= capacity_bytes.")
 
 
@@ -69,7 +69,7 @@ class MemoryReport(BaseModel):
 
     model_config = _FIELD
     peak_bytes: float = Field(description="Largest per-GPU HBM peak over stages.")
-    capacity_bytes: float = Field(description="HBM capacity of that GPU.")
+    capacity_bytes: float = Field(description="HBM capacity of that GPU a plan may use (less the memory margin).")
     fits: bool = Field(description="Every stage fits its HBM and every node its host tiers.")
     per_stage: list[StageReport] = Field(description="Per-stage detail.")
     host: HostMemory = Field(description="Host tiers.")

@@ -44,7 +44,7 @@ class RankMemory:
     activations: float
     buffers: float
     reserve: float
-    capacity: float
+    capacity: float  # HBM the rank may use: the device's less the job's memory margin
     host_offload: float  # bytes this rank parks in host DRAM
     nvme_offload: float  # bytes this rank parks on NVMe
     host_capacity: float  # usable host DRAM per rank (the node's, shared by its GPUs)
@@ -175,7 +175,8 @@ def stage_memory(
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated
     return RankMemory(
         stage=site.index, params=params, weights=weights, grads=grads, optimizer=optimizer,
-        activations=activations, buffers=buffers, reserve=reserve, capacity=site.hbm_bytes,
+        activations=activations, buffers=buffers, reserve=reserve,
+        capacity=site.hbm_bytes * (1.0 - job.memory_margin),  # what a plan may use: HBM less the margin
         host_offload=host, nvme_offload=nvme,
         host_capacity=site.node.host_dram_bytes * catalog.constant("host_memory_usable_fraction") / gpn,
         nvme_capacity=site.node.nvme_bytes / gpn,

@@ -122,7 +122,7 @@ def write_outputs(out_dir: Path, files: dict[str, str | bytes], force: bool = Fa
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """Hold SIGINT and SIGTERM back while the block runs; a signal that came meanwhile is delivered after it
-    (also used by the command line while its modules import: see planner/cli/__init__.py)."""
+    (the command line does the same while its modules import: planner/cli/__init__.py)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # Python runs handlers in the main thread only; another thread has nothing to hold back
         return

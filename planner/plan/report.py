@@ -301,7 +301,11 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         "",
         f"{job.model} ({job.model_params:,} parameters) on {job.cluster_description}; "
         f"global batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}; "
-        f"uses {job.num_gpus} of {job.cluster_gpus} GPUs.",
+        f"uses {job.num_gpus} of {job.cluster_gpus} GPUs. Costed as the {job.runtime} runtime runs it "
+        f"(hardware/data/runtimes/{job.runtime}.yaml)"
+        + (f"; every stage leaves {100 * job.memory_margin:g}% of its HBM free (the memory margin: the cost "
+           "model's measured memory error), so the capacities below are the HBM less it." if job.memory_margin
+           else "."),
         "",
         "## Strategy",
         "",

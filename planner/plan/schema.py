@@ -55,6 +55,8 @@ class PlanJob(BaseModel):
     precision: str = Field(description="Compute precision: bf16, fp16 or fp8.")
     flash_attention: bool = Field(description="Fused flash attention assumed.")
     fused_kernels: bool = Field(description="Fused element-wise kernels assumed.")
+    memory_margin: float = Field(0.0, description="Share of each GPU's HBM the plan leaves free (stage capacities "
+                                 "are the HBM less it).")
     runtime: str = Field("reference", description="Runtime profile the plan was searched and costed under "
                          "(hardware/data/runtimes/<runtime>.yaml).")
 

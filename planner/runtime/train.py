@@ -12,6 +12,11 @@ for every rank: bytes of the parameters the rank holds locally (local shards
 of DTensor / FSDP2 parameters).  The runtime keeps fp32 parameters (4 bytes
 each; mixed precision is not applied), so the plan's prediction is
 stages[i].params_per_gpu * 4, divided by the FSDP shard degree when zero >= 1.
+
+With `--measure-memory` the last step runs under `planner.runtime.memory_probe.MemoryProbe` and every
+rank also prints `memory <rank> <json>`: its parameter, gradient and optimizer-state bytes, the bytes
+saved for backward per micro-batch (by layer) and at their peak, the peak of live tensor bytes during
+the step and FSDP2's gathered parameters at their peak (the report's `memory` section, per rank).
 """
 
 from __future__ import annotations
@@ -28,16 +33,30 @@ import torch.distributed as dist
 from models.transformer import TransformerConfig
 from models.zoo import get_entry
 from planner.plan.schema import Plan
+from planner.runtime.memory_probe import MemoryProbe
 from planner.runtime.model import Transformer
 from planner.runtime.parallelize import apply_plan, local_param_bytes
 from planner.runtime.shutdown import run_then_finish
 
 
-def model_config(plan: Plan) -> TransformerConfig:
-    """The TransformerConfig of the plan's model (zoo entries built from a TransformerConfig)."""
-    config = get_entry(plan.job.model).config
+def model_config(plan: Plan, spec: Path | None = None) -> TransformerConfig:
+    """The TransformerConfig of the plan's model (zoo entries built from a TransformerConfig), or of the
+    model spec file `spec` (a builder and its fields, models/spec.py's first shape) when given."""
+    config = get_entry(plan.job.model).config if spec is None else spec_config(spec)
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"model {plan.job.model}: the runtime builds TransformerConfig models only")
+    return config
+
+
+def spec_config(path: Path) -> TransformerConfig:
+    """The TransformerConfig of a spec file `builder: llama|gpt|bert|transformer` plus config fields."""
+    from models.spec import BUILDERS, read_mapping
+
+    data = dict(read_mapping(path))
+    builder = BUILDERS.get(data.pop("builder", None))
+    config = builder(**data) if builder is not None else None
+    if not isinstance(config, TransformerConfig):
+        raise ValueError(f"{path}: --model-spec takes a transformer spec (builder: llama, gpt, bert or transformer)")
     return config
 
 
@@ -65,6 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2).")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the model init and the data (default 0).")
     parser.add_argument("--report", type=Path, default=None, help="Write losses and param_bytes per rank as JSON.")
+    parser.add_argument("--model-spec", type=Path, default=None,
+                        help="Model spec file (builder: llama ...) of a model the zoo does not have; its name must "
+                        "be the plan's model.")
+    parser.add_argument("--measure-memory", action="store_true",
+                        help="Measure the last step's memory on every rank (planner/runtime/memory_probe.py): "
+                        "prints `memory <rank> <json>` and adds `memory` to the report.")
     return parser.parse_args(argv)
 
 
@@ -81,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     rank = dist.get_rank()
     s = plan.strategy
     torch.manual_seed(args.seed)
-    model = Transformer(model_config(plan)).to(device)
+    config = model_config(plan, args.model_spec)
+    if config.name != plan.job.model:
+        raise ValueError(f"--model-spec builds {config.name!r}, the plan is for {plan.job.model!r}")
+    model = Transformer(config).to(device)
     par = apply_plan(model, plan, device=device)
     optimizer = torch.optim.AdamW(par.model.parameters(), lr=args.lr)
     dp_index = (rank // (s.tp * s.cp)) % s.dp
@@ -90,15 +118,23 @@ def main(argv: list[str] | None = None) -> None:
     per_cp_rank = plan.job.seq_len // s.cp
     last_stage_ranks = s.tp * s.cp * s.dp
     losses = []
+    probe = None
     for step in range(args.steps):
         tokens, labels = synthetic_batch(step, batch=plan.job.global_batch, seq_len=plan.job.seq_len,
-                                         vocab=model_config(plan).vocab, seed=args.seed)
+                                         vocab=config.vocab, seed=args.seed)
         # this replica's sequences; under cp this rank's contiguous chunk of each
         rows = slice(dp_index * per_replica, (dp_index + 1) * per_replica)
         cols = slice(cp_index * per_cp_rank, (cp_index + 1) * per_cp_rank)
         optimizer.zero_grad()
-        loss = par.train_step(tokens[rows, cols].to(device), labels[rows, cols].to(device))
-        optimizer.step()
+        tokens_here, labels_here = tokens[rows, cols].to(device), labels[rows, cols].to(device)
+        if args.measure_memory and step == args.steps - 1:
+            with MemoryProbe(par.chunks(), optimizer, inputs=(tokens_here, labels_here),
+                             micro_batches=plan.time.micro_batches) as probe:
+                loss = par.train_step(tokens_here, labels_here)
+                optimizer.step()
+        else:
+            loss = par.train_step(tokens_here, labels_here)
+            optimizer.step()
         # The loss lives on the last stage: average it over that stage's ranks (their dp replicas and
         # cp chunks, equal in size) onto every rank.
         total = torch.zeros((), device=device) if loss is None else loss.detach().float().to(device)
@@ -113,9 +149,16 @@ def main(argv: list[str] | None = None) -> None:
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     _say(f"param_bytes {rank} {mine}")
+    memory: list = [None] * dist.get_world_size()
+    if probe is not None:
+        measured = probe.report(par.model)
+        dist.all_gather_object(memory, measured)
+        _say(f"memory {rank} {json.dumps(measured, sort_keys=True, separators=(',', ':'))}")
     if rank == 0 and args.report is not None:
         report = {"losses": losses, "param_bytes": {str(r): b for r, b in enumerate(everyone)},
                   "strategy": plan.strategy_spec}
+        if probe is not None:
+            report["memory"] = {str(r): m for r, m in enumerate(memory)}
         args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 

@@ -75,18 +75,23 @@ def _shapes(job: Job) -> list[tuple[int, int, int]]:
 
 
 def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
+    """The memory-friendly candidates the job's runtime can run: the most sharding it has, full recompute,
+    micro-batch 1, each offload it offers."""
     out = []
-    gpus = job.cluster.num_gpus
+    gpus, space = job.cluster.num_gpus, job.runtime.space
+    experts = job.model.num_experts
     for tp, pp, cp in _shapes(job):
         dp = gpus // (tp * pp * cp)
-        zero = 3 if dp * cp > 1 else 0  # nothing to shard over otherwise (as in planner.search.space)
-        experts = job.model.num_experts
+        stages = space.zero_stages_pipelined if pp > 1 else space.zero_stages
+        zero = max(stages) if dp * cp > 1 else 0  # nothing to shard over otherwise (as in planner.search.space)
         ep = max((e for e in range(1, experts + 1) if experts % e == 0 and (dp * cp) % e == 0), default=1)
         for offload, device in _OFFLOADS:
             if offload == "all" and zero != 3 or offload != "none" and device not in devices:
                 continue
-            out.append(Strategy(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, mbs=1, zero=zero, recompute="full",
-                                offload=offload, offload_device=device))
+            strategy = Strategy(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, mbs=1, zero=zero, recompute="full",
+                                offload=offload, offload_device=device)
+            if not job.runtime.cannot_express(strategy, bool(experts), job.flash):
+                out.append(strategy)
     return out
 
 

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from hardware import Cluster, HardwareInputError, load_cluster
+from hardware import Cluster, HardwareInputError, load_catalog, load_cluster
 from models import ModelInputError, load_model
 from models.graph import ModelGraph
 from models.spec import read_mapping
@@ -84,6 +84,9 @@ class SweepSpec(BaseModel):
     seq_lens: list[PositiveInt] = Field(default_factory=list, description="Sequence lengths of the grid.")
     precision: Precision = Field("bf16", description="Compute precision of every scenario (bf16, fp16, fp8).")
     flash_attention: bool = Field(True, description="Fused flash attention (no s^2 score tensors).")
+    memory_margin: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Share of HBM every plan leaves free; default: memory_margin_default "
+        "in hardware/data/constants.yaml (the cost model's measured memory error), as compile and compare.")
     runtime: str = Field(CLI_RUNTIME, description="Runtime profile of the planner row and the non-framework "
                          "baselines (hardware/data/runtimes/<runtime>.yaml); framework baselines use their own.")
     strategies: list[StrategyName] | None = Field(
@@ -269,7 +272,9 @@ class SweepTasks:
              where: str) -> Job:
         try:
             return Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=self.spec.flash_attention, runtime=load_runtime(self.spec.runtime))
+                       flash_attention=self.spec.flash_attention, runtime=load_runtime(self.spec.runtime),
+                       memory_margin=(load_catalog().constant("memory_margin_default") if self.spec.memory_margin is None
+                                      else self.spec.memory_margin))
         except ValidationError as err:
             why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
             raise PlannerInputError(f"{self.path}: {where}: {why}") from None
