@@ -231,7 +231,15 @@ def estimate_report(estimate: Estimate, title: str) -> str:
               table(["term", "seconds", "of step"], rows, right=(1, 2)), ""]
     lines.append("fits: yes" if mem.fits else "fits: no")
     lines += [f"  - {reason}" for reason in mem.reasons]
+    lines += confidence_lines(estimate.confidence.reasons)
     return "\n".join(lines)
+
+
+def confidence_lines(reasons: list[str]) -> list[str]:
+    """`confidence` and one line per term no validated published run covers (nothing when all are covered)."""
+    if not reasons:
+        return ["confidence   validated regime (hardware/data/validated.yaml)"]
+    return ["confidence   extrapolated: " + reasons[0], *(f"             {r}" for r in reasons[1:])]
 
 
 def compile_summary(plan: "Plan", wall_s: float) -> str:
@@ -270,6 +278,7 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
     if plan.runners_up:
         r = plan.runners_up[0]
         lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%)")
+    lines += confidence_lines(plan.confidence.reasons)
     return "\n".join(lines)
 
 

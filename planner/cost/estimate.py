@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.cost.confidence import Confidence
+
 _FIELD = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -92,3 +94,5 @@ class Estimate(BaseModel):
     strategy: dict = Field(description="The resolved strategy.")
     strategy_spec: str = Field(description="The resolved strategy as a SPEC string.")
     runtime: str = Field(description="The runtime profile it was costed under (hardware/data/runtimes).")
+    confidence: Confidence = Field(description="Whether a term leans on a regime no validated published run "
+                                   "covers (planner.cost.confidence), with the reasons.")

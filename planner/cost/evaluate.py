@@ -17,6 +17,7 @@ optimizer step and offload transfers of its placement; the slowest ends it.
 from __future__ import annotations
 
 from hardware import Catalog, load_catalog
+from planner.cost.confidence import assess
 from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport, StageReport
 from planner.cost.layout import StagePlacement, place_stages, stage_groups
 from planner.cost.stage import StageCost, compose_stage, sum_layers
@@ -136,4 +137,5 @@ def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None
         mfu=model_flops / step / peak_sum, hfu=model_flops * (1 + recompute_share) / step / peak_sum,
         micro_batches=m, num_gpus=n, memory=memory, breakdown=breakdown,
         strategy=s.resolved(), strategy_spec=s.spec(), runtime=job.runtime.name,
+        confidence=assess(job, s, [stage.device.name for stage in stages]),
     )

@@ -207,6 +207,7 @@ def build_single_plan(job: Job, result: CompileResult, options: CompileOptions) 
         memory=_memory(estimate),
         solver=plan_solver(cert, options),
         runners_up=[runner_up(job, r.strategy, r.objective, best) for r in result.runners_up],
+        confidence=estimate.confidence,
     )
 
 

@@ -13,6 +13,7 @@ memory and the certificate of the whole search; `layout` is None and
 from __future__ import annotations
 
 from planner import __version__
+from planner.cost.confidence import Confidence
 from planner.cost.groups import group_job
 from planner.job import Job
 from planner.plan.build import build_single_plan, inputs_digest, plan_job, plan_solver, runner_up
@@ -74,4 +75,11 @@ def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -
         solver=plan_solver(cert, options),
         runners_up=[runner_up(job, r.strategy, r.objective, cert.objective) for r in result.runners_up],
         groups=groups,
+        confidence=_confidence(groups),
     )
+
+
+def _confidence(groups: list) -> Confidence:
+    """The groups' extrapolated terms together, each named once."""
+    reasons = list(dict.fromkeys(f"{g.pool}: {r}" for g in groups for r in g.plan.confidence.reasons))
+    return Confidence(extrapolated=bool(reasons), reasons=reasons)

@@ -168,6 +168,15 @@ def _solver(plan: Plan) -> list[str]:
     return lines
 
 
+def _confidence(plan: Plan) -> list[str]:
+    """Which terms lean on a regime no validated published run covers (planner.cost.confidence)."""
+    if not plan.confidence.extrapolated:
+        return ["Every term of this estimate lies in a regime published runs validate (within 30%: "
+                "hardware/data/validated.yaml, docs/benchmarks.md)."]
+    return ["Extrapolated: these terms lean on regimes no validated published run covers "
+            "(hardware/data/validated.yaml, docs/benchmarks.md):", "", *(f"- {r}" for r in plan.confidence.reasons)]
+
+
 def _runners_up(plan: Plan) -> list[str]:
     if not plan.runners_up:
         return ["No other configuration was solved (the others were pruned by their bounds)."]
@@ -316,6 +325,10 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         f"- MFU: {100 * t.mfu:.1f}% (HFU {100 * t.hfu:.1f}%)",
         "",
         *(_groups(plan, plots) if plan.groups else _body(plan, "##", plots)),
+        "## Confidence",
+        "",
+        *_confidence(plan),
+        "",
         "## Solver certificate",
         "",
         *_solver(plan),

@@ -30,6 +30,7 @@ from typing import Annotated, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_serializer, model_validator)
 
+from planner.cost.confidence import Confidence
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
 from planner.strategy import Strategy
 
@@ -311,6 +312,10 @@ class Plan(BaseModel):
     groups: list[PlanGroup] = Field(
         default_factory=list, description="Replica groups (data parallelism across pools, a strategy and batch "
         "share per pool; planner.cost.groups); [] for a single-strategy plan.")
+    confidence: Confidence = Field(
+        default_factory=lambda: Confidence(extrapolated=False, reasons=[]),
+        description="Terms of the estimate that lean on a regime no validated published run covers "
+        "(planner.cost.confidence; each group's for replica groups).")
 
     @field_validator("strategy")
     @classmethod

@@ -25,9 +25,11 @@
   local ops first) and tracks each new storage by a weak reference until it is freed;
   `UntypedStorage.resize_` is wrapped because FSDP2 frees and re-allocates its gathered parameters by
   resizing storages, which no op reports.  The states at rest, buffers, FSDP2's all-gather outputs and the
-  input batch are registered when the step starts.  Reported: `live_peak` (the most bytes alive at once
+  input batch are registered when the step starts, and so are the pipeline stages' receive buffers
+  (allocated once, one per micro-batch and direction).  Reported: `live_peak` (the most bytes alive at once
   during the step) and what they were at that moment (`peak_by_kind`: params, optimizer, buffers, inputs,
-  gathered = FSDP2's unsharded parameters, saved = saved for backward, grads = gradients alive then,
+  gathered = FSDP2's unsharded parameters, pipeline = receive buffers not saved for backward at that
+  moment, saved = saved for backward, grads = gradients alive then,
   other = everything else: the running op's temporaries, activation gradients, received activations,
   the pipeline's kept stage outputs);
 * FSDP2's gathered (unsharded) parameters: bytes of every `FSDPParam.all_gather_outputs` storage (resized
@@ -54,7 +56,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_map_only
 
-KINDS = ("params", "optimizer", "buffers", "inputs", "gathered", "saved", "other")  # and `grads` at the peak
+KINDS = ("params", "optimizer", "buffers", "inputs", "gathered", "pipeline", "saved", "other")  # + `grads` at the peak
 NOT_ACTIVATIONS = ("params", "optimizer", "buffers", "inputs", "gathered")
 
 
@@ -104,6 +106,19 @@ def fsdp_params(module: nn.Module) -> list:
     return out
 
 
+def pipeline_buffers(stages) -> list[torch.Tensor]:
+    """The receive buffers torch.distributed.pipelining's stages allocate once, one per micro-batch: the
+    activations a stage receives (`args_recv_info`) and the gradients it receives (`grad_recv_info`)."""
+    out = []
+    for stage in stages:
+        for infos in (*getattr(stage, "args_recv_info", {}).values(), *getattr(stage, "grad_recv_info", {}).values()):
+            for info in infos if isinstance(infos, (tuple, list)) else (infos,):
+                buffer = getattr(info, "buffer", None)
+                if isinstance(buffer, torch.Tensor):
+                    out.append(buffer)
+    return out
+
+
 def layer_label(name: str) -> str:
     """The cost model's layer of a module path inside a chunk: tok_embeddings -> embedding,
     layers.3.attention.wq -> attention, layers.3.ffn_norm -> mlp, layers.3 (a checkpointed block's input,
@@ -121,10 +136,10 @@ def layer_label(name: str) -> str:
 class _Record:
     """One tracked storage for its lifetime: bytes, kind, saved-for-backward references (forward, recompute)."""
 
-    __slots__ = ("nbytes", "kind", "ref", "saved", "recomputed", "alive")
+    __slots__ = ("nbytes", "kind", "home", "ref", "saved", "recomputed", "alive")
 
     def __init__(self, nbytes: int, kind: str):
-        self.nbytes, self.kind, self.ref = nbytes, kind, None
+        self.nbytes, self.kind, self.home, self.ref = nbytes, kind, kind, None
         self.saved = self.recomputed = 0
         self.alive = True
 
@@ -166,8 +181,9 @@ class MemoryProbe:
     run the step, then `probe.report(model)`."""
 
     def __init__(self, chunks: list[nn.Module], optimizer: torch.optim.Optimizer, *, inputs=(),
-                 micro_batches: int = 1):
+                 micro_batches: int = 1, pipeline_stages=()):
         self.chunks, self.optimizer, self.inputs, self.micro_batches = chunks, optimizer, inputs, micro_batches
+        self.pipeline_stages = list(pipeline_stages)
         self._records: dict[int, _Record] = {}
         self.live = dict.fromkeys(KINDS, 0)
         self.live_total = self.live_peak = 0
@@ -277,8 +293,8 @@ class MemoryProbe:
         if is_any != was_any:
             sign = 1 if is_any else -1
             self.saved_live += sign * rec.nbytes
-            kind = "saved" if is_any else "other"
-            if rec.kind in ("other", "saved") and rec.kind != kind:
+            kind = "saved" if is_any else rec.home
+            if rec.home in ("other", "pipeline") and rec.kind != kind:
                 self.live[rec.kind] -= rec.nbytes
                 self.live[kind] += rec.nbytes
                 rec.kind = kind
@@ -382,6 +398,9 @@ class MemoryProbe:
         for t in self.inputs:
             for st in storages(t) if isinstance(t, torch.Tensor) else ():
                 self._register(st, "inputs")
+        for buffer in pipeline_buffers(self.pipeline_stages):
+            for st in storages(buffer):
+                self._register(st, "pipeline")
 
     def _patch(self, owner, name: str, make) -> None:
         original = getattr(owner, name)

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         tokens_here, labels_here = tokens[rows, cols].to(device), labels[rows, cols].to(device)
         if args.measure_memory and step == args.steps - 1:
             with MemoryProbe(par.chunks(), optimizer, inputs=(tokens_here, labels_here),
-                             micro_batches=plan.time.micro_batches) as probe:
+                             micro_batches=plan.time.micro_batches, pipeline_stages=par.stages) as probe:
                 loss = par.train_step(tokens_here, labels_here)
                 optimizer.step()
         else:

@@ -347,6 +347,14 @@ def print_summary(results: list[dict]) -> None:
         if ratios:
             print(f"  {c:<12} {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]; n={len(ratios)}, "
                   f"within 3%: {within}" + (f"; predicted 0 on {zero} ranks" if zero else ""))
+    unmodelled = [(row["peak_by_kind"].get("other", 0), sum(row["peak_by_kind"].get(k, 0) for k in
+                   ("other", "pipeline", "buffers", "inputs")), row["components"]["peak"][0])
+                  for res in results for row in res["rows"]]
+    print(f"  at the peak, share of bytes no cost-model term covers: transients (other) "
+          f"{statistics.median(o / p for o, _, p in unmodelled):.1%} [{min(o / p for o, _, p in unmodelled):.1%}, "
+          f"{max(o / p for o, _, p in unmodelled):.1%}]; with pipeline receive buffers, RoPE tables and the batch "
+          f"{statistics.median(u / p for _, u, p in unmodelled):.1%} [{min(u / p for _, u, p in unmodelled):.1%}, "
+          f"{max(u / p for _, u, p in unmodelled):.1%}]")
     print("saved for backward per micro-batch by layer kind (plans without recompute): measured / predicted "
           "(median [min, max]), and measured / runtime_saved_bytes (the runtime's own formula)")
     by_kind: dict[tuple, list[tuple]] = defaultdict(list)

@@ -1,0 +1,87 @@
+"""Which terms of an estimate lean on a regime no validated published run covers.
+
+`hardware/data/validated.yaml` lists what the published runs of
+tests/data/published_runs.csv validate: the runtimes, devices and precisions of the
+tier-A rows the cost model predicts within `tolerance`, and the largest context- and
+expert-parallel degree, GPU count and ZeRO-3 sharding group among them.  It is written
+by `python tests/bench/coverage.py` (tests/test_confidence.py checks it is current);
+nobody edits it by hand.  `assess` compares a job and a strategy with it: an estimate
+outside it is marked extrapolated, with one reason per term.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.job import Job
+from planner.strategy import Strategy
+
+_FIELD = ConfigDict(extra="forbid", frozen=True)
+
+
+class Coverage(BaseModel):
+    """What the published runs validate (hardware/data/validated.yaml)."""
+
+    model_config = _FIELD
+    tolerance: float = Field(description="A row validates its regime when predicted within this |error|.")
+    rows: list[int] = Field(description="Ids of the validating rows.")
+    runtimes: dict[str, list[int]] = Field(description="Runtime profile -> validating row ids.")
+    devices: dict[str, list[int]] = Field(description="Device -> validating row ids.")
+    precisions: dict[str, list[int]] = Field(description="Precision -> validating row ids.")
+    max_gpus: int = Field(description="Largest GPU count of a validating row.")
+    max_cp: int = Field(description="Largest context-parallel degree of a validating row.")
+    max_ep: int = Field(description="Largest expert-parallel degree of a validating row.")
+    moe: bool = Field(description="Whether a validating row trains a mixture-of-experts model.")
+    max_zero3_group: int = Field(description="Largest ZeRO-3/FSDP sharding group (dp x cp) of a validating row.")
+
+
+class Confidence(BaseModel):
+    """Whether an estimate stays inside what published runs validate, and why not."""
+
+    model_config = _FIELD
+    extrapolated: bool = Field(description="Some term leans on a regime no validated published run covers.")
+    reasons: list[str] = Field(description="One line per such term (empty when not extrapolated).")
+
+
+@lru_cache(maxsize=1)
+def load_coverage() -> Coverage:
+    """hardware/data/validated.yaml."""
+    text = resources.files("hardware").joinpath("data", "validated.yaml").read_text()
+    return Coverage.model_validate(yaml.safe_load(text))
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:4])) + (", ..." if len(ids) > 4 else "")
+
+
+def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage | None = None) -> Confidence:
+    """The terms of `strategy` on `job` (its stages on `devices`) that no validated published run covers."""
+    c = coverage or load_coverage()
+    s, reasons = strategy, []
+    known = lambda table: ", ".join(sorted(table))  # noqa: E731
+    if job.runtime.name not in c.runtimes:
+        reasons.append(f"runtime {job.runtime.name}: no published run validates it (validated runtimes: "
+                       f"{known(c.runtimes)})")
+    for device in sorted(set(devices) - set(c.devices)):
+        reasons.append(f"device {device}: no validated run (validated: {known(c.devices)})")
+    if job.precision not in c.precisions:
+        reasons.append(f"precision {job.precision}: no validated run (validated: {known(c.precisions)})")
+    if s.cp > c.max_cp:
+        reasons.append(f"context parallelism cp={s.cp}: validated runs reach cp={c.max_cp} (ring steps, small-chunk "
+                       "attention unvalidated)")
+    if s.ep > c.max_ep or (job.model.num_experts and not c.moe):
+        reasons.append(f"mixture of experts (ep={s.ep}): no validated MoE run (all-to-all, routing imbalance and "
+                       "grouped GEMMs unvalidated)")
+    gpus = s.tp * s.cp * (s.dp or 1) * s.pp
+    if gpus > c.max_gpus:
+        reasons.append(f"{gpus} GPUs: validated runs reach {c.max_gpus}")
+    group = (s.dp or 1) * s.cp
+    if s.zero == 3 and group > c.max_zero3_group:
+        reasons.append(f"ZeRO-3/FSDP over {group} ranks: validated runs shard over at most {c.max_zero3_group} "
+                       "(gathers at that scale are not validated; SC21's ZeRO-3 at 384-1536 ranks is predicted far "
+                       "too fast)")
+    return Confidence(extrapolated=bool(reasons), reasons=reasons)

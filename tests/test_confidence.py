@@ -1,0 +1,68 @@
+"""The extrapolation flag: estimates say which terms lean on a regime no validated published run covers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from conftest import make_job
+from planner.cli import cli
+from planner.cost import evaluate
+from planner.cost.confidence import Coverage, assess, load_coverage
+from planner.profile import load_runtime
+from planner.strategy import parse_strategy
+
+BENCH = Path(__file__).resolve().parent / "bench"
+
+
+def test_validated_yaml_is_what_the_bench_gives():
+    # hardware/data/validated.yaml is generated from the published runs, never edited by hand
+    sys.path.insert(0, str(BENCH))
+    import coverage
+
+    assert coverage.render(coverage.coverage(coverage.bench.run("A"))) == coverage.PATH.read_text(), \
+        "hardware/data/validated.yaml is stale: run python tests/bench/coverage.py"
+
+
+def test_a_published_regime_is_validated_and_each_step_outside_it_is_named():
+    c = load_coverage()
+    # GPT 70B on 768 H100s under Megatron-Core (row 24 of the published runs): inside
+    job = make_job("llama3-70b", "dgx-h100:96", batch=1536, seq=2048).on(load_runtime("megatron"))
+    inside = evaluate(job, parse_strategy("tp=8,pp=2,zero=1"))
+    assert inside.confidence.extrapolated is False and inside.confidence.reasons == []
+    # context parallelism beyond the validated degree, a runtime and a device nothing validates
+    wide = evaluate(job, parse_strategy(f"tp=8,pp=2,cp={2 * c.max_cp},zero=1"))
+    assert wide.confidence.extrapolated and len(wide.confidence.reasons) == 1
+    assert wide.confidence.reasons[0].startswith(f"context parallelism cp={2 * c.max_cp}: validated runs reach "
+                                                 f"cp={c.max_cp}")
+    tiny = evaluate(make_job("tiny-llama", "cpu:1", batch=8, seq=128).on(load_runtime("planner")), parse_strategy(""))
+    assert [r.split(":")[0] for r in tiny.confidence.reasons] == ["runtime planner", "device cpu"]
+
+
+def test_zero3_beyond_the_validated_sharding_group_and_moe_are_flagged():
+    coverage = Coverage(tolerance=0.3, rows=[1], runtimes={"reference": [1]}, devices={"h100-sxm": [1]},
+                        precisions={"bf16": [1]}, max_gpus=1024, max_cp=2, max_ep=1, moe=False, max_zero3_group=64)
+    job = make_job("llama3-8b", "dgx-h100:16", batch=256, seq=4096)
+    assert assess(job, parse_strategy("zero=3,dp=64,pp=2"), ["h100-sxm"], coverage).reasons == []
+    big = assess(job, parse_strategy("zero=3,dp=128"), ["h100-sxm"], coverage)
+    assert big.extrapolated and big.reasons[0].startswith("ZeRO-3/FSDP over 128 ranks")
+    moe = make_job("mixtral-8x7b", "dgx-h100:16", batch=256, seq=4096)
+    assert any(r.startswith("mixture of experts (ep=8)") for r in
+               assess(moe, parse_strategy("ep=8,dp=128,zero=1"), ["h100-sxm"], coverage).reasons)
+
+
+def test_estimate_json_and_compile_report_carry_the_flag(tmp_path):
+    runner = CliRunner()
+    args = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128"]
+    data = json.loads(runner.invoke(cli, ["estimate", *args, "--json"]).output)
+    assert data["confidence"]["extrapolated"] is True and data["confidence"]["reasons"][0].startswith("runtime planner")
+    out = tmp_path / "out"
+    result = runner.invoke(cli, ["compile", *args, "--time-limit", "10", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "confidence   extrapolated: runtime planner" in result.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["confidence"]["reasons"] == data["confidence"]["reasons"]
+    assert "## Confidence" in (out / "report.md").read_text()
