@@ -95,7 +95,7 @@ def test_measured_memory_matches_the_cost_model_or_its_known_factor(tmp_path, sp
             assert got[component] == pytest.approx(want[component], rel=BAR), (where, component)
         assert got["weights"] == want["weights"]  # exactly the plan's parameters, fp32
         # AdamW's moments (8 bytes per parameter) and one fp32 `step` per parameter tensor
-        tensors = sum(1 for _ in plan_param_tensors(config, plan, stage))
+        tensors = sum(1 for _ in plan_param_tensors(plan, stage))
         assert got["optimizer"] == want["optimizer"] + 4 * tensors, where
         # micro-batches in flight: the 1F1B count
         assert got["in-flight"] == IN_FLIGHT[(spec, stage)], where
@@ -113,7 +113,7 @@ def test_measured_memory_matches_the_cost_model_or_its_known_factor(tmp_path, sp
             assert got["buffers"] == pytest.approx(plan.stages[stage].params_per_gpu * 8, rel=1e-3), where
 
 
-def plan_param_tensors(config, plan, stage: int):
+def plan_param_tensors(plan, stage: int):
     """The parameter tensors of `stage` (each has its own AdamW `step`): 9 per block, embedding, norm, head."""
     first, last = plan.stages[stage].blocks
     yield from range(9 * (last - first + 1))

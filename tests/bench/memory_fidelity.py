@@ -263,7 +263,8 @@ def stage_of(plan: Plan, rank: int) -> int:
     return rank // (s.tp * s.cp * s.dp)
 
 
-def compare(plan: Plan, predicted: list[dict], measured: dict[int, dict], formula: list[dict] | None = None) -> list[dict]:
+def compare(plan: Plan, predicted: list[dict], measured: dict[int, dict],
+            formula: list[dict] | None = None) -> list[dict]:
     """One row per rank: stage, then per component (measured, predicted, measured / predicted); by layer
     kind the saved bytes per micro-batch (measured, predicted, ratio, runtime_saved_bytes)."""
     rows = []
@@ -330,8 +331,9 @@ def print_plan(title: str, rows: list[dict]) -> None:
         layers = ", ".join(f"{k} {_bytes(g)}/{_bytes(w)}" for k, (g, w, _, _) in row["by_layer"].items() if g or w)
         print(f"  st {key[0]} peak = {kinds}")
         if any(row["gathered"].values()):
-            print(f"  st {key[0]} FSDP2 gathered at their peaks: weights {_bytes(row['gathered']['gathered_weights_peak'])}"
-                  f", unsharded grads {_bytes(row['gathered']['gathered_grads_peak'])}")
+            gathered = row["gathered"]
+            print(f"  st {key[0]} FSDP2 gathered at their peaks: weights {_bytes(gathered['gathered_weights_peak'])}"
+                  f", unsharded grads {_bytes(gathered['gathered_grads_peak'])}")
         print(f"  st {key[0]} saved per micro-batch by layer, measured/predicted: {layers}"
               + (f"; predicted working set {_bytes(row['working_set'])}" if row["working_set"] else ""))
     print()
