@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     s = plan.strategy
     torch.manual_seed(args.seed)
     config = model_config(plan, args.model_spec)
-    if config.name != plan.job.model:
+    if args.model_spec is not None and config.name != plan.job.model:
         raise ValueError(f"--model-spec builds {config.name!r}, the plan is for {plan.job.model!r}")
     model = Transformer(config).to(device)
     par = apply_plan(model, plan, device=device)

@@ -390,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     grid = QUICK if args.quick else GRID
     if args.only:
-        grid = [g for g in grid if args.only in g[0] or args.only in g[3]]
+        grid = [g for g in grid if args.only in (SMALL["name"] if g[0] == "small" else g[0]) or args.only in g[3]]
+    if not grid:
+        parser.error(f"--only {args.only}: no plan of the grid matches")
     results = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memory-fidelity-") as tmp:
