@@ -147,6 +147,9 @@ class RuntimeProfile(BaseModel):
     overlap: Overlap = Field(description="Data-parallel overlap.")
     kernels: Kernels = Field(description="Kernel facts.")
     space: Space = Field(description="What it can express.")
+    known_gaps: tuple[str, ...] = Field(
+        (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "
+        "yet, with the measurement; every estimate under it names them (planner.cost.confidence).")
 
     def state_bytes(self, kind: StateKind, params: float, zero: int, shard: int) -> float:
         """HBM bytes of every state term of `kind` for `params` parameters."""

@@ -39,7 +39,10 @@ def test_a_published_regime_is_validated_and_each_step_outside_it_is_named():
     assert wide.confidence.reasons[0].startswith(f"context parallelism cp={2 * c.max_cp}: validated runs reach "
                                                  f"cp={c.max_cp}")
     tiny = evaluate(make_job("tiny-llama", "cpu:1", batch=8, seq=128).on(load_runtime("planner")), parse_strategy(""))
-    assert [r.split(":")[0] for r in tiny.confidence.reasons] == ["runtime planner", "device cpu"]
+    # the planner runtime's measured gap (its activations), that nothing validates it, and the device
+    assert [r.split(":")[0] for r in tiny.confidence.reasons] == ["runtime planner"] * 2 + ["device cpu"]
+    assert tiny.confidence.reasons[0] == f"runtime planner: {load_runtime('planner').known_gaps[0]}"
+    assert "activation memory is under-predicted" in tiny.confidence.reasons[0]
 
 
 def test_zero3_beyond_the_validated_sharding_group_and_moe_are_flagged():
@@ -59,6 +62,7 @@ def test_estimate_json_and_compile_report_carry_the_flag(tmp_path):
     args = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128"]
     data = json.loads(runner.invoke(cli, ["estimate", *args, "--json"]).output)
     assert data["confidence"]["extrapolated"] is True and data["confidence"]["reasons"][0].startswith("runtime planner")
+    assert any("no published run validates it" in r for r in data["confidence"]["reasons"])
     out = tmp_path / "out"
     result = runner.invoke(cli, ["compile", *args, "--time-limit", "10", "-o", str(out)])
     assert result.exit_code == 0, result.output

@@ -63,6 +63,7 @@ def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage 
     c = coverage or load_coverage()
     s, reasons = strategy, []
     known = lambda table: ", ".join(sorted(table))  # noqa: E731
+    reasons += [f"runtime {job.runtime.name}: {gap}" for gap in job.runtime.known_gaps]
     if job.runtime.name not in c.runtimes:
         reasons.append(f"runtime {job.runtime.name}: no published run validates it (validated runtimes: "
                        f"{known(c.runtimes)})")
