@@ -37,17 +37,14 @@ line naming the file and the field path, e.g.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hardware.catalog import DeviceSpec, NodeSpec, load_catalog
 from hardware.errors import HardwareInputError
-from hardware.yamlio import MAX_INPUT_BYTES, UniqueKeyLoader
+from hardware.yamlio import read_mapping
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -210,49 +207,6 @@ def _render(error: ValidationError, prefix: Callable[[tuple], tuple] = lambda lo
     return "; ".join(items)
 
 
-def _read_text(path: Path, label: str) -> str:
-    """The UTF-8 text of a cluster file of at most MAX_INPUT_BYTES."""
-    try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            # read one byte past the cap: a pipe or device file has no size to check beforehand
-            data = handle.read(MAX_INPUT_BYTES + 1) if size <= MAX_INPUT_BYTES else b""
-    except OSError as exc:
-        raise HardwareInputError(f"{label}: cannot read ({exc.strerror or exc})") from None
-    if size > MAX_INPUT_BYTES or len(data) > MAX_INPUT_BYTES:
-        raise HardwareInputError(f"{label}: file too large ({max(size, len(data)) / 2**20:.1f} MiB or more); "
-                                 f"input files are limited to {MAX_INPUT_BYTES // 2**20} MiB")
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark is harmless; any other non-UTF-8 byte is not
-    except UnicodeDecodeError as exc:
-        raise HardwareInputError(f"{label}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                                 f"{exc.start}); save the file as UTF-8") from None
-
-
-def _parse(path: Path, label: str) -> Any:
-    text = _read_text(path, label)
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise HardwareInputError(f"{label}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        except ValueError as exc:  # an integer of thousands of digits
-            raise HardwareInputError(f"{label}: not valid JSON ({exc})") from None
-        except RecursionError:
-            raise HardwareInputError(f"{label}: not valid JSON (nested too deeply)") from None
-    try:
-        return yaml.load(text, Loader=UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise HardwareInputError(f"{label}: not valid YAML ({where}{problem})") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise HardwareInputError(f"{label}: not valid YAML ({exc})") from None
-    except RecursionError:
-        raise HardwareInputError(f"{label}: not valid YAML (nested too deeply)") from None
-
-
 def _build_node(entry: PoolEntry, index: int, label: str) -> NodeSpec:
     catalog = load_catalog()
     where = f"{label}: pools[{index}]"
@@ -287,9 +241,7 @@ def _build_node(entry: PoolEntry, index: int, label: str) -> NodeSpec:
 
 
 def _load_file(path: Path, label: str) -> Cluster:
-    data = _parse(path, label)
-    if not isinstance(data, dict):
-        raise HardwareInputError(f"{label}: expected a mapping at top level, got {type(data).__name__}")
+    data = read_mapping(path, label, HardwareInputError, "cluster file")
     try:
         spec = ClusterFile.model_validate(data)
     except ValidationError as exc:

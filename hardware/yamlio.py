@@ -1,4 +1,16 @@
-"""User-file guards: a size cap and a YAML loader that refuses repeated keys (twin: models/yamlio.py)."""
+"""Reading a user's file (model spec, config.json, cluster, sweep or sharding file): a size cap, UTF-8 text,
+JSON or YAML (a key given twice is an error, not a silent overwrite), each failure one line naming the file.
+
+`models` and `hardware` import nothing from each other, so this module has a twin: hardware/yamlio.py is the
+same file (tests/test_architecture.py fails when they differ).  Each package passes its own error class.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -20,3 +32,62 @@ class UniqueKeyLoader(yaml.SafeLoader):
                         None, None, f"duplicate key {key!r} (first at line {lines[key]})", key_node.start_mark)
                 lines[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep)
+
+
+def read_text(path: str | Path, where: str, error: type[Exception], what: str = "file") -> str:
+    """The text of a user file: a regular file of at most MAX_INPUT_BYTES of UTF-8, else `error` naming `where`."""
+    p = Path(path)
+    if p.is_dir():
+        raise error(f"{where}: is a directory, not a {what}")
+    try:
+        with p.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            # read one byte past the cap: a pipe or device file has no size to check beforehand
+            data = handle.read(MAX_INPUT_BYTES + 1) if size <= MAX_INPUT_BYTES else b""
+    except OSError as exc:
+        raise error(f"{where}: cannot read: {exc.strerror or exc}") from None
+    if size > MAX_INPUT_BYTES or len(data) > MAX_INPUT_BYTES:
+        raise error(f"{where}: file too large ({max(size, len(data)) / 2**20:.1f} MiB or more); "
+                    f"input files are limited to {MAX_INPUT_BYTES // 2**20} MiB")
+    try:
+        return data.decode("utf-8-sig")  # a byte-order mark is harmless; any other non-UTF-8 byte is not
+    except UnicodeDecodeError as exc:
+        raise error(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                    "save the file as UTF-8") from None
+
+
+def parse_json(text: str, where: str, error: type[Exception]) -> Any:
+    """json.loads with every failure as one `error` line naming `where`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise error(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON: nested too deeply") from None
+
+
+def parse_yaml(text: str, where: str, error: type[Exception]) -> Any:
+    """YAML (repeated keys refused) with every failure as one `error` line naming `where`."""
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        # PyYAML messages span lines; keep the problem and its position on one
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise error(f"{where}: not valid YAML: {problem}{at}") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise error(f"{where}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise error(f"{where}: not valid YAML: nested too deeply") from None
+
+
+def read_mapping(path: str | Path, where: str, error: type[Exception], what: str = "file") -> dict[str, Any]:
+    """A YAML or JSON (by suffix) user file that must hold one mapping."""
+    text = read_text(path, where, error, what)
+    data = parse_json(text, where, error) if Path(path).suffix.lower() == ".json" else parse_yaml(text, where, error)
+    if not isinstance(data, dict):
+        raise error(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    return data

@@ -36,12 +36,9 @@ repeated in one mapping is refused.  Every error is a ModelInputError of one lin
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from models.errors import ModelInputError
@@ -50,7 +47,7 @@ from models.recsys import DLRMConfig, build_dlrm
 from models.transformer import TransformerConfig, bert, build_transformer, gpt, llama
 from models.zoo import ZOO, build_config, close_matches
 from models.zoo.entry import ZooEntry
-from models.yamlio import MAX_INPUT_BYTES, UniqueKeyLoader
+from models import yamlio
 
 # builder name -> function from the spec's fields to a config
 BUILDERS: dict[str, Callable[..., BaseModel]] = {
@@ -82,64 +79,17 @@ def format_validation_error(where: str, err: ValidationError, prefix: str = "", 
 
 def read_text(path: str | Path, what: str = "model file") -> str:
     """The text of a user file: a regular file of at most MAX_INPUT_BYTES of UTF-8, else ModelInputError."""
-    p = Path(path)
-    if p.is_dir():
-        raise ModelInputError(f"{path}: is a directory, not a {what}")
-    try:
-        with p.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            # read one byte past the cap: a pipe or device file has no size to check beforehand
-            data = handle.read(MAX_INPUT_BYTES + 1) if size <= MAX_INPUT_BYTES else b""
-    except OSError as exc:
-        raise ModelInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if size > MAX_INPUT_BYTES or len(data) > MAX_INPUT_BYTES:
-        raise ModelInputError(f"{path}: file too large ({max(size, len(data)) / 2**20:.1f} MiB or more); "
-                              f"input files are limited to {MAX_INPUT_BYTES // 2**20} MiB")
-    try:
-        return data.decode("utf-8-sig")  # a byte-order mark is harmless; any other non-UTF-8 byte is not
-    except UnicodeDecodeError as exc:
-        raise ModelInputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-                              "save the file as UTF-8") from None
+    return yamlio.read_text(path, str(path), ModelInputError, what)
 
 
 def parse_json(text: str, where: str) -> Any:
     """json.loads with every failure as one ModelInputError line naming `where`."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelInputError(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise ModelInputError(f"{where}: not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ModelInputError(f"{where}: not valid JSON: nested too deeply") from None
+    return yamlio.parse_json(text, where, ModelInputError)
 
 
 def read_mapping(path: str | Path, what: str = "model file") -> dict[str, Any]:
     """Parse a YAML or JSON file that must hold one mapping (repeated YAML keys are errors)."""
-    p = Path(path)
-    text = read_text(p, what)
-    if p.suffix.lower() == ".json":
-        data = parse_json(text, str(path))
-    else:
-        try:
-            data = yaml.load(text, Loader=UniqueKeyLoader)
-        except yaml.YAMLError as exc:
-            raise ModelInputError(f"{path}: not valid YAML: {_yaml_message(exc)}") from None
-        except ValueError as exc:  # an integer of thousands of digits
-            raise ModelInputError(f"{path}: not valid YAML: {exc}") from None
-        except RecursionError:
-            raise ModelInputError(f"{path}: not valid YAML: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ModelInputError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-def _yaml_message(exc: yaml.YAMLError) -> str:
-    # PyYAML messages span lines; keep the problem and its position on one.
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-    return f"{problem}{where}"
+    return yamlio.read_mapping(path, str(path), ModelInputError, what)
 
 
 def _merge(base: dict, overrides: dict) -> dict:

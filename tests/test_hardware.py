@@ -213,7 +213,7 @@ def test_json_cluster_file(tmp_path):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("pools: [\n  {name: a,\n  nodes: 1\n", "bad.yaml: not valid YAML (line"),
+        ("pools: [\n  {name: a,\n  nodes: 1\n", "bad.yaml: not valid YAML: "),
         ("- 1\n- 2\n", "bad.yaml: expected a mapping"),
         (
             "pools:\n  - {name: a, preset: dgx-h1000, nodes: 1}\n",
@@ -285,7 +285,7 @@ def test_bad_inline_node(tmp_path, monkeypatch):
 def test_bad_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("c.json").write_text('{"pools": [}')
-    with pytest.raises(HardwareInputError, match=r"^c.json: not valid JSON \(line 1: "):
+    with pytest.raises(HardwareInputError, match=r"^c.json: not valid JSON: .* at line 1 column "):
         load_cluster("c.json")
 
 
