@@ -23,8 +23,8 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.compile_embedding import run_embedding_compile
-from planner.cli.options import (Infeasible, job_options, json_option, margin_or_default, memory_margin_option,
-                                 output_dir_path, runtime_option, user_errors)
+from planner.cli.options import (Infeasible, job_options, json_option, launch_options, margin_or_default,
+                                 memory_margin_option, output_dir_path, runtime_option, user_errors)
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.plan.output import check_output_dir, write_outputs
@@ -34,6 +34,7 @@ from planner.plan.report import render_report
 from planner.plan.plots import MEMORY_PNG, TIME_PNG, report_plots
 from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, TARGETS, available_targets, primary_runtime
 from planner.emit.check import emit_checked
+from planner.emit.inputs import LaunchInputs, inputs_section
 from planner.profile import load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
@@ -115,13 +116,14 @@ def _progress(enabled: bool | None):
                    "can buy fewer recomputed blocks or a better split; several times slower).")
 @click.option("--progress/--no-progress", default=None,
               help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
+@launch_options
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
-             offload_search: str, progress: bool | None, as_json: bool) -> None:
+             offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -148,7 +150,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
         run_embedding_compile(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,
-                       progress=_progress(progress), as_json=as_json, targets=chosen)
+                       progress=_progress(progress), as_json=as_json, targets=chosen, inputs=inputs)
         return
     if embedding_planner != "planner":
         raise click.BadParameter(f"{embedding_planner} plans the tables of recommendation models; {job.model.name} "
@@ -196,7 +198,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         files = {"plan.json": plan_json(plan)}
         checks, refused = [], []
         for target in targets:  # each target's written strategy is costed under its runtime before its files
-            check, target_files = emit_checked(plan, job, target)
+            check, target_files = emit_checked(plan, job, target, inputs)
             checks.append(check)
             if check.status == "written":
                 files.update(target_files)
@@ -207,7 +209,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         if refused:  # nothing is written: the named targets' files would not run the plan as costed
             raise Infeasible("\n".join(refused))
         targets = tuple(c.target for c in checks if c.status == "written")
-        files["report.md"] = render_report(plan, targets, plots=True, checks=tuple(checks))
+        files["report.md"] = render_report(plan, targets, plots=True, checks=tuple(checks),
+                                           launch_inputs=inputs_section(inputs, targets))
         files.update(report_plots(plan))
         write_outputs(out_dir, files, force=force)
         folders = "".join(f", {t}/" for t in targets)

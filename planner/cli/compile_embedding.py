@@ -18,6 +18,7 @@ from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report, summary
 from planner.emit.dlrm import emit_dlrm_torch
+from planner.emit.inputs import LaunchInputs
 from planner.errors import InfeasibleError
 from planner.job import Job
 from planner.plan.output import write_outputs
@@ -25,7 +26,8 @@ from planner.plan.plots import RANKS_PNG, ranks_png
 
 
 def run_embedding_compile(job: Job, *, strategy: EmbeddingStrategyName, time_limit: float, out_dir: Path | None,
-                          force: bool, progress, as_json: bool, targets: tuple[str, ...]) -> None:
+                          force: bool, progress, as_json: bool, targets: tuple[str, ...],
+                          inputs: LaunchInputs = LaunchInputs()) -> None:
     """Plan the tables of `job`, then print and write as `compile` does for dense models."""
     options = EmbeddingCompileOptions(strategy=strategy, time_limit=time_limit)
     try:
@@ -50,7 +52,7 @@ def run_embedding_compile(job: Job, *, strategy: EmbeddingStrategyName, time_lim
     written = []
     for target in targets:
         if target == "torch":
-            files.update(emit_dlrm_torch(plan, job))
+            files.update(emit_dlrm_torch(plan, job, inputs))
             written.append(target)
         else:
             click.echo(f"note: no {target}/ files: the {target} target does not run embedding-sharded "

@@ -130,3 +130,39 @@ def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | Non
     except PlannerInputError as err:
         raise click.BadParameter(str(err).removeprefix("output directory "), ctx=ctx, param=param) from None
     return Path(value)
+
+
+def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """What the launch files need that the plan does not decide (planner.emit.inputs.LaunchInputs), passed to
+    the command as `inputs`; one not given is read from its environment variable at launch."""
+    from planner.emit.inputs import ENV, LaunchInputs
+
+    def env(field: str) -> str:
+        return f"(default: ${ENV[field][0]} at launch)"
+
+    decorators = [
+        click.option("--data", "data", default=None, metavar="PREFIX",
+                     help=f"Pre-tokenized dataset, PREFIX.bin + PREFIX.idx {env('data')}."),
+        click.option("--tokenizer", default=None, metavar="NAME",
+                     help=f"Tokenizer the dataset was written with {env('tokenizer')}."),
+        click.option("--checkpoint-dir", default=None, metavar="DIR",
+                     help=f"Distributed checkpoints: saved every --save-every steps, resumed from {env('checkpoint_dir')}."),
+        click.option("--save-every", type=click.IntRange(min=1), default=1000, show_default=True, metavar="STEPS",
+                     help="Steps between checkpoints."),
+        click.option("--train-steps", type=click.IntRange(min=1), default=None, metavar="STEPS",
+                     help=f"Optimizer steps to train for {env('train_steps')}."),
+        click.option("--image", default=None, metavar="IMAGE",
+                     help=f"Container image for Kubernetes {env('image')}."),
+        click.option("--partition", default=None, metavar="NAME",
+                     help=f"Slurm partition {env('partition')}."),
+    ]
+    fields = ("data", "tokenizer", "checkpoint_dir", "save_every", "train_steps", "image", "partition")
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["inputs"] = LaunchInputs(**{field: kwargs.pop(field) for field in fields})
+        return func(*args, **kwargs)
+
+    for decorator in reversed(decorators):
+        wrapper = decorator(wrapper)
+    return wrapper

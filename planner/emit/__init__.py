@@ -1,12 +1,14 @@
 """Launch files: one module per target, each turning a Plan into files.
 
-Every emitter module has `emit(plan: Plan, job: Job) -> dict[str, str]`
+Every emitter module has `emit(plan: Plan, job: Job, inputs: LaunchInputs) -> dict[str, str]`
 returning paths relative to its own folder (e.g. "ds_config.json",
 "launch.sh") and their text, and `written_strategy(plan, job) -> Strategy`:
 the strategy those files ask the framework to run, read off the same
 decisions the files are written from (a framework may substitute: DeepSpeed's
 PipelineEngine runs ZeRO-1 where the plan says ZeRO-2).  Output is
-deterministic: sorted keys, no timestamps, no absolute paths.
+deterministic: sorted keys, no timestamps, no absolute paths.  What the plan does not decide (data,
+tokenizer, checkpoints, image, partition) comes in `inputs` (`planner.emit.inputs`): given values, or
+environment variables read at launch, never silent defaults.
 
 Before any file of a target is produced, `planner.emit.check` costs its
 written strategy under the target's runtime profile (TARGET_RUNTIMES) and
@@ -58,7 +60,7 @@ def primary_runtime(targets: tuple[str, ...], model_has_experts: bool) -> tuple[
             return name, (f"searched under the {name} runtime: {first} cannot run mixture-of-experts models")
     return first, None
 
-Emitter = Callable[[Plan, Job], dict[str, str]]
+Emitter = Callable[..., dict[str, str]]  # (plan, job, inputs: planner.emit.inputs.LaunchInputs)
 
 
 def emitter(target: str) -> Emitter:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from hardware import Catalog
 from planner.cost import evaluate
 from planner.cost.layout import split_blocks as layout_split
+from planner.emit.inputs import LaunchInputs
 from planner.emit import TARGET_RUNTIMES, RefusedPlan, UnsupportedPlan, emitter, strategy_writer
 from planner.errors import PlannerInputError
 from planner.job import Job
@@ -118,24 +119,26 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
     return record
 
 
-def emit_checked(plan: Plan, job: Job, target: str) -> tuple[TargetCheck, dict[str, str]]:
+def emit_checked(plan: Plan, job: Job, target: str,
+                 inputs: LaunchInputs = LaunchInputs()) -> tuple[TargetCheck, dict[str, str]]:
     """The check of `target` and, when it passes, its files keyed by "target/relative/path" ({} otherwise)."""
     check = check_target(plan, job, target)
     if check.status != "written":
         return check, {}
     try:
-        produced = emitter(target)(plan, job)
+        produced = emitter(target)(plan, job, inputs)
     except UnsupportedPlan as err:  # a refusal the emitter makes itself (belt and braces: the check ran it)
         return check.model_copy(update={"status": "unsupported", "reasons": (str(err),)}), {}
     return check, {f"{target}/{path}": text for path, text in sorted(produced.items())}
 
 
-def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...]) -> dict[str, str]:
+def emit_targets(plan: Plan, job: Job, targets: tuple[str, ...],
+                 inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """Files of every target, keyed by "target/relative/path", each target checked first: UnsupportedPlan when
     its framework cannot express the plan, RefusedPlan when its written strategy would not hold it."""
     files: dict[str, str] = {}
     for target in targets:
-        check, produced = emit_checked(plan, job, target)
+        check, produced = emit_checked(plan, job, target, inputs)
         if check.status == "unsupported":
             raise UnsupportedPlan(check.why)
         if check.status == "refused":

@@ -24,6 +24,7 @@ from planner.job import Job
 from planner.plan.build import rank_location
 from planner.plan.schema import Plan
 from planner.strategy import Offload, Strategy
+from planner.emit.inputs import LaunchInputs
 
 NVME_PATH = "/local_nvme"
 MASTER_PORT = 29500
@@ -503,7 +504,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
 # ---------------------------------------------------------------- entry point
 
 
-def emit(plan: Plan, job: Job) -> dict[str, str]:
+def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """DeepSpeed launch files of `plan`, keyed by path relative to the deepspeed/ folder."""
     d = _Decisions(plan, job)
     config = ds_config(d)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planner.embedding.plan_doc import EmbeddingPlan
+from planner.emit.inputs import LaunchInputs
 from planner.emit.torch import torchrun_script
 from planner.job import Job
 
@@ -36,6 +37,6 @@ MASTER_ADDR=<first node> MASTER_PORT=29500 RUN_ID=myrun ./launch.sh --steps 100
 """
 
 
-def emit_dlrm_torch(plan: EmbeddingPlan, job: Job) -> dict[str, str]:
+def emit_dlrm_torch(plan: EmbeddingPlan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """torch/launch.sh and torch/README.md of an embedding plan."""
     return {"torch/launch.sh": _launch(plan, job), "torch/README.md": _readme(plan)}

@@ -17,6 +17,7 @@ from planner.emit import strategy_writer
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
+from planner.emit.inputs import LaunchInputs
 
 API_VERSION = "kubeflow.org/v1"
 IMAGE = "REGISTRY/planner-runtime:latest"
@@ -59,7 +60,7 @@ def _replica(kind: str, replicas: int, name: str, gpus: int, cpu_only: bool) -> 
     ]
 
 
-def emit(plan: Plan, job: Job) -> dict[str, str]:
+def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """pytorchjob.yaml for the plan."""
     shape = launch_shape(plan)
     nnodes, gpn = shape["nnodes"], shape["nproc_per_node"]

@@ -32,6 +32,7 @@ from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
+from planner.emit.inputs import LaunchInputs
 
 MEGATRON_VERSION = "Megatron-LM core_r0.12 (megatron/training/arguments.py)"
 
@@ -267,7 +268,7 @@ def args_lines(args: dict[str, Any]) -> list[str]:
     return [f"--{key}" if value is True else f"--{key} {value}" for key, value in args.items()]
 
 
-def emit(plan: Plan, job: Job) -> dict[str, str]:
+def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """args.txt, launch.sh and README.md for Megatron-LM's pretrain_gpt.py."""
     args, notes = megatron_args(plan, job)
     errors = check_megatron_args(args, plan.job.num_gpus)

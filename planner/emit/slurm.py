@@ -19,6 +19,7 @@ from planner.emit import strategy_writer
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
+from planner.emit.inputs import LaunchInputs
 
 CPUS_PER_GPU = 8  # placeholder: hardware catalog nodes carry no CPU core count
 
@@ -42,7 +43,7 @@ def job_name(plan: Plan) -> str:
     return f"planner-{name}"[:63].rstrip("-")
 
 
-def emit(plan: Plan, job: Job) -> dict[str, str]:
+def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """job.sbatch for the plan."""
     shape = launch_shape(plan)
     nnodes, gpn = shape["nnodes"], shape["nproc_per_node"]

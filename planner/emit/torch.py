@@ -28,6 +28,7 @@ from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan.schema import Plan, ReplicaGroupsStrategy
 from planner.strategy import Strategy
+from planner.emit.inputs import LaunchInputs
 
 _LLAMA_STYLE = {  # TransformerConfig field -> the value the reference model needs
     "activation": "swiglu", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "bias": False,
@@ -146,7 +147,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     return plan.strategy
 
 
-def emit(plan: Plan, job: Job) -> dict[str, str]:
+def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """launch.sh and README.md of the plan; UnsupportedPlan when the runtime cannot run it."""
     problem = runtime_problem(plan)
     if problem is not None:

@@ -43,6 +43,7 @@ from planner.emit.slurm import launch_shape
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
+from planner.emit.inputs import LaunchInputs
 
 TORCHTITAN_VERSION = "torchtitan v0.1.0"
 
@@ -282,7 +283,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
         stage_pools=plan.strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts, vpp))
 
 
-def emit(plan: Plan, job: Job) -> dict[str, str]:
+def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """train.toml, launch.sh and README.md for torchtitan."""
     sections, notes = torchtitan_config(plan, job)
     shape = launch_shape(plan)

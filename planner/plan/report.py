@@ -299,10 +299,11 @@ def _targets(plan: Plan, checks: Sequence[TargetCheck]) -> list[str]:
 
 
 def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False,
-                  checks: Sequence[TargetCheck] = ()) -> str:
+                  checks: Sequence[TargetCheck] = (), launch_inputs: str = "") -> str:
     """report.md for a compiled plan; `targets` are the launch folders written beside it; `plots`: link
     memory.png and time.png (planner.plan.plots), written beside it too; `checks`: every target's check
-    (planner.emit.check), written or not, for the Targets section."""
+    (planner.emit.check), written or not, for the Targets section; `launch_inputs`: the Launch inputs section
+    (planner.emit.inputs.inputs_section)."""
     job, t = plan.job, plan.time
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [
@@ -344,6 +345,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
            "```"] if targets else
           ["No launch folders were written; `planner compile ... -o DIR --target T` writes them."]),
         "",
+        *([launch_inputs] if launch_inputs else []),
         f"<!-- inputs sha256 {plan.inputs_digest}; schema {plan.schema_version}; planner {plan.planner_version} -->",
     ]
     return "\n".join(lines) + "\n"

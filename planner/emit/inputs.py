@@ -1,0 +1,89 @@
+"""What a launch needs that a plan does not decide: data, tokenizer, checkpoints, image, partition, steps.
+
+Each value is a `compile` option.  One the user did not give is never filled in with a default: the
+launch files read it from an environment variable (`ENV` below) and stop with a message naming that
+variable when it is unset (`${PLANNER_DATA:?...}` in shell, `${PLANNER_IMAGE}` in the Kubernetes YAML,
+which `envsubst` fills in; Slurm reads SBATCH_PARTITION itself).  report.md lists every input, given or
+read at launch (`input_lines`).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# field -> (environment variable read at launch when the option is not given, what it is)
+ENV: dict[str, tuple[str, str]] = {
+    "data": ("PLANNER_DATA", "path prefix of the pre-tokenized dataset (PREFIX.bin + PREFIX.idx; "
+                             "`python -m planner.runtime.data` writes them from text)"),
+    "tokenizer": ("PLANNER_TOKENIZER", "tokenizer name or folder the dataset was written with"),
+    "checkpoint_dir": ("PLANNER_CHECKPOINTS", "folder for distributed checkpoints (saved and resumed from)"),
+    "image": ("PLANNER_IMAGE", "container image with the runtime (the repository's Dockerfile builds one)"),
+    "partition": ("SBATCH_PARTITION", "Slurm partition to submit to"),
+    "train_steps": ("PLANNER_TRAIN_STEPS", "optimizer steps to train for"),
+}
+
+
+# the inputs each target's files read (report.md lists these for the targets written)
+_TRAINER = ("data", "tokenizer", "checkpoint_dir", "train_steps")
+TARGET_INPUTS: dict[str, tuple[str, ...]] = {
+    "torch": _TRAINER, "deepspeed": _TRAINER, "megatron": _TRAINER, "torchtitan": _TRAINER,
+    "slurm": (*_TRAINER, "partition"), "k8s": (*_TRAINER, "image"),
+}
+
+
+class LaunchInputs(BaseModel):
+    """Launch inputs given on the command line; None means "read from ENV[field] at launch"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data: str | None = Field(None, description="Path prefix of the pre-tokenized dataset (PREFIX.bin/.idx).")
+    tokenizer: str | None = Field(None, description="Tokenizer name or folder (Hugging Face id or local path).")
+    checkpoint_dir: str | None = Field(None, description="Folder for distributed checkpoints.")
+    image: str | None = Field(None, description="Container image for Kubernetes.")
+    partition: str | None = Field(None, description="Slurm partition.")
+    train_steps: int | None = Field(None, ge=1, description="Optimizer steps to train for.")
+    save_every: int = Field(1000, ge=1, description="Steps between distributed checkpoints.")
+
+    def shell(self, field: str) -> str:
+        """A shell word for `field`: its quoted value, or a parameter expansion that stops the script with
+        a message naming the variable when it is unset."""
+        value = getattr(self, field)
+        if value is not None:
+            return shlex.quote(str(value))
+        var, what = ENV[field]
+        return f'"${{{var}:?set {var}: {what}}}"'
+
+    def env_ref(self, field: str) -> str:
+        """`field` for files that `envsubst` renders: its value, or ${VAR}."""
+        value = getattr(self, field)
+        return str(value) if value is not None else f"${{{ENV[field][0]}}}"
+
+    def missing(self, fields: tuple[str, ...]) -> tuple[str, ...]:
+        """Environment variables the launch reads because `fields` were not given."""
+        return tuple(ENV[f][0] for f in fields if getattr(self, f) is None)
+
+
+def input_lines(inputs: LaunchInputs, fields: tuple[str, ...]) -> list[str]:
+    """Markdown bullets: each of `fields`, its given value or the variable the launch reads it from."""
+    lines = []
+    for field in fields:
+        var, what = ENV[field]
+        value = getattr(inputs, field)
+        given = f"`{value}` (given)" if value is not None else f"read from `${var}` at launch (not given)"
+        lines.append(f"- **{field}**: {given}: {what}")
+    return lines
+
+
+def inputs_section(inputs: LaunchInputs, targets: tuple[str, ...]) -> str:
+    """report.md's "Launch inputs" section for the targets written ("" when none reads any)."""
+    fields = tuple(dict.fromkeys(f for t in targets for f in TARGET_INPUTS.get(t, ())))
+    if not fields:
+        return ""
+    lines = ["## Launch inputs", "",
+             "What the launch files need that the plan does not decide. A value not given to `planner compile` "
+             "is read from its environment variable when the files run, and the launch stops naming the "
+             "variable when it is unset.", "", *input_lines(inputs, fields),
+             f"- **save_every**: `{inputs.save_every}` steps between checkpoints", ""]
+    return "\n".join(lines)
