@@ -14,6 +14,7 @@ from models import load_model
 from planner.cli import render
 from planner.cli.options import (job_options, json_option, margin_or_default, memory_margin_option, runtime_option,
                                  user_errors)
+from planner.compare.plugins import load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
 from planner.emit import primary_runtime
 from planner.job import Job
@@ -53,6 +54,10 @@ def _legend(rows: list[CompareRow]) -> str:
 @job_options
 @click.option("--only", "only", multiple=True, type=click.Choice(sorted(set(DENSE_BASELINES + EMBEDDING_BASELINES))),
               help="Score only these strategies (repeatable).")
+@click.option("--strategies", "strategies_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              metavar="FILE", help="A YAML file whose `strategies:` list names built-in strategies and adds your own: "
+              "{name, spec: SPEC} or {name, module: 'pkg.mod:function'} (a callable taking the Job, returning a "
+              "Strategy), each costed like the built-ins.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               metavar="SEC", help="Search budget of each compiled row.")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
@@ -65,7 +70,7 @@ def _legend(rows: list[CompareRow]) -> str:
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             only: tuple[str, ...], time_limit: float, csv_path: Path | None, plot_path: Path | None,
+             only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None, plot_path: Path | None,
              runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
@@ -86,6 +91,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv --plot out/compare.png
         planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
+        planner compare llama3-8b dgx-h100:4 -b 256 -s 4096 --strategies examples/strategies.yaml
     """
     for path in (csv_path, plot_path):
         if path is not None:
@@ -97,7 +103,9 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         if note:
             click.echo(f"note: {note}", err=True)
         job = job.on(load_runtime(name))
-    rows = compare(job, only or None, time_limit)
+    names, plugins = (load_strategies(strategies_file, tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
+                      if strategies_file is not None else ((), ()))
+    rows = compare(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
     else:

@@ -46,10 +46,11 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.compare.baselines import megatron_plan, metis_greedy, uniform_pp
+from planner.compare.plugins import UserStrategy, plugin_job, timed_strategy
 from planner.cost import evaluate
 from planner.cost.estimate import Estimate
 from planner.embedding.compile import compile_embedding
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 from planner.profile import RuntimeProfile, load_runtime
 from planner.search.compile import compile_job
@@ -217,14 +218,41 @@ def baselines_for(job: Job) -> tuple[str, ...]:
     return DENSE_BASELINES
 
 
+def _plugin(plugin: UserStrategy, job: Job) -> CompareRow:
+    """A user strategy's row: its strategy costed by `evaluate` under its runtime (planner.compare.plugins)."""
+    if job.model.family == "recsys":
+        return _failed(plugin.name, EMBEDDING_RUNTIME, "user strategies are dense-model strategies (SPEC); "
+                       "recommendation models have table shardings", 0.0, applicable=False)
+    on = plugin_job(plugin, job)
+    strategy, why, elapsed = timed_strategy(plugin, on)
+    if strategy is None:
+        return _failed(plugin.name, on.runtime.name, why, elapsed, applicable=False)
+    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash)
+    if missing:
+        return _failed(plugin.name, on.runtime.name, f"{on.runtime.name} cannot run {'; '.join(missing)}", elapsed,
+                       applicable=False)
+    try:
+        estimate = evaluate(on, strategy)
+    except (InfeasibleError, PlannerInputError) as err:  # a strategy that breaks a rule of this job
+        return _failed(plugin.name, on.runtime.name, str(err), elapsed)
+    return _row_from_estimate(plugin.name, estimate, elapsed)
+
+
 def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: float = 60.0,
-            progress: Callable[[str], None] | None = None) -> list[CompareRow]:
+            progress: Callable[[str], None] | None = None,
+            plugins: tuple[UserStrategy, ...] = ()) -> list[CompareRow]:
     """Score every applicable strategy (or `strategies`) on `job`: the planner row and the baselines that name no
-    framework under `job.runtime`, the others under their framework's runtime (`FRAMEWORK_RUNTIMES`)."""
+    framework under `job.runtime`, the others under their framework's runtime (`FRAMEWORK_RUNTIMES`); then the
+    user's `plugins` (those named in `strategies`, or all of them when it is None)."""
     rows = []
-    for name in strategies or baselines_for(job):
+    named = {p.name: p for p in plugins}
+    default = baselines_for(job) + tuple(named)
+    for name in strategies or default:
         if progress:
             progress(f"compare: {name}")
+        if name in named:
+            rows.append(_plugin(named[name], job))
+            continue
         if job.model.family == "recsys":
             rows.append(_embedding(name, job, time_limit))
             continue

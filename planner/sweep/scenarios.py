@@ -7,7 +7,9 @@ A sweep file is a grid, optionally plus explicit scenarios::
     batches: [64, 128]                       # global batch in sequences
     seq_lens: [4096]                         # tokens per sequence
     precision: bf16                          # bf16 | fp16 | fp8
-    strategies: [zero3, megatron, planner]   # default: every one that applies
+    strategies: [zero3, megatron, planner]   # default: every one that applies; also user strategies:
+      # {name: my-tp4, spec: "tp=4,pp=2"} or {name: recipe, module: "pkg.mod:function"}
+      # (planner/compare/plugins.py)
     time_limit: 30                           # seconds per compiled strategy
     scenarios:                               # optional extra points
       - {model: gpt3-175b, cluster: dgx-a100-80g:16, batch: 256, seq_len: 2048}
@@ -38,6 +40,7 @@ from hardware import Cluster, HardwareInputError, load_catalog, load_cluster
 from models import ModelInputError, load_model
 from models.graph import ModelGraph
 from models.spec import read_mapping
+from planner.compare.plugins import UserStrategy, check_names, parse_entries, with_search_path
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
@@ -65,8 +68,9 @@ class ExtraScenario(BaseModel):
     batch: PositiveInt = Field(description="Global batch in sequences (samples for recsys models).")
     seq_len: PositiveInt = Field(description="Tokens per sequence (1 for recsys models).")
     precision: Precision | None = Field(None, description="Compute precision; default: the file's `precision`.")
-    strategies: list[StrategyName] | None = Field(
-        None, min_length=1, description="Strategies to score; default: the file's `strategies`."
+    strategies: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, description="Strategies to score (built-in names, or names of the file's user "
+        "strategies); default: the file's `strategies`."
     )
 
 
@@ -89,8 +93,10 @@ class SweepSpec(BaseModel):
         "in hardware/data/constants.yaml (the cost model's measured memory error), as compile and compare.")
     runtime: str = Field(CLI_RUNTIME, description="Runtime profile of the planner row and the non-framework "
                          "baselines (hardware/data/runtimes/<runtime>.yaml); framework baselines use their own.")
-    strategies: list[StrategyName] | None = Field(
-        None, min_length=1, description="Strategies scored per scenario; default: every one that applies."
+    strategies: list[StrategyName | UserStrategy] | None = Field(
+        None, min_length=1, description="Strategies scored per scenario: built-in names, and user strategies "
+        "{name, spec} or {name, module: 'pkg.mod:function'} (planner/compare/plugins.py); default: every "
+        "built-in one that applies."
     )
     time_limit: float = Field(60.0, gt=0, description="Search budget in seconds of each compiled strategy.")
     scenarios: list[ExtraScenario] = Field(default_factory=list, description="Explicit scenarios outside the grid.")
@@ -110,6 +116,11 @@ class SweepSpec(BaseModel):
     def _scalar_is_a_list_of_one(cls, value: Any) -> Any:
         return _as_list(value)
 
+    @field_validator("strategies", mode="before")
+    @classmethod
+    def _user_strategies(cls, value: Any) -> Any:
+        return parse_entries(value)
+
     @model_validator(mode="after")
     def _grid_complete(self) -> SweepSpec:
         axes = {"models": self.models, "clusters": self.clusters, "batches": self.batches,
@@ -119,7 +130,25 @@ class SweepSpec(BaseModel):
             raise ValueError(f"the grid needs every axis; missing or empty: {', '.join(missing)}")
         if len(missing) == len(axes) and not self.scenarios:
             raise ValueError("no scenarios: give models, clusters, batches and seq_lens, or a `scenarios` list")
+        known = set(DENSE_BASELINES + EMBEDDING_BASELINES) | {p.name for p in self.plugins}
+        for k, extra in enumerate(self.scenarios):
+            for name in extra.strategies or ():
+                if name not in known:
+                    raise ValueError(f"scenarios[{k}].strategies: {name!r} is neither a built-in strategy nor one "
+                                     "of the file's user strategies")
         return self
+
+    @property
+    def plugins(self) -> list[UserStrategy]:
+        """The user strategies of `strategies`, in file order."""
+        return [s for s in self.strategies or () if isinstance(s, UserStrategy)]
+
+    @property
+    def names(self) -> list[str] | None:
+        """Every strategy's name (built-in or user), in file order; None when the file names none."""
+        if self.strategies is None:
+            return None
+        return [s.name if isinstance(s, UserStrategy) else s for s in self.strategies]
 
 
 def _location(parts: tuple[Any, ...]) -> str:
@@ -134,7 +163,8 @@ def _render(err: ValidationError) -> str:
     for e in err.errors():
         message = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
         where = _location(tuple(p for p in e["loc"] if not str(p).startswith("literal[")))
-        items.append(f"{where}: {message}" if where else message)
+        sep = "" if message.startswith("[") else ": "  # an entry's own path: strategies[1].spec
+        items.append(f"{where}{sep}{message}" if where else message)
     return "; ".join(items)
 
 
@@ -146,9 +176,18 @@ def load_sweep(path: str | Path) -> SweepSpec:
     except ModelInputError as err:
         raise PlannerInputError(str(err)) from None
     try:
-        return SweepSpec.model_validate(data)
+        spec = SweepSpec.model_validate(data)
     except ValidationError as err:
         raise PlannerInputError(f"{path}: {_render(err)}") from None
+    if not spec.plugins:
+        return spec
+    check_names(spec.plugins, tuple(DENSE_BASELINES + EMBEDDING_BASELINES), f"{path}: strategies")
+    try:
+        plugins = iter(with_search_path(spec.plugins, path.parent))
+    except PlannerInputError as err:
+        raise PlannerInputError(f"{path}: strategies: {err}") from None
+    entries = [next(plugins) if isinstance(s, UserStrategy) else s for s in spec.strategies or ()]
+    return spec.model_copy(update={"strategies": entries})
 
 
 class _Loader:
@@ -235,6 +274,7 @@ class SweepTasks:
 
     def __init__(self, spec: SweepSpec, path: str | Path):
         self.spec, self.path = spec, Path(path)
+        self._plugins = {p.name: p for p in spec.plugins}
         loader = _Loader(str(self.path), self.path.parent)
         self._grid = _GridIndex(spec)
         self._batches, self._seq_lens = list(self._grid.batches), list(self._grid.seq_lens)
@@ -250,9 +290,9 @@ class SweepTasks:
             for c, (cluster, j) in enumerate(_first_positions(spec.clusters).items()):
                 graph, topology = loader.model(model, f"models[{i}]"), loader.cluster(cluster, f"clusters[{j}]")
                 self._check_axes(model, cluster, graph, topology)
-                applicable = baselines_for(self._grid_job(model, cluster, graph, topology, self._batches[0],
-                                                          self._seq_lens[0]))
-                wanted = tuple(spec.strategies) if spec.strategies else applicable
+                applicable = self._applicable(self._grid_job(model, cluster, graph, topology, self._batches[0],
+                                                             self._seq_lens[0]))
+                wanted = tuple(spec.names) if spec.names else applicable
                 strategies = tuple(dict.fromkeys(s for s in wanted if s in applicable))
                 self._pairs[m, c] = (model, cluster, graph, topology, strategies)
                 if strategies:
@@ -262,11 +302,16 @@ class SweepTasks:
         self._grid_tasks = sum(len(p[4]) for p in self._pairs.values()) * points
         self._extras = self._extra_tasks(loader, scenario, used)
         self.scenarios = scenario + len({t[0] for t in self._extras if t[0] >= scenario})
-        for i, strategy in enumerate(spec.strategies or ()):
+        for i, strategy in enumerate(spec.names or ()):
             if strategy not in used:
                 raise PlannerInputError(f"{self.path}: strategies[{i}]: {strategy!r} applies to none of the models")
         if not len(self):
             raise PlannerInputError(f"{self.path}: no strategy applies to any scenario")
+
+    def _applicable(self, job: Job) -> tuple[str, ...]:
+        """The built-in strategies that apply to the job, then the user strategies (dense models only)."""
+        users = () if job.model.family == "recsys" else tuple(self._plugins)
+        return baselines_for(job) + users
 
     def _job(self, graph: ModelGraph, topology: Cluster, batch: int, seq_len: int, precision: Precision,
              where: str) -> Job:
@@ -317,9 +362,9 @@ class SweepTasks:
             graph = loader.model(extra.model, f"scenarios[{k}].model")
             topology = loader.cluster(extra.cluster, f"scenarios[{k}].cluster")
             job = self._job(graph, topology, extra.batch, extra.seq_len, key[4], f"scenarios[{k}]")
-            applicable = baselines_for(job)
+            applicable = self._applicable(job)
             wanted = tuple(extra.strategies) if extra.strategies else (
-                tuple(self.spec.strategies) if self.spec.strategies else applicable)
+                tuple(self.spec.names) if self.spec.names else applicable)
             grid = self._grid_scenario(key)
             for strategy in (s for s in wanted if s in applicable):
                 if (grid is not None and strategy in grid[1]) or key + (strategy,) in seen:
@@ -347,12 +392,13 @@ class SweepTasks:
                     for strategy in strategies:
                         yield SweepTask(index=index, scenario=scenario, model=model, cluster=cluster, batch=batch,
                                         seq_len=seq_len, precision=self.spec.precision, strategy=strategy,
-                                        time_limit=limit, job=job)
+                                        time_limit=limit, job=job, plugin=self._plugins.get(strategy))
                         index += 1
                     scenario += 1
         for scenario, model, cluster, batch, seq_len, precision, strategy, job in self._extras:
             yield SweepTask(index=index, scenario=scenario, model=model, cluster=cluster, batch=batch,
-                            seq_len=seq_len, precision=precision, strategy=strategy, time_limit=limit, job=job)
+                            seq_len=seq_len, precision=precision, strategy=strategy, time_limit=limit, job=job,
+                            plugin=self._plugins.get(strategy))
             index += 1
 
 

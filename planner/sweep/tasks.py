@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from planner.compare.plugins import UserStrategy
 from planner.compare.table import CompareRow, compare
 from planner.job import Job, Precision
 
@@ -30,7 +31,9 @@ class SweepTask(BaseModel):
     batch: int = Field(gt=0, description="Global batch in sequences (samples for recsys models).")
     seq_len: int = Field(gt=0, description="Tokens per sequence.")
     precision: Precision = Field(description="Compute precision.")
-    strategy: str = Field(description="Strategy name of `planner.compare.table` (a baseline, or planner).")
+    strategy: str = Field(description="Strategy name of `planner.compare.table` (a baseline, or planner), or of a "
+                          "user strategy.")
+    plugin: UserStrategy | None = Field(None, description="The user strategy named `strategy`, when it is one.")
     time_limit: float = Field(gt=0, description="Search budget in seconds of a compiled strategy.")
     job: Job = Field(description="The job, built by the driver from model, cluster, batch and seq_len.")
 
@@ -48,5 +51,6 @@ class TaskResult:
 def run_task(task: SweepTask) -> TaskResult:
     """Score `task.strategy` on `task.job` with the same code path as `planner compare --only STRATEGY`."""
     start = time.perf_counter()
-    (row,) = compare(task.job, (task.strategy,), task.time_limit)
+    plugins = (task.plugin,) if task.plugin is not None else ()
+    (row,) = compare(task.job, (task.strategy,), task.time_limit, plugins=plugins)
     return TaskResult(task.index, row, time.perf_counter() - start, f"{socket.gethostname()}:{os.getpid()}")
