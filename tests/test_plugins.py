@@ -134,6 +134,8 @@ def test_a_sweep_scores_user_strategies_in_every_scenario_and_extras_may_name_th
                    ("cpu:2", "8", "recipe-tp2")]
     tp2 = [r for r in rows if r["strategy"] == "recipe-tp2"]
     assert all(r["spec"].startswith("tp=2,pp=1,") for r in tp2)
+    assert all(r["solver_status"] == "evaluated" and r["gpus_used"] == "4" for r in tp2 if r["cluster"] == "cpu:1")
+    assert "| planner vs best baseline |" in out.files["summary.md"]
 
 
 def test_a_sweep_extra_scenario_naming_an_unknown_strategy_is_refused(tmp_path):
@@ -157,3 +159,32 @@ def test_the_example_strategies_file_loads_and_its_recipe_returns_a_strategy():
     recipe = next(p for p in plugins if p.module)
     strategy, why = plugin_strategy(recipe, _job())
     assert why == "" and isinstance(strategy, Strategy) and evaluate(_job(), strategy).memory.fits
+
+
+def test_compare_rows_say_why_job_columns_breakdown_solver_and_confidence(tmp_path):
+    out = tmp_path / "rows.csv"
+    result = CliRunner().invoke(cli, ["compare", "tiny-llama", "cpu:1", "-b", "8", "-s", "128", "--time-limit", "10",
+                                      "--only", "zero1", "--only", "planner", "--csv", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "step time by term (s):" in result.output
+    assert "than the best baseline, zero1" in result.output
+    rows = {r["strategy"]: r for r in csv.DictReader(out.open())}
+    for row in rows.values():
+        assert (row["model"], row["cluster"], row["batch"], row["seq_len"], row["precision"]) == \
+            ("tiny-llama", "cpu:1", "8", "128", "bf16")
+        assert row["gpus_used"] == "4" and row["unit"] == "tokens"
+        assert float(row["compute_s"]) > 0 and row["extrapolated"] in ("True", "False")
+        parts = sum(float(row[t]) for t in ("compute_s", "recompute_s", "bubble_s", "optimizer_s"))
+        assert parts <= float(row["step_time_s"]) * (1 + 1e-9)  # exposed terms never exceed the step
+    assert rows["planner"]["solver_status"] in ("OPTIMAL", "FEASIBLE") and rows["planner"]["gap"] != ""
+
+
+def test_recommendation_rows_count_samples_and_long_reasons_stay_whole():
+    job = Job(model=load_model("tiny-dlrm"), cluster=load_cluster("cpu:1"), global_batch=64, seq_len=1)
+    rows = compare(job, ("planner",), 10)
+    assert rows[0].unit == "samples" and rows[0].solver_status in ("OPTIMAL", "FEASIBLE")
+    # 70B on four 16 GB CPU ranks in two stages: both stages are over, and the reason names each (once cut at 200)
+    big = Job(model=load_model("llama3-70b"), cluster=load_cluster("cpu:1"), global_batch=8, seq_len=128)
+    (row,) = compare(big, ("mine",), plugins=(UserStrategy(name="mine", spec="tp=1,pp=2,dp=2,mbs=2"),))
+    assert not row.fits and len(row.why) > 200
+    assert "stage 0 (cpu) needs" in row.why and "stage 1 (cpu) needs" in row.why

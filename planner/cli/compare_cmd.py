@@ -15,26 +15,60 @@ from planner.cli import render
 from planner.cli.options import (job_options, json_option, margin_or_default, memory_margin_option, runtime_option,
                                  user_errors)
 from planner.compare.plugins import load_strategies
-from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
+from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
 from planner.emit import primary_runtime
 from planner.job import Job
 from planner.plan.output import check_file_target, write_file
 from planner.profile import load_runtime
 
-_FIELDS = ("strategy", "runtime", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes",
-           "nvme_bytes", "applicable", "fits", "why", "planning_s", "spec")
+# the job's columns first, so a CSV of several compares concatenated still says what each row ran
+_JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
+_FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
+           "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
+           "extrapolated", "confidence", "why", "planning_s", "spec")
+_WHY_WIDTH = 160  # the terminal table shortens a long reason; CSV and JSON keep it whole
 
 
 def _text(rows: list[CompareRow]) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
-    body = [[r.strategy, r.runtime, num(r.step_time_s, ".4g"), num(r.tokens_per_s_per_gpu, ",.0f"),
+    def why(text: str) -> str:
+        return text if len(text) <= _WHY_WIDTH else text[:_WHY_WIDTH - 3] + "..."
+
+    body = [[r.strategy, r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"), num(r.tokens_per_s_per_gpu, ",.0f"),
              num(r.mfu and 100 * r.mfu, ".1f"), num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
              num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else ("no" if r.applicable else "n/a"),
-             f"{r.planning_s:.2f}", r.spec if r.fits else r.why] for r in rows]
-    return render.table(["strategy", "runtime", "step s", "tok/s/GPU", "MFU %", "HBM GB", "host GB", "fits", "plan s",
-                         "plan / why not"], body, right=(2, 3, 4, 5, 6, 8))
+             "extrap." if r.extrapolated else ("-" if r.extrapolated is None else "ok"),
+             f"{r.planning_s:.2f}", r.spec if r.fits else why(r.why)] for r in rows]
+    per_gpu = "samples/s/GPU" if rows and rows[0].unit == "samples" else "tok/s/GPU"
+    return render.table(["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", "host GB", "fits",
+                         "valid.", "plan s", "plan / why not"], body, right=(2, 3, 4, 5, 6, 7, 10))
+
+
+def _breakdown(rows: list[CompareRow]) -> str:
+    """Where each costed row's step time goes, in seconds (the terms of planner.cost.estimate.Breakdown)."""
+    costed = [r for r in rows if r.breakdown is not None]
+    if not costed:
+        return ""
+    body = [[r.strategy, *(format(getattr(r.breakdown, t), ".3g") for t in BREAKDOWN_TERMS)] for r in costed]
+    heads = [t.removesuffix("_s").replace("_comm", "") for t in BREAKDOWN_TERMS]
+    return "step time by term (s):\n" + render.table(["strategy", *heads], body,
+                                                      right=tuple(range(1, 1 + len(BREAKDOWN_TERMS))))
+
+
+def _margin(rows: list[CompareRow]) -> str:
+    """The planner row against the fastest fitting baseline, as a ratio of step times, with both runtimes."""
+    planner = next((r for r in rows if r.strategy == "planner" and r.fits), None)
+    others = sorted((r for r in rows if r.strategy != "planner" and r.fits and r.step_time_s),
+                    key=lambda r: (r.step_time_s, r.strategy))
+    if planner is None or not others:
+        return "" if planner is None else "no baseline fits; the planner row does"
+    best = others[0]
+    ratio = best.step_time_s / planner.step_time_s
+    side = "faster" if ratio >= 1 else "slower"
+    return (f"planner ({planner.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
+            f"{best.strategy} ({best.runtime} runtime)")
 
 
 def _legend(rows: list[CompareRow]) -> str:
@@ -63,7 +97,7 @@ def _legend(rows: list[CompareRow]) -> str:
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
               help="Also write the rows as CSV.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              metavar="FILE.png", help="Also draw the rows as bars (throughput and peak HBM per GPU).")
+              metavar="FILE.png", help="Also draw the rows as bars (step time and peak HBM per GPU).")
 @runtime_option("Runtime profile of the planner row and of the baselines that name no framework (uniform-pp, "
                 "metis); default: planner's runtime (megatron for mixture-of-experts models, which it cannot run)")
 @memory_margin_option(None)
@@ -106,18 +140,23 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     names, plugins = (load_strategies(strategies_file, tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
                       if strategies_file is not None else ((), ()))
     rows = compare(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
+    labels = {"model": job.model.name, "cluster": cluster, "batch": batch, "seq_len": seq_len, "precision": precision}
     if as_json:
-        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        click.echo(json.dumps([{**labels, **r.as_dict()} for r in rows], indent=2))
     else:
         click.echo(f"{job.model.name} on {job.cluster.describe()}, batch {batch} x {seq_len}")
         click.echo(_text(rows))
+        for extra in (_breakdown(rows), _margin(rows)):
+            if extra:
+                click.echo(extra)
         click.echo(_legend(rows))
     if csv_path is not None:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=_FIELDS, lineterminator="\n")
         writer.writeheader()
         for row in rows:
-            writer.writerow({key: row.as_dict()[key] for key in _FIELDS})
+            flat = {**labels, **row.flat()}
+            writer.writerow({key: "" if flat[key] is None else flat[key] for key in _FIELDS})
         write_file(csv_path, buffer.getvalue())
     if plot_path is not None:
         from planner.compare.plots import plot_compare

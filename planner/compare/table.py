@@ -41,14 +41,14 @@ with their details.  Recommendation models use the embedding cost model (runtime
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.compare.baselines import megatron_plan, metis_greedy, uniform_pp
 from planner.compare.plugins import UserStrategy, plugin_job, timed_strategy
 from planner.cost import evaluate
-from planner.cost.estimate import Estimate
+from planner.cost.estimate import Breakdown, Estimate
 from planner.embedding.compile import compile_embedding
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
@@ -65,6 +65,9 @@ GB = 1e9
 FRAMEWORK_RUNTIMES: dict[str, str] = {"ddp": "torchtitan", "zero1": "deepspeed", "zero2": "deepspeed",
                                       "zero3": "deepspeed", "hsdp": "torchtitan", "megatron": "megatron"}
 EMBEDDING_RUNTIME = "embedding"  # the runtime column of recommendation-model rows: the embedding cost model
+# the step-time terms every costed dense row carries (CSV columns, in this order)
+BREAKDOWN_TERMS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
+                   "bubble_s", "optimizer_s", "offload_s")
 
 
 class CompareRow(BaseModel):
@@ -86,10 +89,30 @@ class CompareRow(BaseModel):
     host_bytes: float | None = Field(description="Host DRAM per node.")
     nvme_bytes: float | None = Field(description="NVMe per node.")
     planning_s: float = Field(description="Wall-clock seconds spent choosing it (varies run to run).")
+    unit: Literal["tokens", "samples"] = Field("tokens", description="What tokens_per_s_per_gpu counts: tokens, "
+                                               "or samples for recommendation models.")
+    gpus_used: int | None = Field(None, description="GPUs the row's plan runs on (a plan may leave some of the "
+                                  "cluster idle); None when nothing is costed.")
+    breakdown: Breakdown | None = Field(None, description="Where its step time goes (dense models).")
+    solver_status: str | None = Field(None, description="OPTIMAL or FEASIBLE for a row the compiler searched, "
+                                      "'evaluated' for a fixed strategy or recipe, None when nothing is costed.")
+    gap: float | None = Field(None, description="The search's relative gap (0 when proved optimal); None when not "
+                              "searched.")
+    extrapolated: bool | None = Field(None, description="Some term leans on a regime no validated published run "
+                                      "covers (planner.cost.confidence); None when nothing is costed.")
+    confidence: list[str] = Field(default_factory=list, description="The reasons when extrapolated.")
 
     def as_dict(self) -> dict:
-        """JSON/CSV-ready fields."""
+        """JSON-ready fields."""
         return self.model_dump()
+
+    def flat(self) -> dict:
+        """CSV-ready fields: the breakdown as one column per term, the reasons joined by '; '."""
+        out = self.model_dump(exclude={"breakdown", "confidence"})
+        for term in BREAKDOWN_TERMS:
+            out[term] = getattr(self.breakdown, term) if self.breakdown is not None else None
+        out["confidence"] = "; ".join(self.confidence)
+        return out
 
 
 def _dense_fixed(name: str) -> dict:
@@ -104,19 +127,23 @@ def runtime_for(name: str, job: Job) -> RuntimeProfile:
     return load_runtime(FRAMEWORK_RUNTIMES[name]) if name in FRAMEWORK_RUNTIMES else job.runtime
 
 
-def _row_from_estimate(name: str, estimate: Estimate, planning_s: float) -> CompareRow:
+def _row_from_estimate(name: str, estimate: Estimate, planning_s: float, status: str = "evaluated",
+                       gap: float | None = None) -> CompareRow:
     host = estimate.memory.host
     fits = estimate.memory.fits
     return CompareRow(strategy=name, runtime=estimate.runtime, spec=estimate.strategy_spec, fits=fits,
-                      why="" if fits else "; ".join(estimate.memory.reasons)[:200], step_time_s=estimate.step_time_s,
+                      why="" if fits else "; ".join(estimate.memory.reasons), step_time_s=estimate.step_time_s,
                       tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu,
                       peak_hbm_bytes=estimate.memory.peak_bytes, host_bytes=host.dram_bytes,
-                      nvme_bytes=host.nvme_bytes, planning_s=planning_s)
+                      nvme_bytes=host.nvme_bytes, planning_s=planning_s, gpus_used=estimate.num_gpus,
+                      breakdown=estimate.breakdown, solver_status=status, gap=gap,
+                      extrapolated=estimate.confidence.extrapolated, confidence=estimate.confidence.reasons)
 
 
 def _failed(name: str, runtime: str, why: str, planning_s: float, applicable: bool = True) -> CompareRow:
+    """A row with nothing costed: the first line of `why` (an infeasibility explanation goes on for lines)."""
     return CompareRow(strategy=name, runtime=runtime, spec="-", applicable=applicable, fits=False,
-                      why=why.splitlines()[0][:200], step_time_s=None, tokens_per_s_per_gpu=None, mfu=None,
+                      why=why.splitlines()[0], step_time_s=None, tokens_per_s_per_gpu=None, mfu=None,
                       peak_hbm_bytes=None, host_bytes=None, nvme_bytes=None, planning_s=planning_s)
 
 
@@ -142,11 +169,14 @@ def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> Co
     if result.estimate is None:  # replica groups on a mixed cluster
         g = result.groups
         spec = "; ".join(f"{r.group.pool}[batch={r.group.batch}]: {r.estimate.strategy_spec}" for r in g.groups)
+        reasons = list(dict.fromkeys(x for r in g.groups for x in r.estimate.confidence.reasons))
         return CompareRow(strategy=name, runtime=job.runtime.name, spec=spec, fits=g.fits, why="",
                           step_time_s=g.step_time_s, tokens_per_s_per_gpu=g.tokens_per_s_per_gpu, mfu=g.mfu,
                           peak_hbm_bytes=max(r.estimate.memory.peak_bytes for r in g.groups), host_bytes=None,
-                          nvme_bytes=None, planning_s=elapsed)
-    return _row_from_estimate(name, result.estimate, elapsed)
+                          nvme_bytes=None, planning_s=elapsed, gpus_used=g.num_gpus,
+                          solver_status=result.certificate.status, gap=result.certificate.gap,
+                          extrapolated=bool(reasons), confidence=reasons)
+    return _row_from_estimate(name, result.estimate, elapsed, result.certificate.status, result.certificate.gap)
 
 
 def _megatron(job: Job) -> CompareRow:
@@ -198,10 +228,12 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
         key = t.sharding_type.value + ("" if t.cache_fraction >= 1.0 else f"@{t.cache_fraction:g}")
         kinds[key] = kinds.get(key, 0) + 1
     spec = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    cert = result.certificate
     return CompareRow(strategy=name, runtime=EMBEDDING_RUNTIME, spec=spec, fits=e.fits, why="",
                       step_time_s=e.step_time_s, tokens_per_s_per_gpu=e.samples_per_s_per_gpu, mfu=None,
                       peak_hbm_bytes=e.peak_hbm_bytes, host_bytes=e.peak_host_bytes, nvme_bytes=0.0,
-                      planning_s=time.perf_counter() - start)
+                      planning_s=time.perf_counter() - start, unit="samples", gpus_used=job.cluster.num_gpus,
+                      solver_status=cert.status, gap=cert.gap)
 
 
 DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "metis", "planner")

@@ -14,12 +14,16 @@ import io
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from planner.compare.table import BREAKDOWN_TERMS
 from planner.sweep.tasks import SweepTask, TaskResult
 
 # runtime: the profile a row was costed under (a baseline named after a framework is costed as that framework runs it)
+# gpus: the cluster's; gpus_used: what the row's plan runs on.  The breakdown terms, solver status and gap, and
+# the confidence flag say why a row is what it is (planner.compare.table.CompareRow documents each).
 RESULT_FIELDS = ("scenario", "model", "cluster", "nodes", "gpus", "batch", "seq_len", "precision", "strategy",
-                 "runtime", "fits", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes",
-                 "nvme_bytes", "spec", "why")
+                 "runtime", "gpus_used", "fits", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
+                 "peak_hbm_bytes", "host_bytes", "nvme_bytes", *BREAKDOWN_TERMS, "solver_status", "gap",
+                 "extrapolated", "confidence", "spec", "why")
 TIMING_FIELDS = ("scenario", "model", "cluster", "batch", "seq_len", "strategy", "planning_s", "task_s", "worker")
 
 
@@ -30,14 +34,11 @@ def number(value: float | None, digits: int = 9) -> str:
 
 def result_record(task: SweepTask, result: TaskResult) -> dict[str, Any]:
     """One results.csv row as typed values (also the `--json` output)."""
-    row = result.row
+    flat = result.row.flat()
     return {"scenario": task.scenario, "model": task.model, "cluster": task.cluster,
             "nodes": task.job.cluster.num_nodes, "gpus": task.job.cluster.num_gpus, "batch": task.batch,
-            "seq_len": task.seq_len, "precision": task.precision, "strategy": task.strategy, "runtime": row.runtime,
-            "fits": row.fits,
-            "step_time_s": row.step_time_s, "tokens_per_s_per_gpu": row.tokens_per_s_per_gpu, "mfu": row.mfu,
-            "peak_hbm_bytes": row.peak_hbm_bytes, "host_bytes": row.host_bytes, "nvme_bytes": row.nvme_bytes,
-            "spec": row.spec, "why": row.why}
+            "seq_len": task.seq_len, "precision": task.precision, "strategy": task.strategy,
+            **{k: flat[k] for k in RESULT_FIELDS if k in flat and k != "strategy"}}
 
 
 def _csv(fields: Sequence[str], records: Iterable[dict[str, Any]]) -> str:
@@ -80,7 +81,8 @@ def best_per_scenario(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
         out.append({"scenario": scenario, "model": first["model"], "cluster": first["cluster"],
                     "gpus": first["gpus"], "batch": first["batch"], "seq_len": first["seq_len"],
                     "precision": first["precision"], "best": fitting[0] if fitting else None,
-                    "runner_up": fitting[1] if len(fitting) > 1 else None, "fits": len(fitting), "scored": len(rows)})
+                    "runner_up": fitting[1] if len(fitting) > 1 else None, "fits": len(fitting), "scored": len(rows),
+                    "planner_margin": planner_margin(rows)})
     return out
 
 
@@ -89,17 +91,33 @@ def summary_table(best: Sequence[dict[str, Any]]) -> list[list[str]]:
     body = []
     for b in best:
         top, second = b["best"], b["runner_up"]
-        margin = f"{second['step_time_s'] / top['step_time_s']:.2f}x {second['strategy']}" if second else "-"
-        body.append([b["model"], b["cluster"], str(b["gpus"]), str(b["batch"]), str(b["seq_len"]),
-                     top["strategy"] if top else "none fits",
+        margin = f"{second['step_time_s'] / top['step_time_s']:.3f}x {second['strategy']}" if second else "-"
+        body.append([b["model"], b["cluster"], str(top["gpus_used"]) if top else "-", str(b["batch"]),
+                     str(b["seq_len"]), top["strategy"] if top else "none fits",
                      f"{top['tokens_per_s_per_gpu']:,.0f}" if top else "-",
                      f"{100 * top['mfu']:.1f}" if top and top["mfu"] is not None else "-",
-                     number(top["step_time_s"], 4) if top else "-", margin, f"{b['fits']}/{b['scored']}"])
+                     number(top["step_time_s"], 4) if top else "-", margin, b["planner_margin"],
+                     f"{b['fits']}/{b['scored']}"])
     return body
 
 
-SUMMARY_HEADERS = ("model", "cluster", "GPUs", "batch", "seq", "best", "tok/s/GPU", "MFU %", "step s",
-                   "runner-up (its step time / best)", "fit")
+SUMMARY_HEADERS = ("model", "cluster", "GPUs used", "batch", "seq", "best", "per GPU/s", "MFU %", "step s",
+                   "runner-up (its step time / best)", "planner vs best baseline", "fit")
+
+
+def planner_margin(rows: Sequence[dict[str, Any]]) -> str:
+    """The best fitting baseline's step time over the planner row's ('1.031x zero3': planner is 3.1% faster;
+    below 1: the baseline, costed under its own runtime, is faster), or why there is no ratio."""
+    planner = next((r for r in rows if r["strategy"] == "planner"), None)
+    others = sorted((r for r in rows if r["strategy"] != "planner" and r["fits"] and r["step_time_s"]),
+                    key=lambda r: (r["step_time_s"], r["strategy"]))
+    if planner is None:
+        return "-"
+    if not planner["fits"]:
+        return "planner does not fit"
+    if not others:
+        return "no baseline fits"
+    return f"{others[0]['step_time_s'] / planner['step_time_s']:.3f}x {others[0]['strategy']}"
 
 
 def summary_md(title: str, best: Sequence[dict[str, Any]], plots: Sequence[str], plots_left_out: int = 0,
