@@ -188,3 +188,15 @@ def test_recommendation_rows_count_samples_and_long_reasons_stay_whole():
     (row,) = compare(big, ("mine",), plugins=(UserStrategy(name="mine", spec="tp=1,pp=2,dp=2,mbs=2"),))
     assert not row.fits and len(row.why) > 200
     assert "stage 0 (cpu) needs" in row.why and "stage 1 (cpu) needs" in row.why
+
+
+def test_plots_switch_to_a_log_axis_for_outliers_and_skip_single_size_scaling_charts():
+    from planner.compare.plots import needs_log_axis
+    from planner.sweep.plots import plot_groups
+
+    assert needs_log_axis([1.0, 1.02, 1.03, 5.0]) and not needs_log_axis([1.0, 1.02, 1.03, 2.9])
+    assert not needs_log_axis([0.0, 0.0])
+    rows = [{"model": "m", "batch": 8, "seq_len": 128, "precision": "bf16", "gpus": g, "strategy": s}
+            for g in (8, 16) for s in ("a", "b")]
+    single = [{**r, "model": "n"} for r in rows if r["gpus"] == 8]
+    assert list(plot_groups(rows + single)) == [("m", 8, 128, "bf16")]

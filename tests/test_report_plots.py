@@ -14,6 +14,7 @@ from planner.cli import cli
 from planner.emit import DEFAULT_TARGETS
 from planner.emit.check import check_target
 from planner.plan.schema import Plan
+from planner.emit.inputs import LaunchInputs, inputs_section
 from planner.plan.report import render_report
 from planner.simulate.plan_input import plan_job
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG, memory_png, report_plots, time_png
@@ -72,11 +73,12 @@ def test_render_report_without_plots_links_no_figure(tiny_outputs):
     written = tuple(sorted({name.split("/")[0] for name in tiny_outputs[0] if "/" in name}))
     job = plan_job(plan, Path("plan.json"))  # the job the plan records, under its runtime
     checks = tuple(check_target(plan, job, target) for target in DEFAULT_TARGETS)  # what compile tried
-    linked = render_report(plan, written, plots=True, checks=checks)
+    launch = inputs_section(LaunchInputs(), written)  # compile was given no launch inputs
+    linked = render_report(plan, written, plots=True, checks=checks, launch_inputs=launch)
     assert linked == tiny_outputs[0]["report.md"].decode()
     # the figures are the only difference
     assert linked.replace(f"![memory per stage]({MEMORY_PNG})\n\n", "").replace(
-        f"![time per step]({TIME_PNG})\n\n", "") == render_report(plan, written, checks=checks)
+        f"![time per step]({TIME_PNG})\n\n", "") == render_report(plan, written, checks=checks, launch_inputs=launch)
 
 
 def test_offloading_plan_gets_a_host_memory_panel(tiny_outputs):

@@ -151,6 +151,25 @@ def test_trace_is_json_with_events_for_every_stage(llama_job):
     assert max(e["ts"] + e["dur"] for e in complete) == pytest.approx(sim.step_time * 1e6, rel=1e-6)
 
 
+@pytest.mark.parametrize("spec", ["tp=2,pp=4,vpp=2,zero=1", "tp=1,pp=4,dp=4,zero=3,mbs=1",
+                                  "tp=2,pp=4,schedule=gpipe,recompute=full,offload=optimizer"])
+def test_trace_slices_are_whole_nanoseconds_and_properly_nested_per_thread(llama_job, spec):
+    """What Perfetto checks: on one thread a slice that starts inside another must end inside it; the runtime's
+    streams are serial, so no two slices of a thread may overlap at all (once 100-228 per thread did, by
+    rounding ts and dur apart)."""
+    events = json.loads(trace_json([("", simulate(llama_job, parse_strategy(spec)))]))["traceEvents"]
+    lanes: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for e in (e for e in events if e["ph"] == "X"):
+        start, dur = e["ts"] * 1000, e["dur"] * 1000
+        assert start == pytest.approx(round(start), abs=1e-6) and dur == pytest.approx(round(dur), abs=1e-6)
+        lanes.setdefault((e["pid"], e["tid"]), []).append((round(start), round(start) + round(dur)))
+    assert lanes
+    for slices in lanes.values():
+        slices.sort()
+        overlaps = sum(1 for (_, end), (start, _) in zip(slices, slices[1:]) if start < end)
+        assert overlaps == 0
+
+
 # ---------------------------------------------------------------------------- command line
 
 

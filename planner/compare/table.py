@@ -86,6 +86,8 @@ class CompareRow(BaseModel):
     tokens_per_s_per_gpu: float | None = Field(description="Tokens (samples for recsys) per second per GPU.")
     mfu: float | None = Field(description="Model FLOPs utilisation.")
     peak_hbm_bytes: float | None = Field(description="Peak HBM per GPU.")
+    hbm_capacity_bytes: float | None = Field(None, description="HBM a plan may use on that GPU (less the memory "
+                                             "margin); None when nothing is costed.")
     host_bytes: float | None = Field(description="Host DRAM per node.")
     nvme_bytes: float | None = Field(description="NVMe per node.")
     planning_s: float = Field(description="Wall-clock seconds spent choosing it (varies run to run).")
@@ -136,6 +138,7 @@ def _row_from_estimate(name: str, estimate: Estimate, planning_s: float, status:
                       tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu,
                       peak_hbm_bytes=estimate.memory.peak_bytes, host_bytes=host.dram_bytes,
                       nvme_bytes=host.nvme_bytes, planning_s=planning_s, gpus_used=estimate.num_gpus,
+                      hbm_capacity_bytes=estimate.memory.capacity_bytes,
                       breakdown=estimate.breakdown, solver_status=status, gap=gap,
                       extrapolated=estimate.confidence.extrapolated, confidence=estimate.confidence.reasons)
 

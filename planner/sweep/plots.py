@@ -17,6 +17,9 @@ from typing import Any
 # Scaling plots a sweep draws at most (each costs about a third of a second; a grid of thousands of
 # (model, batch, seq_len) groups would spend many minutes drawing what nobody opens).
 MAX_SCALING_PLOTS = 24
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+ZERO_BASED = 0.5  # the y axis starts at zero unless every value is above this share of the largest
+LINE_OFFSET = 0.04  # sideways shift between neighbouring lines, in doublings of the GPU count (about 3%)
 
 
 def _family(cluster: str) -> str:
@@ -30,11 +33,12 @@ def _slug(text: str) -> str:
 
 
 def plot_groups(records: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Records grouped per plot: (model, batch, seq_len, precision) -> records, in first-seen order."""
+    """Records grouped per plot: (model, batch, seq_len, precision) -> records, in first-seen order; only groups
+    with at least two cluster sizes (one size is no scaling line: report.md's bar charts show it)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault((record["model"], record["batch"], record["seq_len"], record["precision"]), []).append(record)
-    return groups
+    return {key: rows for key, rows in groups.items() if len({r["gpus"] for r in rows}) > 1}
 
 
 def _figure(key: tuple, records: Sequence[dict[str, Any]]) -> bytes:
@@ -49,27 +53,35 @@ def _figure(key: tuple, records: Sequence[dict[str, Any]]) -> bytes:
     for r in records:
         label = r["strategy"] if len(families) == 1 else f"{r['strategy']} @ {_family(r['cluster'])}"
         lines.setdefault(label, []).append(r)
-    fig, (speed, mfu) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    fig, (speed, mfu) = plt.subplots(1, 2, figsize=(12.5, 4.2), constrained_layout=True)
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    count = len(lines)
     for i, (label, rows) in enumerate(lines.items()):
         points = sorted((r["gpus"], r["tokens_per_s_per_gpu"], r["mfu"]) for r in rows
                         if r["fits"] and r["tokens_per_s_per_gpu"] is not None)
-        style = {"color": cycle[i % len(cycle)], "marker": "o", "linestyle": "--" if i >= len(cycle) else "-",
+        # tied strategies (planner and uniform-pp often are) would hide each other: each line gets its own
+        # marker and a small sideways offset on the log axis, which moves no value
+        shift = 2 ** (LINE_OFFSET * (i - (count - 1) / 2))
+        style = {"color": cycle[i % len(cycle)], "marker": MARKERS[i % len(MARKERS)],
+                 "linestyle": "--" if i >= len(cycle) else "-", "markersize": 6,
                  "linewidth": 2.5 if label.startswith("planner") else 1.5}
         shown = label if points else f"{label} (does not fit)"
-        speed.plot([p[0] for p in points], [p[1] for p in points], label=shown, **style)
-        mfu.plot([p[0] for p in points if p[2] is not None], [100 * p[2] for p in points if p[2] is not None],
-                 **style)
+        speed.plot([p[0] * shift for p in points], [p[1] for p in points], label=shown, **style)
+        mfu.plot([p[0] * shift for p in points if p[2] is not None],
+                 [100 * p[2] for p in points if p[2] is not None], **style)
     gpus = sorted({r["gpus"] for r in records})
-    for axis, ylabel in ((speed, "tokens (samples) / s per GPU"), (mfu, "MFU (%)")):
+    unit = "samples" if any(r.get("unit") == "samples" for r in records) else "tokens"
+    for axis, ylabel in ((speed, f"{unit} / s per GPU"), (mfu, "MFU (%)")):
         axis.set_xscale("log", base=2)
         axis.set_xticks(gpus, [str(g) for g in gpus])
         axis.minorticks_off()
-        axis.set_xlabel("GPUs")
+        axis.set_xlabel("GPUs in the cluster")
         axis.set_ylabel(ylabel)
-        axis.set_ylim(bottom=0)
+        low, high = axis.get_ylim()
+        if low < ZERO_BASED * high:  # otherwise start above zero: the few-percent differences must show
+            axis.set_ylim(bottom=0)
         axis.grid(True, alpha=0.3)
-    speed.legend(fontsize=8)
+    fig.legend(*speed.get_legend_handles_labels(), fontsize=8, loc="outside right center")  # off the data
     fig.suptitle(f"{model}, batch {batch} x {seq_len}, {precision}")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
