@@ -68,9 +68,19 @@ def test_megatron_row_is_costed_as_megatron_runs_it(dense_rows):
     job, rows = dense_rows
     [row] = [r for r in rows if r.strategy == "megatron"]
     assert row.runtime == "megatron" and row.fits
-    # the recipe by hand: tp = the 8 GPUs of a node, one stage (8B fits), dp 2 with the distributed
-    # optimizer, micro-batch 1, selective recompute (it fits, so full recompute is not tried)
-    strategy = Strategy(tp=8, pp=1, dp=2, mbs=1, zero=1, recompute="selective")
+    # the recipe by hand: 8B fits one stage at every tensor-parallel width of a node, so each width is one
+    # stage with dp for the rest, the distributed optimizer, micro-batch 1, sequence parallel with tp, and
+    # selective recompute where it fits (else full); the row is the fastest width
+    costed = []
+    for tp in (1, 2, 4, 8):
+        for recompute in ("selective", "full"):
+            candidate = Strategy(tp=tp, pp=1, dp=16 // tp, mbs=1, zero=1, recompute=recompute, sp=tp > 1)
+            estimate = evaluate(job, candidate, load_runtime("megatron"))
+            if estimate.memory.fits:
+                costed.append((estimate.step_time_s, tp, candidate))
+                break
+    assert len(costed) == 4
+    strategy = min(costed, key=lambda c: c[:2])[2]
     assert row.spec == strategy.spec()
     megatron = evaluate(job, strategy, load_runtime("megatron"))
     assert megatron.runtime == "megatron"
@@ -84,11 +94,12 @@ def test_megatron_row_is_costed_as_megatron_runs_it(dense_rows):
     assert row.peak_hbm_bytes > reference.memory.peak_bytes
 
 
-def test_megatron_recipe_uses_a_node_of_tensor_parallelism_and_an_even_split():
+def test_megatron_recipe_uses_tensor_parallelism_within_a_node_and_an_even_split():
     job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:8"), global_batch=512, seq_len=4096)
     megatron = load_runtime("megatron")
     strategy = megatron_recipe(job)
-    assert strategy.tp == 8 and strategy.split is None and strategy.mbs == 1 and strategy.zero in (0, 1)
+    assert strategy.tp in (1, 2, 4, 8) and strategy.split is None and strategy.mbs == 1 and strategy.zero in (0, 1)
+    assert strategy.sp == (strategy.tp > 1)
     assert job.model.num_blocks % strategy.pp == 0
     blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
     assert megatron.cannot_express(strategy, False, job.flash_attention, blocks) == []
@@ -96,22 +107,22 @@ def test_megatron_recipe_uses_a_node_of_tensor_parallelism_and_an_even_split():
     # the smallest depth that fits as Megatron runs it: one stage less does not
     shallower = [p for p in range(1, strategy.pp) if job.model.num_blocks % p == 0]
     for pp in shallower:
-        dp = 64 // (8 * pp)
+        dp = 64 // (strategy.tp * pp)
         assert not evaluate(job, strategy.model_copy(update={"pp": pp, "dp": dp, "vpp": 1, "zero": int(dp > 1),
                                                              "recompute": "full"}), megatron).memory.fits
 
 
 def test_megatron_keeps_fp32_gradients_whole_so_a_job_the_reference_model_fits_does_not(tmp_path):
-    # llama3-8b on two H100s at 8k tokens: tp=2 is the only layout (one node of two GPUs, one stage), so no
-    # data parallelism shards anything.  The reference model's 16 bytes per parameter (2 weights, 2 gradients,
-    # 12 optimizer) fit in 80 GB with full recompute; Megatron's 18 (fp32 main gradients) do not.
+    # llama3-8b on two H100s at 8k tokens: tp=2 on one stage or two stages of tp=1, so no data parallelism
+    # shards anything.  The reference model's 16 bytes per parameter (2 weights, 2 gradients, 12 optimizer)
+    # fit in 80 GB with full recompute; Megatron's 18 (fp32 main gradients) do not.
     cluster = tmp_path / "h100x2.yaml"
     cluster.write_text("name: h100x2\npools:\n  - {name: h100, preset: dgx-h100, nodes: 1, "
                        "overrides: {gpus_per_node: 2}}\n")
     job = Job(model=load_model("llama3-8b"), cluster=load_cluster(str(cluster)), global_batch=16, seq_len=8192)
     reference = megatron_plan(job, load_runtime("reference"))
     assert reference.strategy is not None and reference.estimate.memory.fits
-    assert (reference.strategy.tp, reference.strategy.pp, reference.strategy.dp) == (2, 1, 1)
+    assert (reference.strategy.tp * reference.strategy.pp, reference.strategy.dp) == (2, 1)
     assert reference.strategy.recompute == "full"
     # the same strategy as Megatron holds it: 18 bytes per parameter, over 80 GB
     megatron = evaluate(job, reference.strategy, load_runtime("megatron"))
@@ -241,3 +252,53 @@ def test_megatron_split_shortens_the_first_and_last_stages():
     assert megatron_split(7, 3) == (2, 3, 2)
     assert megatron_split(10, 3) == (3, 4, 3)
     assert megatron_split(5, 2) is None  # two stages: nothing in the middle to hold the extra layers
+
+
+def test_megatron_spreads_experts_and_keeps_to_the_fastest_pool():
+    moe = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=4096)
+    strategy = megatron_recipe(moe)
+    assert strategy.ep > 1 and moe.model.num_experts % strategy.ep == 0 and strategy.dp % strategy.ep == 0
+    mixed = Job(model=load_model("llama3-8b"), cluster=load_cluster(HETERO), global_batch=256, seq_len=4096)
+    strategy = megatron_recipe(mixed)
+    fastest = max(mixed.cluster.pools, key=lambda p: p.device_spec().peak_flops["bf16"])
+    assert strategy.stage_pools == (fastest.name,) * strategy.pp
+    assert strategy.tp * strategy.pp * strategy.dp == fastest.gpus
+
+
+def test_published_recipes_keep_their_layout_and_name_their_source():
+    job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:8"), global_batch=256, seq_len=8192)
+    nemo, titan = compare(job, ("nemo-recipe", "torchtitan-recipe"), time_limit=5)
+    # Megatron-Bridge's H100 BF16 preset for Llama 3 70B: tp 4, pp 4, vp 5, cp 2 (dp 2 on 64 GPUs)
+    assert nemo.runtime == "megatron" and "Megatron-Bridge" in nemo.source and "LLAMA3_70B" in nemo.source
+    assert nemo.step_time_s is not None and nemo.gpus_used == 64
+    s = parse_strategy(nemo.spec)  # costed whether or not it fits the memory margin
+    assert (s.tp, s.pp, s.vpp, s.cp, s.dp, s.mbs, s.zero, s.recompute) == (4, 4, 5, 2, 2, 1, 1, "none")
+    # torchtitan's llama3_70b.toml: 8-way TP inside the node, FSDP over the rest, full activation checkpointing
+    assert titan.runtime == "torchtitan" and titan.fits and "llama3_70b.toml" in titan.source
+    s = parse_strategy(titan.spec)
+    assert (s.tp, s.pp, s.dp, s.zero, s.mbs, s.recompute) == (8, 1, 8, 3, 8, "full")
+
+
+def test_a_recipe_that_does_not_apply_says_why():
+    moe = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=4096)
+    (row,) = compare(moe, ("nemo-recipe",), time_limit=5)
+    assert not row.applicable and "no published nemo recipe for mixtral-8x7b" in row.why
+    big = Job(model=load_model("llama3-405b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=8192)
+    (row,) = compare(big, ("nemo-recipe",), time_limit=5)
+    assert not row.applicable and "8 x 8 x 2 = 128 does not divide 32 GPUs" in row.why
+    small = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=64, seq_len=8192)
+    (row,) = compare(small, ("torchtitan-recipe",), time_limit=5)
+    assert not row.applicable and "selective_ac_option='op'" in row.why
+
+
+def test_every_published_recipe_names_a_zoo_model_and_a_layout_its_runtime_can_run():
+    from models.zoo import ZOO
+    from planner.compare.recipes import load_recipes
+
+    for family in load_recipes().values():
+        runtime = load_runtime(family.runtime)
+        for recipe in family.recipes:
+            assert recipe.model in ZOO and recipe.source
+            if recipe.recompute != "per-op":
+                strategy = recipe.strategy(dp=2)
+                assert runtime.cannot_express(strategy, bool(load_model(recipe.model).num_experts), True) == []

@@ -1,11 +1,15 @@
 """Dense baseline recipes for `planner compare`: each a generator returning a Strategy (or None), scored by `evaluate`.
 
 * megatron_recipe: Megatron-LM's recipe (Narayanan et al. 2021, arXiv
-  2104.04473): tp = GPUs per node, the smallest pp whose layer split fits
-  (even, or Megatron's shorter first and last stages when pp does not divide
-  the layers), dp for the rest, micro-batch 1, the distributed optimizer
-  (ZeRO-1), selective then full recompute, interleaving (vpp) when it is
-  faster.  "Fits" is as Megatron runs it: every candidate is costed under the
+  2104.04473, Sec. 3.3: tensor parallelism within the node, only as wide as
+  pays): for each tp (a power of two within a node) the smallest pp whose
+  layer split fits, the fastest of these (ties: the narrower tp) (even, or
+  Megatron's shorter first and last stages when pp does not divide the
+  layers), dp for the rest, expert parallelism over the data-parallel ranks for
+  mixture-of-experts models, micro-batch 1, the distributed optimizer
+  (ZeRO-1), sequence parallelism with tp, selective then full recompute,
+  interleaving (vpp) when it is faster; on a mixed cluster only the pool of
+  the fastest GPUs (one stage shape for every rank).  "Fits" is as Megatron runs it: every candidate is costed under the
   megatron runtime profile (fp32 main gradients kept whole, 18 bytes per
   parameter without the distributed optimizer) and only candidates that
   profile can express are tried.
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog, load_catalog
+from hardware.topology import Pool
 from models.graph import Layer, ModelGraph
 from planner.cost import evaluate
 from planner.cost.estimate import Estimate
@@ -53,7 +58,7 @@ from planner.cost.evaluate import micro_batches
 from planner.cost.layout import place_stages, stage_groups
 from planner.cost.stage import compose_stage, sum_layers
 from planner.cost.sums import StageSums
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 from planner.profile import RuntimeProfile, load_runtime
 from planner.search.compile import compile_job
@@ -88,24 +93,41 @@ class RecipeResult(BaseModel):
     why: str = Field("", description="Why nothing fits (empty when a strategy was chosen).")
 
 
-def _tensor_parallel(job: Job) -> int:
-    """A node of tensor parallelism, halved until it divides the heads (and the KV heads, or they it)."""
-    model = job.model
-    tp = min(p.node.gpus_per_node for p in job.cluster.pools)
-    while tp > 1 and (model.heads % tp or (model.kv_heads % tp and tp % model.kv_heads)):
-        tp //= 2
-    return tp
+def _tensor_parallels(job: Job, node_gpus: int) -> list[int]:
+    """Tensor-parallel sizes Megatron's rule tries, smallest first: powers of two within a node that divide the
+    heads (and the KV heads, or they it)."""
+    model, out, tp = job.model, [], 1
+    while tp <= node_gpus:
+        if not (model.heads % tp or (model.kv_heads % tp and tp % model.kv_heads)):
+            out.append(tp)
+        tp *= 2
+    return out
 
 
-def megatron_plan(job: Job, runtime: RuntimeProfile | None = None) -> RecipeResult:
-    """Megatron-LM's hand recipe (module docstring), each candidate costed under `runtime` (default: the megatron
-    profile, so the row says what Megatron itself would hold and run; another profile gives what the recipe
-    would pick under that cost model, e.g. the reference one it used to be costed under)."""
-    runtime = runtime or load_runtime("megatron")
-    job = job.on(runtime)
-    model, cluster = job.model, job.cluster
-    tp = _tensor_parallel(job)
-    gpus, blocks = cluster.num_gpus, max(1, model.num_blocks)
+def megatron_pool(job: Job) -> Pool | None:
+    """On a mixed cluster, the one pool Megatron runs on: the fastest GPUs (bf16 peak), then the most of them.
+    Megatron has one stage shape for every rank, so it does not put an L4 stage in a pipeline of H100s.
+    None on a one-pool cluster."""
+    if len(job.cluster.pools) < 2:
+        return None
+    return max(job.cluster.pools, key=lambda p: (p.device_spec().peak_flops.get("bf16", 0.0), p.gpus))
+
+
+def _expert_parallel(job: Job, dp: int) -> int:
+    """Megatron's expert parallelism for a mixture-of-experts model: the largest power of two dividing both the
+    experts and the data-parallel ranks (NeMo's Mixtral 8x7B and DeepSeek recipes spread the experts over the
+    data-parallel group); 1 for dense models."""
+    ep = 1
+    while job.model.num_experts and job.model.num_experts % (2 * ep) == 0 and dp % (2 * ep) == 0:
+        ep *= 2
+    return ep
+
+
+def _depths(job: Job, runtime: RuntimeProfile, tp: int, gpus: int,
+            pool: Pool | None) -> tuple[tuple[float, Strategy, Estimate] | None, Estimate | None]:
+    """(the fastest fitting candidate of the smallest fitting pipeline depth, the least-over candidate) at
+    tensor-parallel size `tp` on `gpus` GPUs (of `pool` when Megatron runs on one pool of a mixed cluster)."""
+    blocks = max(1, job.model.num_blocks)
     closest: Estimate | None = None  # the candidate over its HBM by the least share: why nothing fits
     for pp in range(1, blocks + 1):
         split = megatron_split(blocks, pp)
@@ -117,25 +139,56 @@ def megatron_plan(job: Job, runtime: RuntimeProfile | None = None) -> RecipeResu
         micro = job.global_batch // dp
         best: tuple[float, Strategy, Estimate] | None = None
         even = blocks % pp == 0
+        pools = (pool.name,) * pp if pool is not None else None
         for recompute in ("selective", "full"):
             vpps = [1] + [v for v in (2, 3, 4, 6, 8)
                           if even and pp > 1 and blocks % (pp * v) == 0 and micro % pp == 0]
             for vpp in vpps:
                 strategy = Strategy(tp=tp, pp=pp, dp=dp, mbs=1, vpp=vpp, zero=1 if dp > 1 else 0,
-                                    recompute=recompute, split=None if even else split)
+                                    ep=_expert_parallel(job, dp), recompute=recompute, sp=tp > 1,
+                                    split=None if even else split, stage_pools=pools)
                 # only what the runtime can launch (e.g. no selective recompute where it has none)
-                if runtime.cannot_express(strategy, bool(model.num_experts), job.flash, split):
+                if runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, split):
                     continue
-                estimate = evaluate(job, strategy)
+                try:
+                    estimate = evaluate(job, strategy)
+                except PlannerInputError:  # e.g. an expert layout the job's shapes do not allow
+                    continue
                 if estimate.memory.fits:
                     if best is None or estimate.step_time_s < best[0]:
                         best = (estimate.step_time_s, strategy, estimate)
                 elif closest is None or _over(estimate) < _over(closest):
                     closest = estimate
             if best is not None:  # selective first: full recompute only when selective does not fit
-                return RecipeResult(runtime=runtime.name, strategy=best[1], estimate=best[2])
+                return best, closest
+    return None, closest
+
+
+def megatron_plan(job: Job, runtime: RuntimeProfile | None = None) -> RecipeResult:
+    """Megatron-LM's hand recipe (module docstring), each candidate costed under `runtime` (default: the megatron
+    profile, so the row says what Megatron itself would hold and run; another profile gives what the recipe
+    would pick under that cost model, e.g. the reference one it used to be costed under)."""
+    runtime = runtime or load_runtime("megatron")
+    job = job.on(runtime)
+    pool = megatron_pool(job)
+    gpus = pool.gpus if pool is not None else job.cluster.num_gpus
+    node = pool.node.gpus_per_node if pool is not None else min(p.node.gpus_per_node for p in job.cluster.pools)
+    closest: Estimate | None = None
+    chosen: tuple[float, Strategy, Estimate] | None = None
+    tps = _tensor_parallels(job, node)
+    # tensor parallelism within a node, only as wide as pays: each width with its smallest fitting depth, the
+    # fastest of them (ties: the narrower), not always a whole node (Narayanan et al. 2021, Sec. 3.3)
+    for tp in tps:
+        best, near = _depths(job, runtime, tp, gpus, pool)
+        if best is not None and (chosen is None or best[0] < chosen[0]):
+            chosen = best
+        if near is not None and (closest is None or _over(near) < _over(closest)):
+            closest = near
+    if chosen is not None:
+        return RecipeResult(runtime=runtime.name, strategy=chosen[1], estimate=chosen[2])
     if closest is None:
-        why = f"no pipeline depth divides {gpus} GPUs and batch {job.global_batch} with tp={tp} and Megatron's split"
+        why = (f"no pipeline depth divides {gpus} GPUs and batch {job.global_batch} with tp in "
+               f"{'/'.join(map(str, tps))} and Megatron's split")
     else:
         s = closest.strategy
         reason = closest.memory.reasons[0] if closest.memory.reasons else "over capacity"

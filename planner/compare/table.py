@@ -2,15 +2,20 @@
 
 Each baseline is a named generator with its source:
 
-* ddp: data parallel only, weights and optimizer replicated (PyTorch DDP);
-  the best micro-batch, recompute and offload the compiler finds under tp = pp = cp = 1, zero = 0.
+* ddp: data parallel only, weights and optimizer replicated in HBM (PyTorch DDP: no offload);
+  the best micro-batch and recompute the compiler finds under tp = pp = cp = 1, zero = 0.
 * zero1, zero2, zero3: the same with DeepSpeed's ZeRO stage 1/2/3 over the whole
   data-parallel group (Rajbhandari et al. 2020).
 * hsdp: ZeRO-3 sharded inside a node, replicated across nodes (FSDP HYBRID_SHARD).
 * megatron: Megatron-LM's recipe (Narayanan et al. 2021, arXiv 2104.04473):
-  tp = GPUs per node, the smallest pp whose layer split fits, dp for the
-  rest, micro-batch 1, the distributed optimizer (ZeRO-1), selective then full
-  recompute, interleaving (vpp) when it is faster.
+  per tp within a node the smallest pp whose layer split fits, the fastest
+  of these, dp for the rest, ep over dp for experts, micro-batch 1, the distributed
+  optimizer (ZeRO-1), selective then full recompute, interleaving (vpp) when it
+  is faster; on a mixed cluster the fastest pool only.
+* nemo-recipe, torchtitan-recipe: the frameworks' published layouts for the
+  job's model (Megatron-Bridge performance presets, torchtitan train_configs;
+  hardware/data/recipes.yaml, the source in the row's `source`), data
+  parallelism for the GPUs left (planner.compare.recipes).
 * uniform-pp: the best strategy whose pipeline stages hold equal numbers of
   blocks (the even split of Megatron-LM and DeepSpeed's PipelineModule
   `partition_method="uniform"`), every block recomputing alike.
@@ -47,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.compare.baselines import megatron_plan, metis_greedy, uniform_pp
 from planner.compare.plugins import UserStrategy, plugin_job, timed_strategy
+from planner.compare.recipes import RECIPE_BASELINES, recipe_runtime, recipe_strategy
 from planner.cost import evaluate
 from planner.cost.estimate import Breakdown, Estimate
 from planner.embedding.compile import compile_embedding
@@ -103,6 +109,7 @@ class CompareRow(BaseModel):
     extrapolated: bool | None = Field(None, description="Some term leans on a regime no validated published run "
                                       "covers (planner.cost.confidence); None when nothing is costed.")
     confidence: list[str] = Field(default_factory=list, description="The reasons when extrapolated.")
+    source: str = Field("", description="Where a published recipe's layout comes from (file and revision).")
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -239,7 +246,8 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
                       solver_status=cert.status, gap=cert.gap)
 
 
-DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "uniform-pp", "metis", "planner")
+DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "nemo-recipe", "torchtitan-recipe",
+                   "uniform-pp", "metis", "planner")
 MIXED_CLUSTER_ONLY = ("metis",)  # left out on one-pool clusters, where they have nothing to decide
 EMBEDDING_BASELINES = ("torchrec-greedy", "planner")
 
@@ -251,6 +259,26 @@ def baselines_for(job: Job) -> tuple[str, ...]:
     if len(job.cluster.pools) < 2:
         return tuple(name for name in DENSE_BASELINES if name not in MIXED_CLUSTER_ONLY)
     return DENSE_BASELINES
+
+
+def _published(name: str, job: Job) -> CompareRow:
+    """A published recipe's row (planner.compare.recipes), costed under its framework's runtime."""
+    on = job.on(load_runtime(recipe_runtime(name)))
+    start = time.perf_counter()
+    strategy, why, source = recipe_strategy(name, on)
+    if strategy is None:
+        return _failed(name, on.runtime.name, why, time.perf_counter() - start, applicable=False).model_copy(
+            update={"source": source})
+    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash)
+    if missing:
+        return _failed(name, on.runtime.name, f"{on.runtime.name} cannot run {'; '.join(missing)}",
+                       time.perf_counter() - start, applicable=False).model_copy(update={"source": source})
+    try:
+        estimate = evaluate(on, strategy)
+    except PlannerInputError as err:  # the recipe's layout breaks a rule of this job (e.g. heads and tp)
+        return _failed(name, on.runtime.name, str(err), time.perf_counter() - start,
+                       applicable=False).model_copy(update={"source": source})
+    return _row_from_estimate(name, estimate, time.perf_counter() - start).model_copy(update={"source": source})
 
 
 def _plugin(plugin: UserStrategy, job: Job) -> CompareRow:
@@ -296,10 +324,15 @@ def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: flo
             rows.append(_megatron(on))
         elif name == "uniform-pp":
             rows.append(_uniform(on, time_limit))
+        elif name in RECIPE_BASELINES:
+            rows.append(_published(name, job))
         elif name == "metis":
             rows.append(_metis(on, time_limit))
         elif name == "planner":
             rows.append(_compiled(name, on, SpaceOptions(), time_limit))
+        elif name == "ddp":  # plain DDP keeps everything in HBM: it has no optimizer or parameter offload
+            rows.append(_compiled(name, on, SpaceOptions(fixed=_dense_fixed(name), offloads=(), offload_devices=()),
+                                  time_limit))
         else:
             rows.append(_compiled(name, on, SpaceOptions(fixed=_dense_fixed(name)), time_limit))
     return rows
