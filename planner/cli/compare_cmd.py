@@ -25,7 +25,7 @@ from planner.profile import load_runtime
 _JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
 _FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
            "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
-           "extrapolated", "confidence", "why", "planning_s", "spec")
+           "extrapolated", "confidence", "why", "planning_s", "spec", "source")
 _WHY_WIDTH = 160  # the terminal table shortens a long reason; CSV and JSON keep it whole
 
 

@@ -23,7 +23,7 @@ from planner.sweep.tasks import SweepTask, TaskResult
 RESULT_FIELDS = ("scenario", "model", "cluster", "nodes", "gpus", "batch", "seq_len", "precision", "strategy",
                  "runtime", "gpus_used", "fits", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
                  "peak_hbm_bytes", "host_bytes", "nvme_bytes", *BREAKDOWN_TERMS, "solver_status", "gap",
-                 "extrapolated", "confidence", "spec", "why")
+                 "extrapolated", "confidence", "spec", "why", "source")
 TIMING_FIELDS = ("scenario", "model", "cluster", "batch", "seq_len", "strategy", "planning_s", "task_s", "worker")
 
 
