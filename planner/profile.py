@@ -24,6 +24,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from models.graph import LayerKind
 from planner.errors import PlannerInputError
 from planner.strategy import Offload, OffloadDevice, Schedule, ShardScope, Strategy
 
@@ -59,6 +60,35 @@ class StateTerm(BaseModel):
         return params * self.bytes_per_param / (shard if sharded else 1)
 
 
+class GatherCalls(BaseModel):
+    """How a framework issues the collectives of sharded weights: how many per layer, how far ahead of the
+    compute, and what each costs the host.  At hundreds of ranks a ring collective pays n - 1 latency steps,
+    so the count of collectives, not their bytes, sets the time (planner.cost.comm.data_parallel_comm)."""
+
+    model_config = _FIELD
+    prefetch: int = Field(1, ge=0, description="Gather units issued ahead of the compute that needs them; 0: "
+                          "every gather waits on the critical path and nothing hides it.")
+    gathers: dict[LayerKind, float] = Field(
+        default_factory=dict, description="All-gather collectives per gather of one layer, by layer kind; a kind "
+        "not listed: 1.")
+    reduces: dict[LayerKind, float] = Field(
+        default_factory=dict, description="Gradient reduce-scatter collectives per layer, by layer kind; a kind not "
+        "listed: 1.")
+    regather_for_recompute: bool = Field(
+        False, description="A fully recomputed layer is gathered again for its recomputed forward (module hooks) "
+        "besides the backward's gather.")
+    per_rank_copies: bool = Field(
+        False, description="Each collective copies one chunk per rank on the host path (list-based all_gather / "
+        "reduce_scatter of torch.distributed before all_gather_into_tensor): group size x "
+        "`collective_per_rank_copy_seconds` per collective, not hidden.")
+    source: str = Field("default: one collective per layer, prefetched (FSDP)", description="Where the framework "
+                        "issues them.")
+
+    def per_layer(self, kind: LayerKind, reduce: bool = False) -> float:
+        """Collectives one layer of `kind` issues per gather (or per gradient reduction)."""
+        return (self.reduces if reduce else self.gathers).get(kind, 1.0)
+
+
 class Gathering(BaseModel):
     """How sharded weights are brought back for compute (ZeRO-3 / FSDP, and FSDP-backed ZeRO-1/2)."""
 
@@ -73,6 +103,7 @@ class Gathering(BaseModel):
     held: dict[int, Gather] = Field(description="What stays gathered, per ZeRO stage whose weights are gathered.")
     held_pipelined: dict[int, Gather] = Field(
         default_factory=dict, description="Overrides of `held` when pp > 1 (torchtitan: no reshard after forward).")
+    calls: GatherCalls = Field(default_factory=GatherCalls, description="How the gathers and reductions are issued.")
     source: str = Field(description="Where the framework decides it.")
 
     def policy(self, zero: int, pipelined: bool) -> Gather | None:
@@ -104,6 +135,9 @@ class Kernels(BaseModel):
     flash_attention: bool = Field(description="Fused flash attention (no s^2 score tensors).")
     fused_elementwise: bool = Field(description="Element-wise work in fused kernels (Transformer Engine, apex "
                                     "fusions or torch.compile); False: eager PyTorch kernels.")
+    fp8_gemm_speedup: float | None = Field(
+        None, ge=1.0, description="Realised FP8 over BF16 GEMM speedup of the framework's FP8 recipe (casts and "
+        "scaling included); null: constants.yaml's fp8_gemm_speedup_cap.")
     source: str = Field(description="Which kernels the framework runs.")
 
 

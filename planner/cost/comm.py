@@ -25,10 +25,12 @@ from dataclasses import dataclass
 
 from hardware import Catalog
 from hardware import collectives as coll
+from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.compute import LayerTime
 from planner.cost.layout import StageGroups, is_block_layer
 from planner.cost.memory import WEIGHT_BYTES
+from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -72,15 +74,9 @@ def layer_comm(
 
     cp_s = 0.0
     if s.cp > 1 and layer.attention is not None:
-        att = layer.attention
-        kv_width = 2 * att.kv_heads * att.head_dim / min(s.tp, att.kv_heads)
-        kv_bytes = s.mbs * job.seq_len * kv_width * ACT_BYTES
-        forward = coll.all_gather(kv_bytes, groups.cp, catalog)
-        backward = forward + coll.reduce_scatter(kv_bytes, groups.cp, catalog)
-        hide = catalog.constant("comm_overlap_efficiency") * time.attention_forward
-        cp_s = max(0.0, forward - hide) + max(0.0, backward - 2.0 * hide)
+        cp_s = ring_attention_seconds(layer, job, s, groups, time, catalog)
         if recompute == "full":
-            cp_s += max(0.0, forward - hide)
+            cp_s += ring_attention_seconds(layer, job, s, groups, time, catalog, backward=False)
 
     ep_s = 0.0
     if s.ep > 1 and layer.moe is not None:
@@ -91,6 +87,30 @@ def layer_comm(
         if recompute == "full":
             ep_s += 2 * coll.all_to_all(routed, groups.ep, catalog)
     return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
+
+
+def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime,
+                           catalog: Catalog, backward: bool = True) -> float:
+    """Exposed context-parallel seconds of one attention layer per micro-batch (forward, and backward unless
+    `backward` is False).
+
+    Ring attention (Megatron-Core / Transformer Engine's p2p context parallelism, torch's templated ring
+    attention) runs cp steps: each computes the local queries against one rank's keys and values while the
+    next block travels one hop round the ring, cp - 1 sends in all.  A step's send (this rank's K and V chunk,
+    one point-to-point message with its link latency) hides behind that step's attention block; the backward
+    sends K, V and their gradients behind the backward block.  Short chunks leave little compute per step, so
+    the per-step latency and bytes show (the block's own efficiency is priced in `layer_time`)."""
+    att = layer.attention
+    steps = strategy.cp
+    kv_width = 2 * att.kv_heads * att.head_dim / min(strategy.tp, att.kv_heads)
+    chunk = strategy.mbs * job.seq_len / strategy.cp * kv_width * ACT_BYTES
+    overlap = catalog.constant("comm_overlap_efficiency")
+    send = coll.point_to_point(chunk, groups.cp, catalog)
+    exposed = (steps - 1) * max(0.0, send - overlap * time.attention_forward / steps)
+    if backward:
+        send_back = coll.point_to_point(2.0 * chunk, groups.cp, catalog)
+        exposed += (steps - 1) * max(0.0, send_back - overlap * time.attention_backward / steps)
+    return exposed
 
 
 # what `p2p_seconds` reads of the strategy (with the hidden size and the site's pools): its cache key
@@ -148,12 +168,25 @@ class DataParallelComm:
     step_start: float  # once per step before the first forward (it hides behind that forward)
     step_end: float  # gradient sync / parameter gather once per step
     total: float  # everything, for the breakdown
+    reduce: float = 0.0  # the reduce-scatter share of per_microbatch_backward
+    regather: float = 0.0  # per micro-batch: the recomputed forward's own gather (GatherCalls.regather_for_recompute)
+    host: float = 0.0  # per micro-batch: host-side copies of list-based collectives (GatherCalls.per_rank_copies)
+
+
+def _in_calls(collective, size_bytes: float, calls: float, group: CommGroup, catalog: Catalog) -> float:
+    """`size_bytes` moved by `calls` equal collectives, each paying its own latency steps (at least one call)."""
+    calls = max(1.0, calls)
+    return calls * collective(size_bytes / calls, group, catalog)
 
 
 def data_parallel_comm(params: float, largest_layer_params: float, job: Job, strategy: Strategy,
                        groups: StageGroups, micro_batches: int, catalog: Catalog,
-                       host_rate: float = 0.0) -> DataParallelComm:
+                       host_rate: float = 0.0, sums: StageSums | None = None) -> DataParallelComm:
     """Seconds of data-parallel communication for a stage holding `params` per rank.
+
+    Sharded weights travel in as many collectives as the runtime issues for the stage's layers
+    (`GatherCalls`, counted in `sums`; without sums one per gather), each paying the ring's n - 1
+    latency steps: at hundreds of ranks the count, not the bytes, sets the time.
 
     Weights sharded at rest are gathered as the runtime's policy says
     (`Gathering.policy`): "layers" gathers each layer before its forward and
@@ -176,13 +209,13 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
     grad_bytes = params * grad_reduce_bytes(job)
     shard, replicate = groups.dp_shard, groups.dp_replicate
     policy = runtime.gathering.policy(s.zero, s.pipelined) if shard.size > 1 else None
-    fwd = bwd = end = first = start = 0.0
+    fwd = bwd = end = first = start = reduce = regather = host = 0.0
     if s.zero == 0:
         end = coll.all_reduce(grad_bytes, groups.dp, catalog)
     elif policy is None:  # ZeRO-1/2: whole weights, sharded optimizer
         rs = coll.reduce_scatter(grad_bytes, shard, catalog)
         if s.zero == 2:
-            bwd = rs  # partitioned gradients are reduced every micro-batch
+            bwd = reduce = rs  # partitioned gradients are reduced every micro-batch
         else:
             end += rs
         gather = coll.all_gather(params * WEIGHT_BYTES, shard, catalog)
@@ -192,14 +225,23 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
             end += gather
         end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
     else:
+        calls = runtime.gathering.calls
+        gathers = sums.gather_calls if sums is not None else 1.0
+        reduces = sums.reduce_calls if sums is not None else 1.0
         weight_bytes = params * runtime.gathering.bytes_per_param
-        gather = coll.all_gather(weight_bytes, shard, catalog)
-        rs = coll.reduce_scatter(grad_bytes, shard, catalog)
+        gather = _in_calls(coll.all_gather, weight_bytes, gathers, shard, catalog)
+        rs = _in_calls(coll.reduce_scatter, grad_bytes, reduces, shard, catalog)
         first = coll.all_gather(largest_layer_params * runtime.gathering.bytes_per_param, shard, catalog)
+        # a list-based collective copies one chunk per rank on the host path, per call
+        copy = shard.size * catalog.constant("collective_per_rank_copy_seconds") if calls.per_rank_copies else 0.0
+        if sums is not None and sums.regather_params:
+            regather = _in_calls(coll.all_gather, sums.regather_params * runtime.gathering.bytes_per_param,
+                                 sums.regather_calls, shard, catalog) + sums.regather_calls * copy
         if policy == "step":
-            start, end, first = gather, rs, 0.0
+            start, end, first = gather, rs + (max(1.0, gathers) + max(1.0, reduces)) * copy, 0.0
         elif policy == "microbatch":
-            fwd, bwd = gather, rs
+            fwd, bwd, reduce = gather, rs, rs
+            host = (max(1.0, gathers) + max(1.0, reduces)) * copy
         else:
             fwd = again = gather
             if s.regather == "host" and shard.spans_nodes:
@@ -207,7 +249,8 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
                 in_node = shard.model_copy(update={"size": local, "ranks_per_node": local})
                 again = weight_bytes / local / host_rate + coll.all_gather(weight_bytes, in_node, catalog)
                 fwd = (gather + (micro_batches - 1) * again) / micro_batches  # the first forward fills the cache
-            bwd = again + rs
+            bwd, reduce = again + rs, rs
+            host = (2.0 * max(1.0, gathers) + max(1.0, reduces)) * copy
         end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
-    total = micro_batches * (fwd + bwd) + start + end
-    return DataParallelComm(fwd, bwd, first, start, end, total)
+    total = micro_batches * (fwd + bwd + regather + host) + start + end
+    return DataParallelComm(fwd, bwd, first, start, end, total, reduce, regather, host)

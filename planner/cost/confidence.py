@@ -83,6 +83,5 @@ def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage 
     group = (s.dp or 1) * s.cp
     if s.zero == 3 and group > c.max_zero3_group:
         reasons.append(f"ZeRO-3/FSDP over {group} ranks: validated runs shard over at most {c.max_zero3_group} "
-                       "(gathers at that scale are not validated; SC21's ZeRO-3 at 384-1536 ranks is predicted far "
-                       "too fast)")
+                       "(the latency of gathers at that scale is not validated)")
     return Confidence(extrapolated=bool(reasons), reasons=reasons)

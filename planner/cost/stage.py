@@ -29,12 +29,17 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     params = layer_params_per_rank(layer, strategy)
     if strategy.pp > 1:
         params += layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
+    calls = job.runtime.gathering.calls
+    gathers = calls.per_layer(layer.kind)
+    regather = calls.regather_for_recompute and mode == "full"
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
         tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params,
         kept_activations=saved_bytes(layer, job, strategy, mode),
         working_set=saved_bytes(layer, job, strategy, "none") if mode == "full" else 0.0,
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
+        gather_calls=gathers, reduce_calls=calls.per_layer(layer.kind, reduce=True),
+        regather_params=params if regather and gathers else 0.0, regather_calls=gathers if regather else 0.0,
     )
 
 
@@ -140,15 +145,22 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     backward = sums.compute - sums.forward
     memory = stage_memory(job, strategy, site, sums, micro_batches, catalog)
     dp = data_parallel_comm(sums.params, sums.largest_layer_params, job, strategy, groups, micro_batches, catalog,
-                            host_rate(site, catalog) if strategy.regather == "host" else 0.0)
+                            host_rate(site, catalog) if strategy.regather == "host" else 0.0, sums)
     fetch = param_fetch_seconds(job, memory, site, strategy, catalog)
     dp_micro = 0.0
     if dp.per_microbatch_forward or dp.per_microbatch_backward or fetch:
-        dp_micro = (
-            max(0.0, dp.per_microbatch_forward + fetch / 2 - overlap * forward)
-            + max(0.0, dp.per_microbatch_backward + fetch / 2 - overlap * backward)
-            + dp.first_gather  # the first layer's gather has nothing to hide behind
-        )
+        if job.runtime.gathering.calls.prefetch == 0:
+            # every gather waits on the critical path; the reduce-scatters still run beside the backward
+            dp_micro = (dp.per_microbatch_forward + dp.per_microbatch_backward - dp.reduce + fetch
+                        + max(0.0, dp.reduce - overlap * backward))
+        else:
+            dp_micro = (
+                max(0.0, dp.per_microbatch_forward + fetch / 2 - overlap * forward)
+                + max(0.0, dp.per_microbatch_backward + fetch / 2 - overlap * backward)
+                + dp.first_gather  # the first layer's gather has nothing to hide behind
+            )
+    # the recomputed forward's own gathers and the host's per-rank copies hide behind nothing
+    dp_micro += dp.regather + dp.host
     # the step-end sync hides behind the last micro-batch where the runtime overlaps it; a once-per-step
     # gather hides behind the first forward
     hidden = overlap * sums.compute if job.runtime.overlap.grad_reduce else 0.0

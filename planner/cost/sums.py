@@ -25,6 +25,10 @@ class StageSums:
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
     max_hidden: float = 0.0  # widest boundary activation (max)
     layers: int = 0
+    gather_calls: float = 0.0  # all-gather collectives of one gather of these layers' sharded weights
+    reduce_calls: float = 0.0  # gradient reduce-scatter collectives of these layers
+    regather_params: float = 0.0  # parameters gathered once more for a recomputed forward (module hooks)
+    regather_calls: float = 0.0  # the collectives of that extra gather
 
     def __add__(self, other: "StageSums") -> "StageSums":
         return StageSums(
@@ -35,6 +39,9 @@ class StageSums:
             working_set=max(self.working_set, other.working_set),
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
             max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
+            gather_calls=self.gather_calls + other.gather_calls, reduce_calls=self.reduce_calls + other.reduce_calls,
+            regather_params=self.regather_params + other.regather_params,
+            regather_calls=self.regather_calls + other.regather_calls,
         )
 
     def times(self, count: int) -> "StageSums":
@@ -46,4 +53,6 @@ class StageSums:
             tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
             kept_activations=self.kept_activations * count, working_set=self.working_set,
             largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
+            gather_calls=self.gather_calls * count, reduce_calls=self.reduce_calls * count,
+            regather_params=self.regather_params * count, regather_calls=self.regather_calls * count,
         )
