@@ -12,6 +12,7 @@ that share a layer know nothing of each other):
     planner.emit             launch files per target
     planner.compare | planner.simulate | planner.runtime
     planner.sweep            grids of compare (and simulate) runs
+    planner.replan           re-planning a compiled plan for a changed allocation (beside sweep)
     planner.cli              parse, call the library, print
     planner.__main__         `python -m planner`
 
@@ -38,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("planner.embedding",),
     ("planner.emit",),
     ("planner.compare", "planner.simulate", "planner.runtime"),
-    ("planner.sweep",),
+    ("planner.sweep", "planner.replan"),
     ("planner.cli",),
     ("planner.__main__",),
 ]

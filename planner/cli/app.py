@@ -21,6 +21,7 @@ from models.zoo import close_matches
 from planner import __version__
 from planner.cli import compare_cmd, compile_cmd, render, simulate_cmd
 from planner.cli import sweep_cmd
+from planner.cli import replan_cmd
 from planner.cli.signals import interrupted_by_sigint
 from planner.cli.options import (Infeasible, InputError, job_options, json_option, memory_margin_option, one_line,
                                  runtime_option, user_errors)
@@ -308,5 +309,6 @@ cli.add_command(compile_cmd.compile_)
 cli.add_command(compare_cmd.compare_)
 cli.add_command(simulate_cmd.simulate_)
 cli.add_command(sweep_cmd.sweep_)
+cli.add_command(replan_cmd.replan_)
 cli.add_command(compile_cmd.schema)
 

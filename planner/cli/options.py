@@ -141,8 +141,8 @@ def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
         return f"(default: ${ENV[field][0]} at launch)"
 
     decorators = [
-        click.option("--data", "data", default=None, metavar="PREFIX",
-                     help=f"Pre-tokenized dataset, PREFIX.bin + PREFIX.idx {env('data')}."),
+        click.option("--data", "data", default=None, metavar="PATH",
+                     help=f"Training data in the target's format (report.md says which) {env('data')}."),
         click.option("--tokenizer", default=None, metavar="NAME",
                      help=f"Tokenizer the dataset was written with {env('tokenizer')}."),
         click.option("--checkpoint-dir", default=None, metavar="DIR",
@@ -155,8 +155,10 @@ def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help=f"Container image for Kubernetes {env('image')}."),
         click.option("--partition", default=None, metavar="NAME",
                      help=f"Slurm partition {env('partition')}."),
+        click.option("--megatron-dir", default=None, metavar="DIR",
+                     help=f"Megatron-LM checkout for the megatron target {env('megatron_dir')}."),
     ]
-    fields = ("data", "tokenizer", "checkpoint_dir", "save_every", "train_steps", "image", "partition")
+    fields = ("data", "tokenizer", "checkpoint_dir", "save_every", "train_steps", "image", "partition", "megatron_dir")
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -15,20 +15,32 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # field -> (environment variable read at launch when the option is not given, what it is)
 ENV: dict[str, tuple[str, str]] = {
-    "data": ("PLANNER_DATA", "path prefix of the pre-tokenized dataset (PREFIX.bin + PREFIX.idx; "
-                             "`python -m planner.runtime.data` writes them from text)"),
+    "data": ("PLANNER_DATA", "the training data, in the target's own format (DATA_FORMATS)"),
     "tokenizer": ("PLANNER_TOKENIZER", "tokenizer name or folder the dataset was written with"),
     "checkpoint_dir": ("PLANNER_CHECKPOINTS", "folder for distributed checkpoints (saved and resumed from)"),
     "image": ("PLANNER_IMAGE", "container image with the runtime (the repository's Dockerfile builds one)"),
     "partition": ("SBATCH_PARTITION", "Slurm partition to submit to"),
     "train_steps": ("PLANNER_TRAIN_STEPS", "optimizer steps to train for"),
+    "megatron_dir": ("MEGATRON_DIR", "a Megatron-LM checkout at core_v0.16.1 (the folder of pretrain_gpt.py)"),
+}
+
+# what `data` is for each target: the frameworks read different formats
+DATA_FORMATS: dict[str, str] = {
+    "torch": "path prefix of planner's pre-tokenized shards, PREFIX.bin + PREFIX.idx (`python -m planner.runtime.data "
+             "write` makes them from text; docs/data-format.md)",
+    "deepspeed": "the same PREFIX.bin + PREFIX.idx shards as the torch target (planner.runtime.deepspeed_train)",
+    "megatron": "path prefix of a Megatron indexed dataset (Megatron-LM tools/preprocess_data.py writes "
+                "PREFIX_text_document.bin/.idx)",
+    "torchtitan": "a Hugging Face dataset name or local folder torchtitan 0.2.2's text loader reads (e.g. c4)",
+    "slurm": "as for the torch target, which it runs",
+    "k8s": "as for the torch target, which it runs (a path inside the container)",
 }
 
 
 # the inputs each target's files read (report.md lists these for the targets written)
 _TRAINER = ("data", "tokenizer", "checkpoint_dir", "train_steps")
 TARGET_INPUTS: dict[str, tuple[str, ...]] = {
-    "torch": _TRAINER, "deepspeed": _TRAINER, "megatron": _TRAINER, "torchtitan": _TRAINER,
+    "torch": _TRAINER, "deepspeed": _TRAINER, "megatron": (*_TRAINER, "megatron_dir"), "torchtitan": _TRAINER,
     "slurm": (*_TRAINER, "partition"), "k8s": (*_TRAINER, "image"),
 }
 
@@ -44,6 +56,7 @@ class LaunchInputs(BaseModel):
     image: str | None = Field(None, description="Container image for Kubernetes.")
     partition: str | None = Field(None, description="Slurm partition.")
     train_steps: int | None = Field(None, ge=1, description="Optimizer steps to train for.")
+    megatron_dir: str | None = Field(None, description="Megatron-LM checkout (core_v0.16.1) for the megatron target.")
     save_every: int = Field(1000, ge=1, description="Steps between distributed checkpoints.")
 
     def shell(self, field: str) -> str:
@@ -53,7 +66,10 @@ class LaunchInputs(BaseModel):
         if value is not None:
             return shlex.quote(str(value))
         var, what = ENV[field]
-        return f'"${{{var}:?set {var}: {what}}}"'
+        # the message is expanded like the rest of the double-quoted word: escape what would run or expand,
+        # and the quote bash pairs inside ${...} even there
+        message = "".join(f"\\{c}" if c in '\\`$"\'' else c for c in f"set {var}: {what}")
+        return f'"${{{var}:?{message}}}"'
 
     def env_ref(self, field: str) -> str:
         """`field` for files that `envsubst` renders: its value, or ${VAR}."""
@@ -85,5 +101,7 @@ def inputs_section(inputs: LaunchInputs, targets: tuple[str, ...]) -> str:
              "What the launch files need that the plan does not decide. A value not given to `planner compile` "
              "is read from its environment variable when the files run, and the launch stops naming the "
              "variable when it is unset.", "", *input_lines(inputs, fields),
-             f"- **save_every**: `{inputs.save_every}` steps between checkpoints", ""]
+             f"- **save_every**: `{inputs.save_every}` steps between checkpoints", "",
+             "What `data` is for each target written (the frameworks read different formats):", "",
+             *(f"- {t}: {DATA_FORMATS[t]}" for t in targets if t in DATA_FORMATS), ""]
     return "\n".join(lines)

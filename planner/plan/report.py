@@ -191,9 +191,9 @@ LAUNCH_COMMANDS = {
     "deepspeed": "bash deepspeed/launch.sh            # DeepSpeed launcher over deepspeed/hostfile",
     "torch": "bash torch/launch.sh                # on every node: torchrun + planner.runtime.train",
     "torchtitan": "bash torchtitan/launch.sh           # on every node: torchrun -m torchtitan.train",
-    "megatron": "bash megatron/launch.sh             # on every node: torchrun pretrain_gpt.py $(cat args.txt)",
-    "slurm": "sbatch slurm/job.sbatch             # srun of torch/launch.sh on the allocated nodes",
-    "k8s": "kubectl apply -f k8s/pytorchjob.yaml # Kubeflow PyTorchJob",
+    "megatron": "bash megatron/launch.sh             # on every node: torchrun pretrain_gpt.py with megatron/args.txt",
+    "slurm": "sbatch slurm/job.sbatch             # one torchrun per node (srun), c10d rendezvous on the first",
+    "k8s": "bash k8s/apply.sh                   # kubectl: ConfigMap of plan.json, volumes, Kubeflow PyTorchJob",
 }
 
 

@@ -1,0 +1,112 @@
+"""Resuming the old run's checkpoint under the new layout, with each framework's own tools.
+
+* torch (planner.runtime.train): nothing to convert.  Its torch.distributed.checkpoint folders name every
+  tensor by its whole-model name, so the new launch.sh, pointed at the old run's checkpoint folder
+  (--checkpoint-dir), resumes from the latest one there: DCP reshards on load (each rank reads the
+  pieces of its new shards), optimizer state and data position included.
+* DeepSpeed: `python -m deepspeed.checkpoint.ds_to_universal --input_folder CKPT/TAG --output_folder
+  CKPT/TAG_universal` turns the latest checkpoint (CKPT/latest names it) into a universal checkpoint,
+  which also writes CKPT/latest_universal; the new ds_config.json carries `"checkpoint":
+  {"load_universal": true}`, so `engine.load_checkpoint(CKPT)` loads it under the new layout
+  (`deepspeed/convert.sh`, then `deepspeed/launch.sh`).
+* Megatron-LM: its `--ckpt-format torch_dist` checkpoints reshard on load.  The model's weights reshard
+  over any tp, pp and dp; the distributed optimizer's state reshards over dp only, unless the old run
+  saved it with `--dist-ckpt-optim-fully-reshardable`.  `megatron/reshard.sh` runs the new launch.sh with
+  `--ckpt-fully-parallel-load`; when tp, pp, cp or ep changed and the old checkpoint's optimizer state is
+  not fully reshardable (FULLY_RESHARDABLE=0), it adds `--no-load-optim --no-load-rng`: the weights and the
+  iteration resume, Adam's moments start again.  (tools/checkpoint/convert.py converts model weights only,
+  so it buys nothing over the resharding load here.)
+"""
+
+from __future__ import annotations
+
+import json
+
+from planner.emit.inputs import LaunchInputs
+from planner.strategy import Strategy
+
+DS_TO_UNIVERSAL = "deepspeed.checkpoint.ds_to_universal"
+
+
+def deepspeed_convert_sh(old: Strategy, new: Strategy, inputs: LaunchInputs) -> str:
+    """deepspeed/convert.sh: the old run's latest DeepSpeed checkpoint to a universal checkpoint."""
+    return f"""#!/usr/bin/env bash
+# Convert the old run's latest DeepSpeed checkpoint ({old.spec()})
+# into a universal checkpoint that loads under the new layout ({new.spec()}).
+# Run once, from the plan folder, before deepspeed/launch.sh (which loads it: ds_config.json has
+# "checkpoint": {{"load_universal": true}}).
+set -euo pipefail
+checkpoint_dir={inputs.shell('checkpoint_dir')}
+case "$checkpoint_dir" in
+  /*) ;;
+  *) checkpoint_dir="$PWD/$checkpoint_dir" ;;
+esac
+if [[ ! -f "$checkpoint_dir/latest" ]]; then
+  echo "convert.sh: $checkpoint_dir/latest: no DeepSpeed checkpoint to convert" >&2
+  exit 2
+fi
+tag="$(cat "$checkpoint_dir/latest")"
+python -m {DS_TO_UNIVERSAL} \\
+    --input_folder "$checkpoint_dir/$tag" \\
+    --output_folder "$checkpoint_dir/${{tag}}_universal"
+# ds_to_universal wrote $checkpoint_dir/latest_universal, naming the converted folder
+"""
+
+
+def deepspeed_universal_config(text: str) -> str:
+    """ds_config.json text with `"checkpoint": {"load_universal": true}` (the emitter's JSON layout)."""
+    config = json.loads(text)
+    config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
+    return json.dumps(config, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def model_parallel_changed(old: Strategy, new: Strategy) -> list[str]:
+    """'tp 2 -> 4'-style items for every model-parallel degree that differs (what dp-only resharding cannot do)."""
+    return [f"{key} {getattr(old, key)} -> {getattr(new, key)}" for key in ("tp", "pp", "cp", "ep", "vpp")
+            if getattr(old, key) != getattr(new, key)]
+
+
+def megatron_reshard_sh(old: Strategy, new: Strategy) -> str:
+    """megatron/reshard.sh: the new launch.sh with the flags of a resharding load."""
+    changed = model_parallel_changed(old, new)
+    if changed:
+        why = (f"# The model-parallel layout changes ({', '.join(changed)}): the weights reshard on load; the\n"
+               "# distributed optimizer's state reshards only if the old run saved it with\n"
+               "# --dist-ckpt-optim-fully-reshardable. Set FULLY_RESHARDABLE=0 when it did not: the weights and\n"
+               "# the iteration resume, Adam's moments start again (--no-load-optim --no-load-rng).\n")
+        fallback = ('if [[ "${FULLY_RESHARDABLE:-1}" != 1 ]]; then\n'
+                    "  extra+=(--no-load-optim --no-load-rng)\n"
+                    "fi\n")
+    else:
+        why = "# Only dp changes: torch_dist checkpoints (weights and the distributed optimizer) reshard over dp.\n"
+        fallback = ""
+    return f"""#!/usr/bin/env bash
+# Resume the old run's torch_dist checkpoint ({old.spec()})
+# under the new layout ({new.spec()}): Megatron reshards on load.
+{why}set -euo pipefail
+here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+extra=(--ckpt-fully-parallel-load)
+{fallback}exec "$here/launch.sh" "${{extra[@]}}" "$@"
+"""
+
+
+def resume_lines(targets: tuple[str, ...], old: Strategy, new: Strategy, inputs: LaunchInputs) -> list[str]:
+    """report.md bullets: how each written target resumes the old run's checkpoint."""
+    folder = f"`{inputs.checkpoint_dir}`" if inputs.checkpoint_dir else "`$PLANNER_CHECKPOINTS` (read at launch)"
+    lines = []
+    if "torch" in targets:
+        lines.append(f"- **torch**: run `torch/launch.sh` as before; it resumes from the latest "
+                     f"`torch.distributed.checkpoint` folder in {folder}, and DCP reshards it on load into the new "
+                     "layout (weights, AdamW state, step and data position).")
+    if "deepspeed" in targets:
+        lines.append(f"- **deepspeed**: run `bash deepspeed/convert.sh` once (DeepSpeed's `ds_to_universal` on the "
+                     f"latest checkpoint in {folder}), then `bash deepspeed/launch.sh`; its ds_config.json loads "
+                     "the universal checkpoint (`checkpoint.load_universal`).")
+    if "megatron" in targets:
+        changed = model_parallel_changed(old, new)
+        extra = (" The model-parallel degrees change, so the optimizer state reshards only from a checkpoint "
+                 "saved with `--dist-ckpt-optim-fully-reshardable` (otherwise `FULLY_RESHARDABLE=0`: Adam restarts)."
+                 if changed else " Only dp changes: weights and optimizer state reshard over dp.")
+        lines.append(f"- **megatron**: run `megatron/reshard.sh` (the new launch.sh with `--ckpt-fully-parallel-load`; "
+                     f"`--load` is {folder}, `--ckpt-format torch_dist`).{extra}")
+    return lines
