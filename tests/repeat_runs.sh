@@ -21,7 +21,7 @@ python3 -m venv .venv
 source .venv/bin/activate
 export DS_BUILD_OPS=0
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e '.[test]' || { echo "install failed"; exit 2; }
+python -m pip install --quiet -e '.[test,torchrec]' && python -m pip install --quiet --no-deps torchrec==1.8.0 || { echo "install failed"; exit 2; }
 
 # run KIND INDEX PYTEST-ARGS...: one pytest run, its line, its wall time appended to $work/KIND.times
 run() {

@@ -88,15 +88,17 @@ def test_torchtitan_tiny(tiny):
     assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == (2, 2, 1)
     assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan.strategy.dp == 2
     assert p["pipeline_parallel_schedule"] == "1F1B"
-    assert p["pipeline_parallel_split_points"] == ["layers.2"]
+    assert p["module_fqns_per_model_part"] == [["tok_embeddings", "layers.0", "layers.1"],
+                                               ["layers.2", "layers.3", "norm", "output"]]
     assert p["pipeline_parallel_microbatch_size"] == plan.strategy.mbs
     assert cfg["training"]["global_batch_size"] == 8 and cfg["training"]["seq_len"] == 128
     assert cfg["training"]["local_batch_size"] == 8 // 2  # all micro-batches of a replica go through the pipeline
     assert cfg["training"]["mixed_precision_param"] == "bfloat16"
-    assert "float8" not in cfg and "converters" not in cfg["model"]
-    assert "-m torchtitan.train --job.config_file ./train.toml" in files["launch.sh"]
-    assert "--nproc-per-node \"$NPROC_PER_NODE\"" in files["launch.sh"]
-    assert "torchtitan v0.1.0" in files["README.md"]
+    assert "quantize" not in cfg and "converters" not in cfg["model"]
+    assert cfg["compile"] == {"enable": True, "components": ["model", "loss"]}
+    assert '-m torchtitan.train --job.config_file "$here/train.toml"' in files["launch.sh"]
+    assert "--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d" in files["launch.sh"]
+    assert "torchtitan 0.2.2" in files["README.md"] and "v0.1.0" not in files["README.md"]
 
 
 def test_torchtitan_dp_degrees(tiny):
@@ -120,13 +122,21 @@ def test_torchtitan_hsdp_split(big):
     assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (8, 8)
 
 
+def _torchtitan_big(big):
+    """llama3-70b on 64 H100s, tp=8 pp=4 split 19/21/21/19, as written (not whatever the solver picks today)."""
+    _, job = big
+    return _plan_of(job, parse_strategy("tp=8,pp=4,mbs=1,zero=1,split=19/21/21/19").with_dp(64)), job
+
+
 def test_torchtitan_big(big):
-    plan, job = big
+    plan, job = _torchtitan_big(big)
     files = emitter("torchtitan")(plan, job)
     cfg = tomllib.loads(files["train.toml"])
     p = cfg["parallelism"]
     assert cfg["model"]["flavor"] == "70B"
-    assert p["pipeline_parallel_split_points"] == ["layers.19", "layers.40", "layers.61"]
+    parts = p["module_fqns_per_model_part"]
+    assert [part[0] for part in parts] == ["tok_embeddings", "layers.19", "layers.40", "layers.61"]
+    assert [sum(name.startswith("layers.") for name in part) for part in parts] == [19, 21, 21, 19]
     assert cfg["training"]["local_batch_size"] == 512 // plan.strategy.dp
 
 
@@ -134,11 +144,13 @@ def test_torchtitan_interleaved(interleaved):
     plan, job = interleaved
     p = tomllib.loads(emitter("torchtitan")(plan, job)["train.toml"])["parallelism"]
     assert p["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert p["pipeline_parallel_split_points"] == [f"layers.{10 * k}" for k in range(1, 8)]
+    parts = p["module_fqns_per_model_part"]  # 8 chunks of 10 blocks; chunk k on pipeline rank k % 4
+    assert [sum(name.startswith("layers.") for name in part) for part in parts] == [10] * 8
+    assert [part[1 if k == 0 else 0] for k, part in enumerate(parts)] == [f"layers.{10 * k}" for k in range(8)]
 
 
 def test_torchtitan_recompute_fp8_offload(tiny, big):
-    plan, job = big
+    plan, job = _torchtitan_big(big)
 
     def ac(**strategy):
         files = emitter("torchtitan")(_with(plan, **strategy), job)
@@ -152,7 +164,8 @@ def test_torchtitan_recompute_fp8_offload(tiny, big):
     assert "2/0/0/0" in readme
     fp8_job = job.model_copy(update={"precision": "fp8"})
     cfg = tomllib.loads(emitter("torchtitan")(plan, fp8_job)["train.toml"])
-    assert cfg["model"]["converters"] == ["float8"] and cfg["float8"]["enable_fsdp_float8_all_gather"] is True
+    assert cfg["model"]["converters"] == ["quantize.linear.float8"]
+    assert cfg["quantize"]["linear"]["float8"]["enable_fsdp_float8_all_gather"] is True
     files = emitter("torchtitan")(_with(plan, zero=3, offload="params", offload_device="nvme"), job)
     assert tomllib.loads(files["train.toml"])["training"]["enable_cpu_offload"] is False
     assert "offload=params to nvme" in files["README.md"]
@@ -160,10 +173,17 @@ def test_torchtitan_recompute_fp8_offload(tiny, big):
     assert tomllib.loads(files["train.toml"])["training"]["enable_cpu_offload"] is True
     files = emitter("torchtitan")(_with(plan, tp_overlap=True), job)
     cfg = tomllib.loads(files["train.toml"])
-    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True and cfg["training"]["compile"] is True
+    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True and cfg["compile"]["enable"] is True
 
 
 # ---------------------------------------------------------------- megatron
+# (tests/test_emit_megatron.py builds megatron-core's configs and model from the arguments)
+
+
+def _megatron_big():
+    """llama3-70b on 64 H100s, tp=8 pp=4, split 19/21/21/19 (hand-written: the solver's choice may change)."""
+    job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:8"), global_batch=512, seq_len=4096)
+    return _plan_of(job, parse_strategy("tp=8,pp=4,mbs=1,zero=1,split=19/21/21/19")), job
 
 
 def test_megatron_tiny(tiny):
@@ -174,28 +194,33 @@ def test_megatron_tiny(tiny):
     assert args["sequence-parallel"] is True and args["use-distributed-optimizer"] is True
     assert args["micro-batch-size"] == str(plan.strategy.mbs) and args["global-batch-size"] == "8"
     assert (args["num-layers"], args["hidden-size"], args["num-attention-heads"]) == ("4", "64", "4")
-    assert args["num-query-groups"] == "2" and args["ffn-hidden-size"] == "128" and args["bf16"] is True
+    assert args["group-query-attention"] is True and args["num-query-groups"] == "2"
+    assert args["ffn-hidden-size"] == "128" and args["bf16"] is True
+    assert (args["normalization"], args["position-embedding-type"], args["swiglu"]) == ("RMSNorm", "rope", True)
+    assert args["disable-bias-linear"] is True and args["untie-embeddings-and-output-weights"] is True
     assert "decoder-first-pipeline-num-layers" not in args
-    assert "pretrain_gpt.py\" $(cat \"$HERE/args.txt\")" in files["launch.sh"]
+    assert 'done < "$here/args.txt"' in files["launch.sh"] and '"$megatron_dir/pretrain_gpt.py" "${args[@]}"' in \
+        files["launch.sh"]
     assert check_megatron_args(args, 8) == []
 
 
-def test_megatron_big(big):
-    plan, job = big
+def test_megatron_big():
+    plan, job = _megatron_big()
     files = emitter("megatron")(plan, job)
     args = _args(files["args.txt"])
     assert args["decoder-first-pipeline-num-layers"] == "19" and args["decoder-last-pipeline-num-layers"] == "19"
     assert args["num-layers"] == "80" and args["ffn-hidden-size"] == "28672" and args["swiglu"] is True
+    assert args["rotary-base"] == "500000"  # Llama 3's rope_theta
     assert "recompute-granularity" not in args and "num-layers-per-virtual-pipeline-stage" not in args
-    # the whole line is one shell word list
-    assert shlex.split(files["args.txt"])[0] == "--tensor-model-parallel-size"
+    # every line is one flag and at most one value
+    assert all(len(shlex.split(line)) <= 2 for line in files["args.txt"].splitlines())
 
 
-def test_megatron_interleaved_recompute_precision(interleaved, big):
+def test_megatron_interleaved_recompute_precision(interleaved):
     plan, job = interleaved
     args = _args(emitter("megatron")(plan, job)["args.txt"])
     assert args["num-layers-per-virtual-pipeline-stage"] == "10"
-    plan, job = big
+    plan, job = _megatron_big()
     recomputing = _with(plan, recompute="full", recompute_layers=[1, 0, 3, 0])
     files = emitter("megatron")(recomputing, job)
     args = _args(files["args.txt"])
@@ -212,8 +237,8 @@ def test_megatron_interleaved_recompute_precision(interleaved, big):
     assert "sequence-parallel" not in args
 
 
-def test_megatron_unexpressible_split(big):
-    plan, job = big
+def test_megatron_unexpressible_split():
+    plan, job = _megatron_big()
     stages = [s.model_copy(update={"blocks": list(b)}) for s, b in
               zip(plan.stages, [(0, 19), (20, 37), (38, 59), (60, 79)])]  # 20/18/22/20
     files = emitter("megatron")(plan.model_copy(update={"stages": stages}), job)
@@ -230,7 +255,9 @@ def test_megatron_emitter_fails_loudly(tiny):
 
 GOOD = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 2, "context-parallel-size": 1,
         "expert-model-parallel-size": 1, "micro-batch-size": 1, "global-batch-size": 8, "num-layers": 8,
-        "num-attention-heads": 8, "num-query-groups": 2, "seq-length": 128, "sequence-parallel": True}
+        "num-attention-heads": 8, "group-query-attention": True, "num-query-groups": 2, "seq-length": 128,
+        "sequence-parallel": True}
+NO_SP = None  # a change that removes --sequence-parallel (a store-true flag is written or left out)
 
 
 @pytest.mark.parametrize("change, world, message", [
@@ -241,7 +268,7 @@ GOOD = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 2, "con
     ({"num-layers-per-virtual-pipeline-stage": 2, "pipeline-model-parallel-size": 1,
       "tensor-model-parallel-size": 4}, 8, "--num-layers-per-virtual-pipeline-stage needs pipeline"),
     ({"num-layers": 7}, 8, "num-layers (7) is not divisible by pipeline-model-parallel-size (2)"),
-    ({"pipeline-model-parallel-size": 4, "tensor-model-parallel-size": 1, "sequence-parallel": False,
+    ({"pipeline-model-parallel-size": 4, "tensor-model-parallel-size": 1, "sequence-parallel": NO_SP,
       "num-layers": 11, "decoder-first-pipeline-num-layers": 1, "global-batch-size": 2}, 4,
      "does not divide evenly over the other 3 stages"),
     ({"num-experts": 6, "expert-model-parallel-size": 4}, 8, "num-experts (6) is not divisible by expert-model"),
@@ -255,22 +282,24 @@ GOOD = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 2, "con
 ])
 def test_megatron_check_rules(change, world, message):
     assert check_megatron_args(GOOD, 8) == []
-    errors = check_megatron_args({**GOOD, **change}, world)
+    args = {k: v for k, v in {**GOOD, **change}.items() if v is not NO_SP}
+    errors = check_megatron_args(args, world)
     assert any(message in e for e in errors), errors
 
 
 def test_megatron_check_uneven_ok():
-    args = {**GOOD, "pipeline-model-parallel-size": 4, "tensor-model-parallel-size": 1, "sequence-parallel": False,
-            "num-layers": 10, "decoder-first-pipeline-num-layers": 1, "decoder-last-pipeline-num-layers": 3,
-            "global-batch-size": 2}
+    args = {k: v for k, v in GOOD.items() if k != "sequence-parallel"}
+    args.update({"pipeline-model-parallel-size": 4, "tensor-model-parallel-size": 1, "num-layers": 10,
+                 "decoder-first-pipeline-num-layers": 1, "decoder-last-pipeline-num-layers": 3,
+                 "global-batch-size": 2})
     assert check_megatron_args(args, 4) == []
     assert check_megatron_args({**args, "recompute-granularity": "full", "recompute-method": "block",
                                 "recompute-num-layers": 4}, 4) == [
         "recompute-num-layers (4) exceeds the layers per pipeline stage (3)"]
 
 
-def test_megatron_args_dict_matches_file(big):
-    plan, job = big
+def test_megatron_args_dict_matches_file():
+    plan, job = _megatron_big()
     args, _ = megatron_args(plan, job)
     assert {k: (True if v is True else str(v)) for k, v in args.items()} == \
         _args(emitter("megatron")(plan, job)["args.txt"])
@@ -280,34 +309,21 @@ def test_megatron_args_dict_matches_file(big):
 
 
 def test_slurm(big, tiny):
-    plan, job = big
-    text = emitter("slurm")(plan, job)["job.sbatch"]
-    for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --cpus-per-task=64", "#SBATCH --job-name=planner-llama3-70b", "#SBATCH --time="):
+    # the full checks (srun, torchrun rendezvous, inputs, shellcheck) are in tests/test_emit_slurm.py
+    text = emitter("slurm")(*big)["job.sbatch"]
+    for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive"):
         assert line in text
-    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1' in text
-    assert "LAUNCHER=${LAUNCHER:-../torch/launch.sh}" in text and "srun " in text and "deepspeed" in text.lower()
-    assert "NODE_RANK=$SLURM_NODEID" in text
-    # directives come before the first command
-    lines = text.splitlines()
-    first_cmd = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
-    assert all(i < first_cmd for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+    assert "../torch/launch.sh" not in text and "torchrun --nnodes 8 --nproc-per-node 8" in text  # self-contained
     assert "#SBATCH --nodes=2" in emitter("slurm")(*tiny)["job.sbatch"]
 
 
 def test_k8s(big, tiny):
-    plan, job = big
-    text = emitter("k8s")(plan, job)["pytorchjob.yaml"]
-    assert "apiVersion kubeflow.org/v1" in text.splitlines()[0]
-    doc = yaml.safe_load(text)
+    # schema, webhook and apply.sh checks are in tests/test_emit_k8s.py
+    doc = yaml.safe_load(emitter("k8s")(*big)["pytorchjob.yaml"])
     assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "PyTorchJob"
-    assert doc["spec"]["nprocPerNode"] == "8"
     specs = doc["spec"]["pytorchReplicaSpecs"]
-    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 7
-    container = specs["Worker"]["template"]["spec"]["containers"][0]
-    assert container["name"] == "pytorch"
-    assert container["command"] == ["torchrun", "-m", "planner.runtime.train", "--plan", "/plan/plan.json"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert doc["spec"]["nprocPerNode"] == "8" and specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 7
+    plan, job = big
     # one node (the first stage's first 8 ranks only): no Worker replicas
     stage = plan.stages[0]
     span = stage.ranks.spans[0].model_copy(update={"first_node": 0, "last_node": 0})
@@ -344,6 +360,9 @@ def test_golden(case):
     assert set(produced) == set(available_targets())
     for target, files in produced.items():
         folder = GOLDEN / case / target
+        if not files:  # the target refuses this plan (UnsupportedPlan)
+            assert not folder.exists(), f"{case}/{target} is refused now; run `{REGEN}`"
+            continue
         assert folder.is_dir(), f"no golden files for {case}/{target}: run `{REGEN}`"
         stored = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
         assert sorted(stored) == sorted(files), f"{case}/{target}: file set changed; run `{REGEN}`"

@@ -168,8 +168,10 @@ SHARD_TYPES = ["data_parallel", "table_wise", "row_wise", "column_wise", "table_
 SHARDS = st.fixed_dictionaries({
     "sharding_type": st.sampled_from(SHARD_TYPES),
     "ranks": st.one_of(st.lists(st.integers(min_value=-2, max_value=9), max_size=4), VALUES),
-}, optional={"cache_load_factor": st.one_of(st.floats(min_value=-1, max_value=2), VALUES),
-             "compute_kernel": st.sampled_from(["fused", "dense", "x"]), "bogus": VALUES})
+}, optional={"cache_params": st.one_of(st.fixed_dictionaries({"load_factor": st.floats(min_value=-1, max_value=2)}),
+                                        VALUES),
+             "compute_kernel": st.sampled_from(["fused", "dense", "fused_uvm", "fused_uvm_caching", "x"]),
+             "bogus": VALUES})
 
 
 @functools.lru_cache(maxsize=1)

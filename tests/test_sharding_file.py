@@ -37,15 +37,16 @@ def compiled(tmp_path_factory) -> Path:
 
 
 def _every_type() -> dict:
-    """A consistent sharding of tiny-dlrm on cpu:2 that uses every sharding type (and a cache)."""
+    """A consistent sharding of tiny-dlrm on cpu:2 that uses every sharding type and every compute kernel."""
     sites = JobSites(load_cluster(CLUSTER), load_catalog())
     tables = [layer.table for layer in load_model("tiny-dlrm").layers if layer.table is not None]
     kinds = [(ShardingType.ROW_WISE, 1, range(8)), (ShardingType.COLUMN_WISE, 2, (1, 6)),
              (ShardingType.TABLE_ROW_WISE, 1, (4, 5, 6, 7)), (ShardingType.DATA_PARALLEL, 1, range(8)),
              (ShardingType.TABLE_WISE, 1, (2,)), (ShardingType.TABLE_WISE, 1, (3,)),
              (ShardingType.COLUMN_WISE, 4, (0, 2, 5, 7)), (ShardingType.TABLE_WISE, 1, (0,))]
+    caches = {5: 0.2, 6: 0.0}  # t_cat_5 in host DRAM with an HBM cache (fused_uvm_caching), t_cat_6 without (fused_uvm)
     choices = [TableChoice(table=t, name=f"table.{t}", sharding_type=k, column_shards=c,
-                           cache_fraction=0.2 if t == 5 else 1.0, ranks=list(r)) for t, (k, c, r) in enumerate(kinds)]
+                           cache_fraction=caches.get(t, 1.0), ranks=list(r)) for t, (k, c, r) in enumerate(kinds)]
     document = sharding_plan(SimpleNamespace(tables=choices), "tiny-dlrm", tables, sites)
     return json.loads(document.model_dump_json(by_alias=True))
 
@@ -75,7 +76,7 @@ def test_every_sharding_type_scores_when_consistent(tmp_path):
     result = estimate(path, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["fits"] and data["peak_host_bytes"] > 0  # table.5's cache keeps its rows in host DRAM
+    assert data["fits"] and data["peak_host_bytes"] > 0  # t_cat_5's cache keeps its rows in host DRAM
 
 
 def _table(doc: dict, name: str) -> dict:
@@ -90,43 +91,51 @@ def _set(name: str, **fields):
 
 # (id, mutation of the compiled file, text the one error line holds)
 COMPILED_MUTATIONS = [
-    ("rank_out_of_range", _set("table.3", ranks=[9]), "tables[3] (table.3) ranks: rank 9 out of range 0-7"),
-    ("negative_rank", _set("table.3", ranks=[-1]), "tables[3] (table.3) ranks: rank -1 out of range 0-7"),
-    ("empty_ranks", _set("table.2", ranks=[]), "tables[2] (table.2) ranks: empty"),
-    ("two_ranks_table_wise", _set("table.4", ranks=[1, 2]), "tables[4] (table.4) ranks: table_wise puts the whole "
+    ("rank_out_of_range", _set("t_cat_3", ranks=[9]), "tables[3] (t_cat_3) ranks: rank 9 out of range 0-7"),
+    ("negative_rank", _set("t_cat_3", ranks=[-1]), "tables[3] (t_cat_3) ranks: rank -1 out of range 0-7"),
+    ("empty_ranks", _set("t_cat_2", ranks=[]), "tables[2] (t_cat_2) ranks: empty"),
+    ("two_ranks_table_wise", _set("t_cat_4", ranks=[1, 2]), "tables[4] (t_cat_4) ranks: table_wise puts the whole "
                                                             "table on one rank"),
-    ("row_wise_on_one_rank", _set("table.0", sharding_type="row_wise", ranks=[0]),
-     "tables[0] (table.0) ranks: row_wise spans every rank once (0-7)"),
-    ("table_row_wise_across_nodes", _set("table.0", sharding_type="table_row_wise", ranks=[2, 3, 4, 5]),
-     "tables[0] (table.0) ranks: table_row_wise spans the GPUs of one node once"),
-    ("column_wise_not_dividing_dim", _set("table.1", sharding_type="column_wise", ranks=[0, 1, 2]),
-     "tables[1] (table.1) ranks: column_wise with 3 shards does not divide dim 16"),
-    ("cache_above_one", _set("table.6", cache_load_factor=1.5, compute_kernel="fused_uvm_caching"),
-     "tables[6] (table.6) cache_load_factor: 1.5 is not a fraction between 0 and 1"),
-    ("cache_below_zero", _set("table.6", cache_load_factor=-0.2, compute_kernel="fused_uvm_caching"),
-     "tables[6] (table.6) cache_load_factor: -0.2 is not a fraction"),
-    ("kernel_contradicts_cache", _set("table.6", cache_load_factor=0.2),
-     "tables[6] (table.6) compute_kernel: fused keeps the table in HBM, but cache_load_factor is 0.2"),
-    ("unknown_kernel", _set("table.6", compute_kernel="magic"), "tables[6] (table.6) compute_kernel: 'magic'; known"),
-    ("rows_contradict_model", _set("table.0", rows=7), "tables[0] (table.0) rows: 7 in the file, but the model's "
+    ("row_wise_on_one_rank", _set("t_cat_0", sharding_type="row_wise", ranks=[0]),
+     "tables[0] (t_cat_0) ranks: row_wise spans every rank once (0-7)"),
+    ("table_row_wise_across_nodes", _set("t_cat_0", sharding_type="table_row_wise", ranks=[2, 3, 4, 5]),
+     "tables[0] (t_cat_0) ranks: table_row_wise spans the GPUs of one node once"),
+    ("column_wise_not_dividing_dim", _set("t_cat_1", sharding_type="column_wise", ranks=[0, 1, 2]),
+     "tables[1] (t_cat_1) ranks: column_wise with 3 shards does not divide dim 16"),
+    ("cache_above_one", _set("t_cat_6", cache_params={"load_factor": 1.5}, compute_kernel="fused_uvm_caching"),
+     "tables[6] (t_cat_6) cache_params.load_factor: 1.5 is not a fraction between 0 and 1"),
+    ("cache_below_zero", _set("t_cat_6", cache_params={"load_factor": -0.2}, compute_kernel="fused_uvm_caching"),
+     "tables[6] (t_cat_6) cache_params.load_factor: -0.2 is not a fraction"),
+    ("cache_of_everything", _set("t_cat_6", cache_params={"load_factor": 1.0}, compute_kernel="fused_uvm_caching"),
+     "tables[6] (t_cat_6) cache_params.load_factor: 1.0 is not a fraction between 0 and 1 (no cache: fused_uvm; "
+     "all in HBM: fused)"),
+    ("kernel_contradicts_cache", _set("t_cat_6", cache_params={"load_factor": 0.2}),
+     "tables[6] (t_cat_6) compute_kernel: fused keeps no HBM cache, but cache_params are given"),
+    ("dense_kernel_on_a_shard", _set("t_cat_6", compute_kernel="dense"),
+     "tables[6] (t_cat_6) compute_kernel: dense is for data_parallel tables; table_wise takes fused"),
+    ("cache_without_load_factor", _set("t_cat_6", cache_params={}, compute_kernel="fused_uvm_caching"),
+     "tables[6] (t_cat_6) cache_params.load_factor: Field required"),
+    ("old_cache_field", _set("t_cat_6", cache_load_factor=0.2), "tables[6] (t_cat_6) cache_load_factor: unknown key"),
+    ("unknown_kernel", _set("t_cat_6", compute_kernel="magic"), "tables[6] (t_cat_6) compute_kernel: 'magic'; known"),
+    ("rows_contradict_model", _set("t_cat_0", rows=7), "tables[0] (t_cat_0) rows: 7 in the file, but the model's "
                                                        "table has 1000"),
-    ("dim_contradicts_model", _set("table.0", dim=32), "tables[0] (table.0) dim: 32 in the file, but the model's "
+    ("dim_contradicts_model", _set("t_cat_0", dim=32), "tables[0] (t_cat_0) dim: 32 in the file, but the model's "
                                                        "table has 16"),
-    ("shards_contradict_ranks", lambda d: _table(d, "table.3").update(ranks=[_table(d, "table.3")["ranks"][0] ^ 1]),
-     "tables[3] (table.3) sharding_spec[0].placement"),
-    ("hit_rate_above_one", _set("table.0", expected_hit_rate=3.0), "tables[0] (table.0) expected_hit_rate: 3.0"),
+    ("shards_contradict_ranks", lambda d: _table(d, "t_cat_3").update(ranks=[_table(d, "t_cat_3")["ranks"][0] ^ 1]),
+     "tables[3] (t_cat_3) sharding_spec[0].placement"),
+    ("hit_rate_above_one", _set("t_cat_0", expected_hit_rate=3.0), "tables[0] (t_cat_0) expected_hit_rate: 3.0"),
     ("world_size", lambda d: d.update(world_size=4), "world_size: 4 in the file, but the cluster has 8 ranks"),
     ("local_world_size", lambda d: d.update(local_world_size=8), "local_world_size: 8 in the file"),
     ("model_name", lambda d: d.update(model="dlrm-criteo-kaggle"), "model: 'dlrm-criteo-kaggle' in the file"),
-    ("missing_table", lambda d: d["tables"].pop("table.5"), "tables: missing table.5"),
-    ("unknown_table", lambda d: d["tables"].update(extra=d["tables"]["table.0"]), "tables: not tables of the "
+    ("missing_table", lambda d: d["tables"].pop("t_cat_5"), "tables: missing t_cat_5"),
+    ("unknown_table", lambda d: d["tables"].update(extra=d["tables"]["t_cat_0"]), "tables: not tables of the "
                                                                                    "model: 'extra'"),
     ("schema", lambda d: d.update(schema="planner.plan/1"), "schema: 'planner.plan/1', expected"),
     # pydantic's own errors keep the field (no bare "1 validation error for ShardingPlanFile")
-    ("rank_not_an_int", _set("table.3", ranks=["x"]), "tables[3] (table.3) ranks[0]: Input should be a valid integer"),
-    ("unknown_key", _set("table.3", bogus=1), "tables[3] (table.3) bogus: unknown key"),
-    ("unknown_type", _set("table.3", sharding_type="diagonal"), "tables[3] (table.3) sharding_type: Input should be"),
-    ("missing_field", lambda d: _table(d, "table.3").pop("ranks"), "tables[3] (table.3) ranks: Field required"),
+    ("rank_not_an_int", _set("t_cat_3", ranks=["x"]), "tables[3] (t_cat_3) ranks[0]: Input should be a valid integer"),
+    ("unknown_key", _set("t_cat_3", bogus=1), "tables[3] (t_cat_3) bogus: unknown key"),
+    ("unknown_type", _set("t_cat_3", sharding_type="diagonal"), "tables[3] (t_cat_3) sharding_type: Input should be"),
+    ("missing_field", lambda d: _table(d, "t_cat_3").pop("ranks"), "tables[3] (t_cat_3) ranks: Field required"),
     ("world_size_text", lambda d: d.update(world_size="eight"), "world_size: Input should be a valid integer"),
 ]
 
@@ -143,20 +152,24 @@ def test_broken_rule_in_a_compiled_file_exits_2_naming_the_field(compiled, tmp_p
 
 # rules that need a table of another type than the compiler chose: broken in the every-type file
 EVERY_TYPE_MUTATIONS = [
-    ("data_parallel_with_cache", _set("table.3", cache_load_factor=0.2, compute_kernel="fused_uvm_caching"),
-     "tables[3] (table.3) cache_load_factor: data_parallel replicas are whole tables in HBM"),
-    ("data_parallel_on_some_ranks", _set("table.3", ranks=[0, 1]), "tables[3] (table.3) ranks: data_parallel spans "
+    ("data_parallel_with_cache", _set("t_cat_3", cache_params={"load_factor": 0.2}, compute_kernel="dense"),
+     "tables[3] (t_cat_3) cache_params: data_parallel replicas are whole tables in HBM"),
+    ("data_parallel_fused", _set("t_cat_3", compute_kernel="fused"),
+     "tables[3] (t_cat_3) compute_kernel: fused: data_parallel replicas take dense"),
+    ("data_parallel_on_some_ranks", _set("t_cat_3", ranks=[0, 1]), "tables[3] (t_cat_3) ranks: data_parallel spans "
                                                                     "every rank once"),
-    ("row_wise_rank_twice", _set("table.0", ranks=[0, 1, 2, 3, 4, 5, 6, 6]), "tables[0] (table.0) ranks: row_wise "
+    ("row_wise_rank_twice", _set("t_cat_0", ranks=[0, 1, 2, 3, 4, 5, 6, 6]), "tables[0] (t_cat_0) ranks: row_wise "
                                                                             "spans every rank once"),
-    ("table_row_wise_part_of_a_node", _set("table.2", ranks=[4, 5]), "tables[2] (table.2) ranks: table_row_wise "
+    ("table_row_wise_part_of_a_node", _set("t_cat_2", ranks=[4, 5]), "tables[2] (t_cat_2) ranks: table_row_wise "
                                                                       "spans the GPUs of one node once (node 1"),
-    ("row_blocks_uneven", lambda d: _table(d, "table.0")["sharding_spec"][0]["shard_sizes"].__setitem__(0, 1),
-     "tables[0] (table.0) sharding_spec[0].shard_sizes: [1, 16], expected [125, 16]"),
-    ("data_parallel_with_shards", lambda d: _table(d, "table.3").update(
-        sharding_spec=_table(d, "table.4")["sharding_spec"]), "tables[3] (table.3) sharding_spec: data_parallel"),
-    ("uvm_kernel_without_cache", _set("table.5", cache_load_factor=None), "tables[5] (table.5) compute_kernel: "
-                                                                         "fused_uvm_caching needs a cache_load_factor"),
+    ("row_blocks_uneven", lambda d: _table(d, "t_cat_0")["sharding_spec"][0]["shard_sizes"].__setitem__(0, 1),
+     "tables[0] (t_cat_0) sharding_spec[0].shard_sizes: [1, 16], expected [125, 16]"),
+    ("data_parallel_with_shards", lambda d: _table(d, "t_cat_3").update(
+        sharding_spec=_table(d, "t_cat_4")["sharding_spec"]), "tables[3] (t_cat_3) sharding_spec: data_parallel"),
+    ("uvm_kernel_without_cache", _set("t_cat_5", cache_params=None), "tables[5] (t_cat_5) compute_kernel: "
+                                                                      "fused_uvm_caching needs cache_params"),
+    ("host_table_with_cache", _set("t_cat_4", compute_kernel="fused_uvm", cache_params={"load_factor": 0.2}),
+     "tables[4] (t_cat_4) compute_kernel: fused_uvm keeps no HBM cache, but cache_params are given"),
 ]
 
 
@@ -171,19 +184,19 @@ def test_broken_rule_of_other_types_exits_2_naming_the_field(tmp_path, mutate, e
 
 def test_plan_json_fields_are_named_under_sharding(compiled, tmp_path):
     document = json.loads((compiled / "plan.json").read_text())
-    _table(document["sharding"], "table.3")["ranks"] = [9]
+    _table(document["sharding"], "t_cat_3")["ranks"] = [9]
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(document))
-    _assert_refused(estimate(path), path, "sharding.tables[3] (table.3) ranks: rank 9 out of range 0-7")
+    _assert_refused(estimate(path), path, "sharding.tables[3] (t_cat_3) ranks: rank 9 out of range 0-7")
 
 
 def test_several_problems_name_the_first_and_count_the_rest(compiled, tmp_path):
     document = json.loads((compiled / "sharding_plan.json").read_text())
-    for name in ("table.1", "table.4", "table.6"):
+    for name in ("t_cat_1", "t_cat_4", "t_cat_6"):
         _table(document, name)["ranks"] = [12]
     path = tmp_path / "sharding_plan.json"
     path.write_text(json.dumps(document))
-    line = _assert_refused(estimate(path), path, "tables[1] (table.1) ranks: rank 12 out of range 0-7")
+    line = _assert_refused(estimate(path), path, "tables[1] (t_cat_1) ranks: rank 12 out of range 0-7")
     assert line.endswith("(and 2 more problems)")
 
 

@@ -6,7 +6,7 @@ model would score as something else than what it says, or could not score at
 all, is refused with one line naming the file, the table and the field
 (docs/design.md principle 6), e.g.::
 
-    sharding_plan.json: tables[3] (table.3) ranks: rank 9 out of range 0-7
+    sharding_plan.json: tables[3] (t_cat_3) ranks: rank 9 out of range 0-7
 
 The rules, one function each, in the order they run:
 
@@ -15,9 +15,11 @@ The rules, one function each, in the order they run:
 * each table: rows and dim as in the model; ranks not empty and in range;
   ranks laid out as the type needs (table_wise: one rank; row_wise and
   data_parallel: every rank once; table_row_wise: the ranks of one node);
-  column_wise shards that divide the dimension; a cache_load_factor between
-  0 and 1, and none on a data-parallel replica; a compute_kernel that agrees
-  with the cache; the sharding_spec TorchRec's even split gives; an
+  column_wise shards that divide the dimension; cache_params with a
+  load_factor strictly between 0 and 1, and none on a data-parallel replica;
+  the compute_kernel TorchRec offers for the type and cache (dense for
+  data_parallel, else fused, fused_uvm_caching with cache_params, or
+  fused_uvm); the sharding_spec TorchRec's even split gives; an
   expected_hit_rate between 0 and 1.
 
 A table's rules stop at its first problem; the message gives the first
@@ -40,11 +42,12 @@ from models.graph import EmbeddingTable
 from models.spec import read_text
 from planner.embedding.options import ShardingType
 from planner.embedding.plan_doc import SCHEMA as PLAN_SCHEMA  # a plan.json: the sharding sits under `sharding`
-from planner.embedding.sharding_plan import SCHEMA, ParameterSharding, ShardingPlanFile, expected_shards
+from planner.embedding.sharding_plan import (DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, SCHEMA, ParameterSharding,
+                                             ShardingPlanFile, expected_shards)
 from planner.embedding.sites import JobSites
 from planner.errors import PlannerInputError
 
-KERNELS = ("fused", "fused_uvm_caching", "dense")  # TorchRec EmbeddingComputeKernel values a file may name
+KERNELS = (DENSE, FUSED, FUSED_UVM_CACHING, FUSED_UVM)  # TorchRec EmbeddingComputeKernel values a file may name
 _SHOWN_PROBLEMS = 1  # problems spelled out in the message; the rest are counted
 
 
@@ -115,7 +118,7 @@ def _table_label(name: str, order: dict[str, int]) -> str:
 
 
 def _location(loc: tuple[Any, ...], order: dict[str, int]) -> str:
-    """A pydantic location as 'tables[3] (table.3) sharding_spec[1].placement'."""
+    """A pydantic location as 'tables[3] (t_cat_3) sharding_spec[1].placement'."""
     out, parts = "", list(loc)
     if len(parts) >= 2 and parts[0] == "tables" and isinstance(parts[1], str):
         out = _table_label(parts[1], order) + (" " if len(parts) > 2 else "")
@@ -243,32 +246,37 @@ def _check_column_split(t: TableEntry) -> Problem | None:
 
 
 def _check_cache(t: TableEntry) -> Problem | None:
-    """cache_load_factor: the share of a shard's rows cached in HBM, between 0 and 1; a data-parallel
-    replica is whole in HBM (TorchRec gives it no cache)."""
-    factor = t.entry.cache_load_factor
-    if factor is None:
+    """cache_params.load_factor: the share of a shard's rows cached in HBM, strictly between 0 and 1 (0 is
+    fused_uvm, 1 is fused); a data-parallel replica is whole in HBM (TorchRec gives it no cache)."""
+    if t.entry.cache_params is None:
         return None
-    if not (math.isfinite(factor) and 0.0 <= factor <= 1.0):
-        return "cache_load_factor", f"{_shown(factor)} is not a fraction between 0 and 1"
-    if t.entry.sharding_type == ShardingType.DATA_PARALLEL and factor < 1.0:
-        return "cache_load_factor", "data_parallel replicas are whole tables in HBM: no cache (null)"
+    factor = t.entry.cache_params.load_factor
+    if not (math.isfinite(factor) and 0.0 < factor < 1.0):
+        return "cache_params.load_factor", (f"{_shown(factor)} is not a fraction between 0 and 1 (no cache: "
+                                            "fused_uvm; all in HBM: fused)")
+    if t.entry.sharding_type == ShardingType.DATA_PARALLEL:
+        return "cache_params", "data_parallel replicas are whole tables in HBM: no cache (null)"
     return None
 
 
 def _check_kernel(t: TableEntry) -> Problem | None:
-    """compute_kernel agrees with the cache: fused (all in HBM; dense for a data-parallel replica, as
-    TorchRec names it) or fused_uvm_caching (host DRAM with an HBM cache of cache_load_factor)."""
-    kernel, factor = t.entry.compute_kernel, t.entry.cache_load_factor
-    cached = factor is not None and factor < 1.0
+    """compute_kernel is one TorchRec offers for the type and agrees with the cache: dense for a
+    data-parallel replica (its only kernel there); fused (in HBM), fused_uvm_caching (host DRAM with the
+    HBM cache of cache_params) or fused_uvm (host DRAM, no cache) for a sharded table."""
+    kernel, cached = t.entry.compute_kernel, t.entry.cache_params is not None
     if kernel not in KERNELS:
         return "compute_kernel", f"{_shown(kernel)}; known: {', '.join(KERNELS)}"
-    if kernel == "dense" and t.entry.sharding_type != ShardingType.DATA_PARALLEL:
-        return "compute_kernel", f"dense is for data_parallel tables; {t.entry.sharding_type} takes fused"
-    if kernel == "fused_uvm_caching" and not cached:
-        return "compute_kernel", "fused_uvm_caching needs a cache_load_factor below 1 (the HBM share of the rows)"
-    if kernel != "fused_uvm_caching" and cached:
-        return "compute_kernel", f"{kernel} keeps the table in HBM, but cache_load_factor is {factor}: use " \
-                                 "fused_uvm_caching, or drop the cache"
+    replica = t.entry.sharding_type == ShardingType.DATA_PARALLEL
+    if replica and kernel != DENSE:
+        return "compute_kernel", f"{kernel}: data_parallel replicas take dense (TorchRec's only kernel for them)"
+    if not replica and kernel == DENSE:
+        return "compute_kernel", (f"dense is for data_parallel tables; {t.entry.sharding_type} takes {FUSED}, "
+                                  f"{FUSED_UVM_CACHING} or {FUSED_UVM}")
+    if kernel == FUSED_UVM_CACHING and not cached:
+        return "compute_kernel", f"{FUSED_UVM_CACHING} needs cache_params (the HBM share of the rows)"
+    if kernel != FUSED_UVM_CACHING and cached:
+        return "compute_kernel", (f"{kernel} keeps no HBM cache, but cache_params are given: use "
+                                  f"{FUSED_UVM_CACHING}, or drop them")
     return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from planner.embedding.plan_doc import EmbeddingPlan
+from planner.embedding.sharding_plan import cache_fraction
 from planner.plan.report import md_table
 from planner.plan.plots import RANKS_PNG
 
@@ -27,10 +28,16 @@ def _ranks(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
+def _cache(entry) -> float | None:
+    """The HBM share of a table kept in host DRAM (0 without a cache), None when it is all in HBM."""
+    share = cache_fraction(entry)
+    return None if share >= 1.0 else share
+
+
 def summary(plan: EmbeddingPlan, wall_s: float) -> str:
     """A few lines for the terminal: throughput, breakdown, the mix of choices, the certificate."""
     e, s, job = plan.estimate, plan.solver, plan.job
-    mix = Counter((_kind(t), t.cache_load_factor) for t in plan.sharding.tables.values())
+    mix = Counter((_kind(t), _cache(t)) for t in plan.sharding.tables.values())
     mix_text = ", ".join(f"{n} {kind}" + (f" cache {cache:g}" if cache is not None else "")
                          for (kind, cache), n in sorted(mix.items(), key=lambda kv: (-kv[1], kv[0][0])))
     lines = [
@@ -48,7 +55,7 @@ def summary(plan: EmbeddingPlan, wall_s: float) -> str:
     ]
     if plan.baseline is not None and plan.strategy == "planner":
         ratio = plan.baseline.step_time_s / e.step_time_s
-        lines.append(f"baseline     torchrec-greedy {plan.baseline.step_time_s * 1e3:.3f} ms ({ratio:.2f}x slower)")
+        lines.append(f"baseline     greedy-torchrec-style {plan.baseline.step_time_s * 1e3:.3f} ms ({ratio:.2f}x slower)")
     return "\n".join(lines)
 
 
@@ -60,10 +67,11 @@ def render_embedding_report(plan: EmbeddingPlan, plots: bool = False) -> str:
             for key, label in _TERMS]
     lines += ["## Time per step (ms)", "", md_table(["term", "ms", "of step"], rows, right=(1, 2)), ""]
     if plan.baseline is not None:
-        lines += [f"TorchRec-style greedy plan on the same cost model: {plan.baseline.step_time_s * 1e3:.3f} ms "
-                  f"per step ({plan.baseline.step_time_s / e.step_time_s:.2f}x this plan).", ""]
-    table_rows = [[name, f"{t.rows:,}", str(t.dim), _kind(t), "HBM" if t.cache_load_factor is None else
-                   f"{t.cache_load_factor:g}", f"{t.expected_hit_rate:.3f}", _ranks(t.ranks)]
+        lines += [f"Planner's greedy TorchRec-style plan (not TorchRec's planner) on the same cost model: "
+                  f"{plan.baseline.step_time_s * 1e3:.3f} ms per step "
+                  f"({plan.baseline.step_time_s / e.step_time_s:.2f}x this plan).", ""]
+    table_rows = [[name, f"{t.rows:,}", str(t.dim), _kind(t), "HBM" if _cache(t) is None else
+                   f"{_cache(t):g}", f"{t.expected_hit_rate:.3f}", _ranks(t.ranks)]
                   for name, t in plan.sharding.tables.items()]
     lines += ["## Tables", "", md_table(["table", "rows", "dim", "sharding", "HBM cache", "hit rate", "ranks"],
                                          table_rows, right=(1, 2, 5)), ""]

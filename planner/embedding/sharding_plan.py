@@ -1,20 +1,24 @@
-"""The per-table sharding plan file (`sharding_plan.json`), close to TorchRec's ParameterSharding.
+"""The per-table sharding plan file (`sharding_plan.json`): TorchRec's ParameterSharding, table by table.
 
-One entry per table, keyed by its layer name, with TorchRec's field names:
+One entry per table, keyed by the table's TorchRec name (`table_names`: `t_cat_<j>`, the
+EmbeddingBagConfig names of TorchRec's DLRM on Criteo, torchrec_dlrm/dlrm_main.py, whose
+feature names are torchrec.datasets.criteo.DEFAULT_CAT_NAMES `cat_<j>`), with TorchRec's fields:
 
 * `sharding_type`: table_wise | column_wise | row_wise | table_row_wise | data_parallel;
-* `compute_kernel`: fused (whole shard in HBM) or fused_uvm_caching (host DRAM
-  with an HBM cache), as in torchrec.distributed.embedding_types.EmbeddingComputeKernel;
+* `compute_kernel`, a torchrec.distributed.embedding_types.EmbeddingComputeKernel value: `dense` for
+  data_parallel replicas (the only kernel TorchRec offers there), `fused` for a shard kept in HBM,
+  `fused_uvm_caching` for a shard in host DRAM with an HBM cache, `fused_uvm` for one in host DRAM
+  without a cache;
 * `ranks`: the ranks holding shards, in shard order;
-* `sharding_spec`: the shards as ShardMetadata (shard_offsets [row, col],
-  shard_sizes [rows, cols], placement "rank:R/cuda:L"); null for data_parallel,
-  whose replicas are whole tables on every rank (TorchRec gives no spec there);
-* `cache_load_factor`: the HBM cache fraction (CacheParams.load_factor), null when fused.
+* `sharding_spec`: the shards as ShardMetadata (shard_offsets [row, col], shard_sizes [rows, cols],
+  placement "rank:R/cuda:L"); null for data_parallel, whose replicas are whole tables on every rank
+  (TorchRec gives no spec there);
+* `cache_params`: TorchRec CacheParams, `load_factor` the share of the shard's rows cached in HBM;
+  null unless the kernel is fused_uvm_caching.
 
-A TorchRec user builds `ParameterSharding(sharding_type=..., compute_kernel=...,
-ranks=..., sharding_spec=EnumerableShardingSpec([ShardMetadata(**s) ...]),
-cache_params=CacheParams(load_factor=...))` from each entry.  Row shards follow
-TorchRec's even block split: ceil(rows / n) rows per shard, the last one shorter.
+`rows`, `dim` and `expected_hit_rate` are planner's own (what the entry was costed for).
+`planner.embedding.torchrec_plan` turns the file into TorchRec objects.  Row shards follow TorchRec's
+even block split: ceil(rows / n) rows per shard, the last one shorter (or empty).
 """
 
 from __future__ import annotations
@@ -27,7 +31,24 @@ from planner.embedding.compile import EmbeddingCompileResult
 from planner.embedding.options import ShardingType, TableOption, table_hit_rate
 from planner.embedding.sites import JobSites
 
-SCHEMA = "planner.sharding/1"
+SCHEMA = "planner.sharding/2"
+
+# compute kernels (TorchRec EmbeddingComputeKernel values) by where a table lives
+DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING = "dense", "fused", "fused_uvm", "fused_uvm_caching"
+
+
+def table_names(count: int) -> list[str]:
+    """TorchRec names of a DLRM's `count` tables, in table order (the model's table.<j> layers)."""
+    return [f"t_cat_{j}" for j in range(count)]
+
+
+def compute_kernel(kind: ShardingType, cache: float) -> str:
+    """TorchRec's kernel for a table of sharding `kind` with `cache` of its rows in HBM."""
+    if kind == ShardingType.DATA_PARALLEL:
+        return DENSE
+    if cache >= 1.0:
+        return FUSED
+    return FUSED_UVM if cache <= 0.0 else FUSED_UVM_CACHING
 
 
 class ShardMetadata(BaseModel):
@@ -39,19 +60,35 @@ class ShardMetadata(BaseModel):
     placement: str = Field(description="TorchRec placement string 'rank:R/cuda:L' (L: GPU index on its node).")
 
 
+class CacheParams(BaseModel):
+    """TorchRec CacheParams of a table kept in host DRAM with an HBM cache (the fields the plan decides)."""
+
+    model_config = ConfigDict(extra="forbid")
+    load_factor: float = Field(description="Share of the shard's rows cached in HBM (CacheParams.load_factor).")
+
+
 class ParameterSharding(BaseModel):
     """How one table is sharded (TorchRec ParameterSharding fields, plus the sizes they refer to)."""
 
     model_config = ConfigDict(extra="forbid")
     sharding_type: ShardingType = Field(description="TorchRec sharding type.")
-    compute_kernel: str = Field(description="fused (in HBM) or fused_uvm_caching (host DRAM + HBM cache).")
+    compute_kernel: str = Field(description="dense (data_parallel), fused (in HBM), fused_uvm_caching (host DRAM + "
+                                "HBM cache) or fused_uvm (host DRAM).")
     ranks: list[int] = Field(description="Ranks holding shards, in shard order.")
     sharding_spec: list[ShardMetadata] | None = Field(description="The shards; null for data_parallel.")
-    cache_load_factor: float | None = Field(description="HBM cache fraction; null when the table is in HBM.")
+    cache_params: CacheParams | None = Field(description="The HBM cache (fused_uvm_caching only), else null.")
     rows: int = Field(description="Rows of the table.")
     dim: int = Field(description="Embedding dimension.")
     expected_hit_rate: float = Field(description="Share of lookups the HBM cache serves (Zipf model, or the "
                                      "table's measured access histogram).")
+
+
+def cache_fraction(entry: ParameterSharding) -> float:
+    """The share of the entry's rows in HBM, as the cost model takes it: everything for dense and fused,
+    none for fused_uvm, the cache's load factor for fused_uvm_caching."""
+    if entry.compute_kernel == FUSED_UVM:
+        return 0.0
+    return entry.cache_params.load_factor if entry.cache_params is not None else 1.0
 
 
 class ShardingPlanFile(BaseModel):
@@ -62,7 +99,7 @@ class ShardingPlanFile(BaseModel):
     model: str = Field(description="Model name.")
     world_size: int = Field(description="Ranks of the job.")
     local_world_size: int = Field(description="GPUs per node (of the first pool).")
-    tables: dict[str, ParameterSharding] = Field(description="Per table, by layer name.")
+    tables: dict[str, ParameterSharding] = Field(description="Per table, by TorchRec table name (table_names).")
 
 
 def _row_blocks(rows: int, parts: int) -> list[tuple[int, int]]:
@@ -94,15 +131,17 @@ def expected_shards(kind: ShardingType, ranks: list[int], column_shards: int, ro
 def sharding_plan(result: EmbeddingCompileResult, model_name: str, tables: list, sites: JobSites
                   ) -> ShardingPlanFile:
     """The sharding plan file of a compile result (`tables`: the model's EmbeddingTables in order)."""
+    names = table_names(len(tables))
     entries = {}
-    for choice in result.tables:
+    for choice in sorted(result.tables, key=lambda c: c.table):
         table = tables[choice.table]
         option = TableOption(choice.sharding_type, choice.column_shards, choice.cache_fraction)
-        entries[choice.name] = ParameterSharding(
-            sharding_type=choice.sharding_type, compute_kernel=option.compute_kernel, ranks=choice.ranks,
+        kernel = compute_kernel(choice.sharding_type, option.cache)
+        entries[names[choice.table]] = ParameterSharding(
+            sharding_type=choice.sharding_type, compute_kernel=kernel, ranks=choice.ranks,
             sharding_spec=expected_shards(choice.sharding_type, choice.ranks, choice.column_shards, table.rows,
                                           table.dim, sites),
-            cache_load_factor=None if option.cache >= 1.0 else option.cache,
+            cache_params=CacheParams(load_factor=option.cache) if kernel == FUSED_UVM_CACHING else None,
             rows=table.rows, dim=table.dim,
             expected_hit_rate=table_hit_rate(table, option.cache),
         )

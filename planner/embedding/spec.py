@@ -18,6 +18,7 @@ from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement, place
 from planner.embedding.greedy import partition
 from planner.embedding.options import ShardingType, TableOption
 from planner.embedding.plan_check import read_sharding_file
+from planner.embedding.sharding_plan import cache_fraction, table_names
 from planner.errors import PlannerInputError
 
 _KINDS = {kind.value: kind for kind in ShardingType}
@@ -72,12 +73,12 @@ def uniform_placements(model: EmbeddingCostModel, option: TableOption) -> list[T
 def file_placements(model: EmbeddingCostModel, path: Path) -> list[TablePlacement]:
     """The placements of a sharding_plan.json (or a plan.json holding one), checked against the model and
     the cluster first (planner/embedding/plan_check.py: one line naming the file, table and field)."""
-    names = [layer.name for layer in model.costs.layers]
+    names = table_names(len(model.costs.layers))  # the file keys tables by their TorchRec names
     plan = read_sharding_file(path, model.job.model.name, model.costs.tables, names, model.sites)
     index = {name: t for t, name in enumerate(names)}
     out = []
     for name, entry in plan.tables.items():
         shards = len(entry.ranks) if entry.sharding_type == ShardingType.COLUMN_WISE else 1
-        cache = 1.0 if entry.cache_load_factor is None else entry.cache_load_factor
+        cache = cache_fraction(entry)
         out.append(TablePlacement(index[name], TableOption(entry.sharding_type, shards, cache), tuple(entry.ranks)))
     return sorted(out, key=lambda p: p.table)

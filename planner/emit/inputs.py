@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # field -> (environment variable read at launch when the option is not given, what it is)
 ENV: dict[str, tuple[str, str]] = {
-    "data": ("PLANNER_DATA", "the training data, in the target's own format (DATA_FORMATS)"),
+    "data": ("PLANNER_DATA", "the training data, in the format of the target that reads it (report.md, Launch inputs)"),
     "tokenizer": ("PLANNER_TOKENIZER", "tokenizer name or folder the dataset was written with"),
     "checkpoint_dir": ("PLANNER_CHECKPOINTS", "folder for distributed checkpoints (saved and resumed from)"),
     "image": ("PLANNER_IMAGE", "container image with the runtime (the repository's Dockerfile builds one)"),

@@ -1,22 +1,30 @@
 """Megatron-LM launch files: `args.txt`, `launch.sh`, `README.md`.
 
-Targets Megatron-LM's `pretrain_gpt.py` argument parser as of core_r0.12
-(megatron/training/arguments.py): parallel degrees, the uneven first/last
-pipeline stages (--decoder-first/last-pipeline-num-layers), interleaving
-(--num-layers-per-virtual-pipeline-stage), recomputation, the distributed
-optimizer, micro/global batch, sequence length, the model's shape and the
-precision.  `args.txt` holds one flag per line; `launch.sh` runs
-`torchrun ... pretrain_gpt.py $(cat args.txt)` plus data and training flags
-the plan does not decide (mock data by default).
+Targets `pretrain_gpt.py` of Megatron-LM core_v0.16.1, the release of the megatron-core 0.16.1 that the
+tests build configs with (flag names from its megatron/training/arguments.py; planner.emit.megatron_check
+lists every flag written here).  `args.txt` holds every flag with a fixed value, one per line:
 
-Every emitted argument set is checked with `check_megatron_args` (our
-re-implementation of Megatron's validate_args rules); a violation raises
-ValueError instead of writing files that fail on the cluster.  What the plan
-decides but Megatron cannot express (per-stage recompute counts, an uneven
-split with unequal middle stages, ZeRO-2/3, parameter offload) is listed in
-README.md together with what Megatron will do instead; `written_strategy`
-reads the argument set back as the strategy Megatron runs (flag by flag, as
-pretrain_gpt.py parses it), which planner.emit.check costs before writing.
+* the plan's decisions: parallel degrees, the uneven first/last pipeline stages
+  (--decoder-first/last-pipeline-num-layers), interleaving (--num-layers-per-virtual-pipeline-stage),
+  recomputation, the distributed optimizer and its CPU offload, micro/global batch, sequence length,
+  precision, and the overlap the megatron runtime profile costs (hardware/data/runtimes/megatron.yaml
+  `overlap`): --overlap-grad-reduce whenever gradients are reduced over dp x cp > 1 ranks, and
+  --overlap-param-gather with the distributed optimizer;
+* the model (planner.emit.megatron_model): the architecture whose graph is the plan's model, with the
+  all-to-all token dispatcher, grouped expert GEMMs, fp32 router and balancing loss of MoE models;
+* --make-vocab-size-divisible-by chosen so that Megatron's padded vocabulary is the model's;
+* the optimizer and schedule (planner.emit.optim: AdamW, warmup, cosine decay, clipping; the same values
+  the DeepSpeed and torchtitan files write), the tokenizer type and the checkpoint format.
+
+`launch.sh` (planner.emit.megatron_launch) adds the launch inputs: data, tokenizer, checkpoint folder,
+save interval, train steps and the warmup derived from them.
+
+Every argument set is checked with `check_megatron_args` (Megatron's validate_args and TransformerConfig
+rules, and the flag names); a violation raises ValueError instead of writing files that fail on the
+cluster.  What the plan decides but Megatron cannot express (per-stage recompute counts, an uneven split
+with unequal middle stages, ZeRO-2/3, parameter offload) is listed in README.md with what Megatron will
+do instead; `written_strategy` reads the argument set back as the strategy Megatron runs (flag by flag,
+as pretrain_gpt.py parses it), which planner.emit.check costs before writing.
 """
 
 from __future__ import annotations
@@ -26,15 +34,17 @@ from typing import Any
 from pydantic import ValidationError
 
 from models.graph import LayerKind, ModelGraph
-from planner.emit import UnsupportedPlan, one_placement
+from planner.emit import UnsupportedPlan, one_placement, optim
+from planner.emit.inputs import LaunchInputs
 from planner.emit.megatron_check import check_megatron_args
-from planner.emit.slurm import launch_shape
+from planner.emit.megatron_launch import launch_script, readme
+from planner.emit.megatron_model import architecture, architecture_args, vocab_args
+from planner.emit.nodes import launch_shape
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
-from planner.emit.inputs import LaunchInputs
 
-MEGATRON_VERSION = "Megatron-LM core_r0.12 (megatron/training/arguments.py)"
+MEGATRON_VERSION = "Megatron-LM core_v0.16.1 (megatron/training/arguments.py; megatron-core 0.16.1)"
 
 
 def _zoo_config(model: ModelGraph):
@@ -54,7 +64,8 @@ def _zoo_config(model: ModelGraph):
 
 
 def model_shape(model: ModelGraph) -> dict[str, Any]:
-    """Layers, hidden, heads, query groups, FFN width, gating, experts and tying of a transformer graph."""
+    """Layers, hidden, heads, query groups, FFN width, gating, experts and tying of a transformer graph
+    (torchtitan's emitter reads it; Megatron's arguments come from `megatron_model.architecture`)."""
     if model.num_blocks == 0 or model.family not in ("decoder", "encoder"):
         raise UnsupportedPlan(f"{model.name}: launch files for Megatron/torchtitan need a transformer "
                               f"(family {model.family}, {model.num_blocks} blocks)")
@@ -121,18 +132,53 @@ def _pipeline_split(counts: list[int], vpp: int) -> tuple[dict[str, Any], list[s
     return {"decoder-first-pipeline-num-layers": first}, notes
 
 
-def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
-    """The argument dict (flag name without dashes -> value, True for store-true) and README notes."""
+
+def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
+    """The distributed optimizer, its instances, CPU offload, and the overlap the megatron profile costs."""
+    s, args, notes = plan.strategy, {}, []
+    if s.zero >= 1:
+        args["use-distributed-optimizer"] = True
+        if s.zero >= 2:
+            what = "sharded gradients" if s.zero == 2 else "sharded gradients and weights"
+            notes.append(f"zero={s.zero} ({what}) -> Megatron's distributed optimizer (zero=1), which shards the "
+                         "optimizer states only: fp32 gradients and weights stay whole on every dp rank.")
+        if s.shard == "node":
+            shard = max(1, min(s.dp, launch_shape(plan)["nproc_per_node"] // (s.tp * s.cp)))
+            if s.dp // shard > 1:
+                args["num-distributed-optimizer-instances"] = s.dp // shard
+    if s.offload in ("optimizer", "all") and s.offload_device == "cpu":
+        # core_v0.16 runs the CPU optimizer through the precision-aware optimizer (validate_args asserts it)
+        args.update({"optimizer-cpu-offload": True, "use-precision-aware-optimizer": True})
+        if s.offload_ratio < 1.0:
+            args["optimizer-offload-fraction"] = s.offload_ratio  # the rest is updated on the GPU
+    if s.offload in ("params", "all") or s.offload_device == "nvme" and s.offload != "none":
+        notes.append(f"offload={s.offload} to {s.offload_device}: Megatron offloads only optimizer states, "
+                     "and only to CPU memory (--optimizer-cpu-offload); the rest stays in HBM.")
+    if s.regather == "host":
+        notes.append("regather=host (a host-memory weight cache) has no Megatron counterpart; weights are not "
+                     "sharded, so nothing is re-gathered.")
+    if s.dp * s.cp > 1:  # gradients are reduced over dp x cp ranks: hide it behind the backward pass
+        args["overlap-grad-reduce"] = True
+        if s.zero >= 1:  # and gather the updated weights during the next forward
+            args["overlap-param-gather"] = True
+    return args, notes
+
+
+def _parallel_args(plan: Plan, moe: bool) -> tuple[dict[str, Any], list[str]]:
+    """Parallel degrees, pipeline split and interleaving, recomputation and optimizer sharding."""
     s = plan.strategy
-    one_placement(plan, "megatron")  # --optimizer-cpu-offload and its fraction apply to every rank
-    shape = model_shape(job.model)
-    notes: list[str] = []
     args: dict[str, Any] = {
         "tensor-model-parallel-size": s.tp,
         "pipeline-model-parallel-size": s.pp,
         "context-parallel-size": s.cp,
         "expert-model-parallel-size": s.ep,
     }
+    notes: list[str] = []
+    if moe:  # the cost model splits every expert over the tensor-parallel group too
+        args["expert-tensor-parallel-size"] = s.tp
+        if s.ep > 1 and s.tp > 1 and not s.sequence_parallel:
+            notes.append("Expert and tensor parallelism without sequence parallelism: megatron-core warns that "
+                         "MoE training needs --sequence-parallel here.")
     if s.sequence_parallel and s.tp > 1:
         args["sequence-parallel"] = True
     if s.tp_overlap and s.tp > 1:
@@ -153,64 +199,53 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
                 notes.append(f"The plan recomputes {'/'.join(map(str, per_stage))} blocks per stage; Megatron's "
                              f"--recompute-num-layers is one value for every stage, so it is the maximum ({n}): "
                              "stages that needed fewer recompute more (slower, never out of memory).")
-    if s.zero >= 1:
-        args["use-distributed-optimizer"] = True
-        if s.zero >= 2:
-            what = "sharded gradients" if s.zero == 2 else "sharded gradients and weights"
-            notes.append(f"zero={s.zero} ({what}) -> Megatron's distributed optimizer (zero=1), which shards the "
-                         "optimizer states only: fp32 gradients and weights stay whole on every dp rank.")
-        if s.shard == "node":
-            shape_ = launch_shape(plan)
-            shard = max(1, min(s.dp, shape_["nproc_per_node"] // (s.tp * s.cp)))
-            if s.dp // shard > 1:
-                args["num-distributed-optimizer-instances"] = s.dp // shard
-    if s.offload in ("optimizer", "all") and s.offload_device == "cpu":
-        args["optimizer-cpu-offload"] = True
-        if s.offload_ratio < 1.0:
-            args["optimizer-offload-fraction"] = s.offload_ratio  # the rest is updated on the GPU
-    if s.offload in ("params", "all") or s.offload_device == "nvme" and s.offload != "none":
-        notes.append(f"offload={s.offload} to {s.offload_device}: Megatron offloads only optimizer states, "
-                     "and only to CPU memory (--optimizer-cpu-offload); the rest stays in HBM.")
-    if s.regather == "host":
-        notes.append("regather=host (a host-memory weight cache) has no Megatron counterpart; weights are not "
-                     "sharded, so nothing is re-gathered.")
+    sharding, sharding_notes = _sharding_args(plan)
+    args.update(sharding)
+    notes += sharding_notes
     if s.pp > 1 and s.pipeline_schedule == "gpipe":
         notes.append("schedule=gpipe -> 1F1B: Megatron runs 1F1B (interleaved with vpp > 1) only.")
-    args.update({
-        "micro-batch-size": s.mbs,
-        "global-batch-size": job.global_batch,
-        "seq-length": job.seq_len,
-        "max-position-embeddings": job.seq_len,
-        "num-layers": shape["num_layers"],
-        "hidden-size": shape["hidden"],
-        "num-attention-heads": shape["heads"],
-    })
-    if shape["kv_heads"] != shape["heads"]:
-        args["group-query-attention"] = True
-        args["num-query-groups"] = shape["kv_heads"]
-    args["ffn-hidden-size"] = shape["ffn"]
-    if shape["gated"]:
-        args["swiglu"] = True
-    if not shape["tied"]:
-        args["untie-embeddings-and-output-weights"] = True
-    moe = shape["moe"]
-    if moe is not None:
-        args.update({"num-experts": moe.num_experts, "moe-router-topk": moe.top_k,
-                     "moe-ffn-hidden-size": moe.expert_ffn})
-        if moe.shared_experts:
-            args["moe-shared-expert-intermediate-size"] = moe.shared_experts * moe.expert_ffn
-    if job.precision == "fp16":
-        args["fp16"] = True
-    else:
-        args["bf16"] = True
+    return args, notes
+
+
+def _kernel_args(job: Job) -> dict[str, Any]:
+    """Precision, and the attention and fusion kernels when the plan costs unfused ones."""
+    args: dict[str, Any] = {"fp16": True} if job.precision == "fp16" else {"bf16": True}
     if job.precision == "fp8":
         args["fp8-format"] = "hybrid"
+    if not job.flash_attention:  # the plan costs the s^2 score tensors of unfused attention
+        args["attention-backend"] = "unfused"
+    if not job.fused_kernels:  # and eager element-wise kernels
+        args.update({"no-bias-gelu-fusion": True, "no-bias-swiglu-fusion": True, "no-bias-dropout-fusion": True,
+                     "no-masked-softmax-fusion": True, "no-rope-fusion": True})
+    return args
+
+
+def _recipe_args() -> dict[str, Any]:
+    """Optimizer, schedule, tokenizer type and checkpoint format: not the plan's, the same for every plan."""
+    return {
+        "optimizer": "adam",  # Megatron's adam decouples weight decay (AdamW) unless told otherwise
+        "lr": optim.LR, "min-lr": float(f"{optim.LR * optim.MIN_LR_RATIO:.6g}"), "lr-decay-style": "cosine",
+        "weight-decay": optim.WEIGHT_DECAY, "clip-grad": optim.GRAD_CLIP,
+        "adam-beta1": optim.BETAS[0], "adam-beta2": optim.BETAS[1], "adam-eps": optim.EPS,
+        "tokenizer-type": "HuggingFaceTokenizer", "split": "100,0,0", "eval-iters": 0,  # every document trains
+        "ckpt-format": "torch_dist",
+    }
+
+
+def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
+    """Every fixed flag of args.txt (flag name without dashes -> value, True for store-true) and README notes."""
+    one_placement(plan, "megatron")  # --optimizer-cpu-offload and its fraction apply to every rank
+    arch = architecture(job.model)
+    cfg = arch.config
+    args, notes = _parallel_args(plan, moe=cfg.moe is not None)
+    args.update({"micro-batch-size": plan.strategy.mbs, "global-batch-size": job.global_batch})
+    model, model_notes = architecture_args(arch, job.seq_len)
+    vocab, vocab_notes = vocab_args(cfg.vocab, plan.strategy.tp, cfg.hidden, cfg.tied_embeddings)
+    args.update({**model, **vocab, **_kernel_args(job), **_recipe_args()})
+    notes += model_notes + vocab_notes
     if job.model.family == "encoder":
         notes.append(f"{job.model.name} is an encoder: run Megatron's pretrain_bert.py with the same flags "
-                     "(launch.sh names pretrain_gpt.py).")
-    if not job.flash_attention:
-        notes.append("The plan assumes unfused attention (flash_attention off); Megatron picks its attention "
-                     "backend itself (--attention-backend).")
+                     "(launch.sh names pretrain_gpt.py); its post-norm layout has no pretrain_gpt.py flag.")
     return args, notes
 
 
@@ -275,49 +310,8 @@ def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[st
     if errors:
         raise ValueError("megatron: the emitted arguments break Megatron's rules: " + "; ".join(errors))
     shape = launch_shape(plan)
-    launch = f"""#!/usr/bin/env bash
-# Megatron-LM launch for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}
-# Run on every node from the Megatron-LM checkout (MEGATRON_DIR), with NODE_RANK set per node.
-set -euo pipefail
-HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-MEGATRON_DIR=${{MEGATRON_DIR:-.}}
-NNODES=${{NNODES:-{shape['nnodes']}}}
-NPROC_PER_NODE=${{NPROC_PER_NODE:-{shape['nproc_per_node']}}}
-NODE_RANK=${{NODE_RANK:-0}}
-MASTER_ADDR=${{MASTER_ADDR:-localhost}}
-MASTER_PORT=${{MASTER_PORT:-29500}}
-# Data and schedule are not part of the plan: mock data and a short run by default.
-DATA_ARGS=${{DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size {max(job.model.vocab, 1)}}}
-TRAIN_ARGS=${{TRAIN_ARGS:---train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine}}
-export CUDA_DEVICE_MAX_CONNECTIONS=1
-# shellcheck disable=SC2046,SC2086
-exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "$NODE_RANK" \\
-    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\
-    "$MEGATRON_DIR/pretrain_gpt.py" $(cat "$HERE/args.txt") $DATA_ARGS $TRAIN_ARGS
-"""
-    lines = [
-        "# Megatron-LM launch files",
-        "",
-        f"Plan: `{plan.strategy_spec}` for {plan.job.model} on {plan.job.cluster} "
-        f"({plan.job.num_gpus} GPUs: {shape['nnodes']} nodes x {shape['nproc_per_node']}).",
-        "",
-        f"Format: command-line arguments of `pretrain_gpt.py`, {MEGATRON_VERSION}.",
-        "",
-        "- `args.txt`: one flag per line, decided by the plan; checked against Megatron's validate_args rules "
-        "(planner.emit.megatron_check) before writing.",
-        "- `launch.sh`: `torchrun ... pretrain_gpt.py $(cat args.txt)`; set MEGATRON_DIR, NNODES, NODE_RANK, "
-        "MASTER_ADDR, MASTER_PORT, and DATA_ARGS/TRAIN_ARGS for real data (default: --mock-data).",
-        "",
-        "Not decided by the plan (add to TRAIN_ARGS): data, tokenizer, learning-rate schedule, normalization "
-        "and position-embedding type (e.g. `--normalization RMSNorm --position-embedding-type rope "
-        "--disable-bias-linear` for Llama), checkpointing.",
-        "",
-        "## Not expressible in Megatron",
-        "",
-    ]
-    lines += [f"- {note}" for note in notes] or ["- Nothing: every choice of the plan maps to a flag."]
     return {
         "args.txt": "\n".join(args_lines(args)) + "\n",
-        "launch.sh": launch,
-        "README.md": "\n".join(lines) + "\n",
+        "launch.sh": launch_script(plan, job, inputs, shape),
+        "README.md": readme(plan, job, inputs, shape, args, notes),
     }

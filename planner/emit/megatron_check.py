@@ -8,7 +8,12 @@ emitter writes (keys are the flag names without the leading dashes, e.g.
 "tensor-model-parallel-size"; store-true flags map to True) and returns one
 message per broken rule, [] when the set is valid.
 
-Rules (Megatron-LM core_r0.12 era):
+Flags: every key must be a `pretrain_gpt.py` flag of Megatron-LM core_v0.16.1
+(`FLAGS`: the flags planner writes, with the type or choices its argparse
+parser gives them; read off `add_megatron_arguments` of that release) and its
+value must parse as that type.
+
+Rules (Megatron-LM core_v0.16.1; most date from core_r0.12):
 
 * world_size % (tp * pp * cp) == 0; dp = world_size / (tp * pp * cp).
 * global batch % (micro batch * dp) == 0 (the micro-batch calculator).
@@ -27,11 +32,116 @@ Rules (Megatron-LM core_r0.12 era):
   with interleaving); --recompute-method needs --recompute-granularity full.
 * --use-distributed-optimizer needs dp > 1 to shard anything (warning-level:
   not reported).
+* --overlap-param-gather needs --use-distributed-optimizer and
+  --overlap-grad-reduce; --optimizer-cpu-offload needs
+  --use-precision-aware-optimizer; --tp-comm-overlap needs --sequence-parallel.
+* --num-query-groups takes effect only with --group-query-attention, which
+  excludes --multi-latent-attention; --swiglu excludes --squared-relu.
+* max-position-embeddings >= seq-length; min-lr <= lr.
+* experts: world size % (expert-tensor-parallel-size x ep x pp) == 0 (the
+  expert groups of parallel_state); moe-router-topk <= num-experts; a top-1
+  softmax router needs --moe-router-pre-softmax; the expert bias needs the
+  sigmoid score; --moe-router-group-topk needs --moe-router-num-groups;
+  --moe-layer-freq lists one entry per layer.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+# pretrain_gpt.py flags planner writes, by the type argparse parses them as (core_v0.16.1)
+_INT = ("context-parallel-size", "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
+        "eval-interval", "eval-iters", "expert-model-parallel-size", "expert-tensor-parallel-size",
+        "ffn-hidden-size", "global-batch-size", "hidden-size", "kv-channels", "kv-lora-rank", "lr-warmup-iters",
+        "make-vocab-size-divisible-by", "max-position-embeddings", "micro-batch-size", "moe-ffn-hidden-size",
+        "moe-router-group-topk", "moe-router-num-groups", "moe-router-topk", "moe-shared-expert-intermediate-size",
+        "num-attention-heads", "num-distributed-optimizer-instances", "num-experts", "num-layers",
+        "num-layers-per-virtual-pipeline-stage", "num-query-groups", "pipeline-model-parallel-size",
+        "q-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim", "recompute-num-layers", "rotary-base",
+        "save-interval", "seq-length", "tensor-model-parallel-size", "train-iters", "v-head-dim")
+_FLOAT = ("adam-beta1", "adam-beta2", "adam-eps", "attention-dropout", "clip-grad", "hidden-dropout",
+          "init-method-std", "lr", "min-lr", "moe-aux-loss-coeff", "moe-router-topk-scaling-factor", "norm-epsilon",
+          "optimizer-offload-fraction", "rotary-percent", "weight-decay")
+_TRUE = ("add-qkv-bias", "apply-layernorm-1p", "bf16", "disable-bias-linear", "fp16", "group-query-attention",
+         "moe-grouped-gemm", "moe-router-enable-expert-bias", "moe-router-pre-softmax", "multi-latent-attention",
+         "no-bias-dropout-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion", "no-masked-softmax-fusion",
+         "no-rope-fusion", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather", "qk-layernorm",
+         "sequence-parallel", "squared-relu", "swiglu", "tp-comm-overlap", "untie-embeddings-and-output-weights",
+         "use-distributed-optimizer", "use-precision-aware-optimizer", "use-rope-scaling")
+_STR = ("data-path", "load", "save", "split", "tokenizer-model")
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "attention-backend": ("flash", "fused", "unfused", "local", "auto"),
+    "ckpt-format": ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
+    "fp8-format": ("e4m3", "hybrid"),
+    "lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
+    "moe-router-dtype": ("fp32", "fp64"),
+    "moe-router-load-balancing-type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
+    "moe-router-score-function": ("softmax", "sigmoid"),
+    "moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+    "normalization": ("LayerNorm", "RMSNorm"),
+    "optimizer": ("adam", "sgd", "muon", "dist_muon"),
+    "position-embedding-type": ("learned_absolute", "rope", "mrope", "relative", "none"),
+    "recompute-granularity": ("full", "selective"),
+    "recompute-method": ("uniform", "block"),
+    "rope-type": ("rope", "yarn"),
+    "tokenizer-type": ("BertWordPieceLowerCase", "BertWordPieceCase", "GPT2BPETokenizer", "SentencePieceTokenizer",
+                       "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "Llama2Tokenizer", "TikTokenizer",
+                       "MultimodalTokenizer", "NullTokenizer", "NullMultimodalTokenizer", "SFTTokenizer"),
+}
+# flag -> "int" | "float" | "true" (store_true / store_false) | "str" | "pattern" (a layer list expression)
+# | "pair" ("left,right") | its choices
+FLAGS: dict[str, str | tuple[str, ...]] = {
+    **{flag: "int" for flag in _INT}, **{flag: "float" for flag in _FLOAT}, **{flag: "true" for flag in _TRUE},
+    **{flag: "str" for flag in _STR}, **_CHOICES, "moe-layer-freq": "pattern", "window-size": "pair",
+}
+_PATTERN = re.compile(r"^[\d\[\]()+*,]+$")  # what Megatron's _eval_pattern admits
+
+
+def layer_pattern(value: Any) -> list[int] | int | None:
+    """A --moe-layer-freq value as Megatron reads it: an int N (every N-th layer), or the list a pattern
+    such as ([0]*3+[1]*58) evaluates to; None when it is neither."""
+    text = str(value)
+    if text.isdigit():
+        return int(text)
+    if not _PATTERN.match(text) or "**" in text:  # digits and list operators only, no exponent blow-up
+        return None
+    try:
+        result = eval(text, {"__builtins__": {}}, {})  # noqa: S307 -- the charset admits list arithmetic only
+    except (SyntaxError, TypeError, ValueError):
+        return None
+    return result if isinstance(result, list) and all(isinstance(v, int) for v in result) else None
+
+
+def _value_error(flag: str, value: Any) -> str | None:
+    """Why `value` does not parse as `flag`'s type, or None."""
+    kind = FLAGS[flag]
+    if kind == "true":
+        return None if value is True else f"--{flag} takes no value (got {value!r})"
+    if isinstance(kind, tuple):
+        return None if str(value) in kind else f"--{flag} must be one of {', '.join(kind)} (got {value!r})"
+    try:
+        if kind == "int":
+            int(str(value))
+        elif kind == "float":
+            float(str(value))
+    except ValueError:
+        return f"--{flag} needs {'an int' if kind == 'int' else 'a number'} (got {value!r})"
+    if kind == "pattern" and layer_pattern(value) is None:
+        return f"--{flag} {value} is not an int or a layer list expression such as ([0]*3+[1]*58)"
+    if kind == "pair" and not re.fullmatch(r"-?\d+,-?\d+", str(value)):
+        return f"--{flag} needs two ints 'left,right' (got {value!r})"
+    return None
+
+
+def _flag_errors(args: dict[str, Any]) -> list[str]:
+    errors = []
+    for flag, value in args.items():
+        if flag not in FLAGS:
+            errors.append(f"--{flag} is not a pretrain_gpt.py flag planner knows for Megatron-LM core_v0.16.1")
+        else:
+            errors += [e for e in [_value_error(flag, value)] if e]
+    return errors
 
 
 def _int(args: dict[str, Any], key: str, default: int | None = 1) -> int | None:
@@ -41,7 +151,9 @@ def _int(args: dict[str, Any], key: str, default: int | None = 1) -> int | None:
 
 def check_megatron_args(args: dict[str, Any], world_size: int) -> list[str]:
     """Messages for every Megatron rule `args` breaks on `world_size` GPUs ([] when valid)."""
-    errors: list[str] = []
+    errors = _flag_errors(args)
+    if errors:  # the rules below read the values as numbers
+        return errors
     tp = _int(args, "tensor-model-parallel-size")
     pp = _int(args, "pipeline-model-parallel-size")
     cp = _int(args, "context-parallel-size")
@@ -126,4 +238,48 @@ def check_megatron_args(args: dict[str, Any], world_size: int) -> list[str]:
     precisions = [flag for flag in ("bf16", "fp16") if args.get(flag)]
     if len(precisions) > 1:
         errors.append("--bf16 and --fp16 are mutually exclusive")
+    return errors + _switch_errors(args) + _moe_errors(args, world_size, pp)
+
+
+def _switch_errors(args: dict[str, Any]) -> list[str]:
+    """Flags that need, or exclude, another flag; sequence and learning-rate bounds."""
+    errors = []
+    needs = [("overlap-param-gather", "use-distributed-optimizer"), ("overlap-param-gather", "overlap-grad-reduce"),
+             ("optimizer-cpu-offload", "use-precision-aware-optimizer"), ("tp-comm-overlap", "sequence-parallel"),
+             ("num-query-groups", "group-query-attention")]
+    errors += [f"--{flag} needs --{other}" for flag, other in needs if args.get(flag) and not args.get(other)]
+    excludes = [("group-query-attention", "multi-latent-attention"), ("swiglu", "squared-relu")]
+    errors += [f"--{a} and --{b} are mutually exclusive" for a, b in excludes if args.get(a) and args.get(b)]
+    seq, positions = _int(args, "seq-length", None), _int(args, "max-position-embeddings", None)
+    if seq is not None and positions is not None and positions < seq:
+        errors.append(f"max-position-embeddings ({positions}) is below seq-length ({seq})")
+    if "lr" in args and float(args.get("min-lr", 0.0)) > float(args["lr"]):
+        errors.append(f"min-lr ({args['min-lr']}) exceeds lr ({args['lr']})")
+    return errors
+
+
+def _moe_errors(args: dict[str, Any], world_size: int, pp: int) -> list[str]:
+    """Expert groups, router settings and the MoE layer pattern."""
+    errors: list[str] = []
+    experts = _int(args, "num-experts", None)
+    if experts is None:
+        return errors
+    ep = _int(args, "expert-model-parallel-size")
+    etp = _int(args, "expert-tensor-parallel-size", None) or _int(args, "tensor-model-parallel-size")
+    if world_size % (etp * ep * pp):
+        errors.append(f"world size ({world_size}) is not divisible by expert-tensor-parallel-size ({etp}) x "
+                      f"expert-model-parallel-size ({ep}) x pipeline-model-parallel-size ({pp}) = {etp * ep * pp}")
+    topk = _int(args, "moe-router-topk", 2)
+    if topk > experts:
+        errors.append(f"moe-router-topk ({topk}) exceeds num-experts ({experts})")
+    score = args.get("moe-router-score-function", "softmax")
+    if topk == 1 and score == "softmax" and not args.get("moe-router-pre-softmax"):
+        errors.append("a top-1 softmax router needs --moe-router-pre-softmax")
+    if args.get("moe-router-enable-expert-bias") and score != "sigmoid":
+        errors.append("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid")
+    if args.get("moe-router-group-topk") is not None and args.get("moe-router-num-groups") is None:
+        errors.append("--moe-router-group-topk needs --moe-router-num-groups")
+    pattern, layers = layer_pattern(args.get("moe-layer-freq", 1)), _int(args, "num-layers", None)
+    if isinstance(pattern, list) and layers is not None and len(pattern) != layers:
+        errors.append(f"moe-layer-freq lists {len(pattern)} layers, num-layers is {layers}")
     return errors

@@ -1,86 +1,162 @@
-"""Slurm target: `job.sbatch`, one task per node running the torch launcher.
+"""Slurm target: `job.sbatch`, submitted from the plan folder with `sbatch slurm/job.sbatch`.
 
-The batch script asks for the plan's nodes with one task per node and every
-GPU of the node, takes the first host of the allocation as the rendezvous
-address (`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`), and
-`srun` starts `../torch/launch.sh` (torchrun) on each node with
-NODE_RANK=$SLURM_NODEID.  The rendezvous settings are exported both under
-plain names (NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT)
-and under torchrun's PET_* environment names, so any torchrun-based
-launcher of the plan folder (torch/, torchtitan/, megatron/) picks them up.
-Format: sbatch directives of Slurm >= 20.11 (--gpus-per-node).
+The script is self-contained (it needs no other target's folder):
+
+* it asks for the plan's nodes, whole (`--exclusive`), one task per node and every GPU of the node;
+  the partition is the `--partition` launch input, else sbatch reads SBATCH_PARTITION itself, and the
+  time limit is the partition's default unless SBATCH_TIMELIMIT says otherwise;
+* sbatch runs a spool copy of the script, so it finds the plan folder from $SLURM_SUBMIT_DIR (the
+  folder itself, or its parent when submitted from slurm/), not from $0, and works from there;
+* `srun --ntasks-per-node=1` starts one `torchrun` per node with c10d rendezvous on the allocation's
+  first node (the first of `scontrol show hostnames`), run id $SLURM_JOB_ID; the rendezvous hands out
+  node ranks, so every node runs the same command;
+* each torchrun runs the trainer with the arguments the torch target writes (`train_args`: paths
+  relative to the plan folder, launch inputs not given read from their environment variables);
+* NCCL settings for the nodes' compute NICs (planner.emit.nodes.nccl_env); a value in the submitting
+  environment wins (sbatch and srun pass the environment on).
+
+Plans the torch runtime cannot run (experts, NVMe offload) get UnsupportedPlan, as the torch target
+does.  DeepSpeed is not launched from here: its launcher starts the other nodes itself (ssh/pdsh with
+a hostfile), so one per node would start it N times; deepspeed/launch.sh runs on one node.
+Format: sbatch directives of Slurm >= 22.05 (--gpus-per-node; srun does not inherit --cpus-per-task).
 """
 
 from __future__ import annotations
 
-import re
+from pydantic import BaseModel, ConfigDict, Field
 
-from planner.emit import strategy_writer
+from planner.emit import UnsupportedPlan, strategy_writer
+from planner.emit.inputs import LaunchInputs
+from planner.emit.nodes import EnvSetting, job_name, launch_shape, nccl_env, on_gpus
+from planner.emit.torch import runtime_problem, train_args
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
-from planner.emit.inputs import LaunchInputs
 
-CPUS_PER_GPU = 8  # placeholder: hardware catalog nodes carry no CPU core count
+__all__ = ["SbatchSpec", "emit", "launch_shape", "sbatch_script", "written_strategy"]
 
-
-def launch_shape(plan: Plan) -> dict[str, int]:
-    """Nodes the plan uses and processes per node (torchrun's --nnodes and --nproc-per-node)."""
-    nodes: set[int] = set()
-    gpn = 0
-    for stage in plan.stages:
-        for span in stage.ranks.spans:
-            nodes.update(range(span.first_node, span.last_node + 1))
-            gpn = max(gpn, span.gpus_per_node)
-    nproc = min(gpn, plan.job.num_gpus) if gpn else plan.job.num_gpus
-    nnodes = max(len(nodes), -(-plan.job.num_gpus // max(nproc, 1)))
-    return {"nnodes": nnodes, "nproc_per_node": nproc}
+RDZV_PORT = 29500  # torchrun's default rendezvous port; MASTER_PORT in the environment overrides it
 
 
-def job_name(plan: Plan) -> str:
-    """A scheduler-safe job name from the model name (lower case, [a-z0-9-])."""
-    name = re.sub(r"[^a-z0-9]+", "-", plan.job.model.lower()).strip("-") or "model"
-    return f"planner-{name}"[:63].rstrip("-")
+class SbatchSpec(BaseModel):
+    """What a job.sbatch runs: the allocation, the module each rank runs and its arguments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    title: str = Field(description="One line on what runs (model, cluster, strategy).")
+    name: str = Field(description="Slurm job name.")
+    nnodes: int = Field(ge=1, description="Nodes (one torchrun each).")
+    nproc_per_node: int = Field(ge=1, description="Processes per node (GPUs per node).")
+    gpus: bool = Field(description="Whether the nodes have GPUs (--gpus-per-node; NCCL settings).")
+    partition: str | None = Field(description="Partition; None: sbatch reads SBATCH_PARTITION.")
+    module: str = Field(description="Python module each rank runs (python -m MODULE).")
+    args: list[str] = Field(description="Its arguments as shell words, paths relative to the plan folder.")
+    env: list[EnvSetting] = Field(description="Environment the ranks get (NCCL).")
+
+
+def trainer_words(plan: Plan, job: Job, inputs: LaunchInputs) -> list[str]:
+    """The trainer's arguments as shell words (planner.emit.torch.train_args)."""
+    words = train_args(plan, job, inputs)
+    return [words] if isinstance(words, str) else list(words)
+
+
+def _directives(spec: SbatchSpec) -> list[str]:
+    lines = [f"#SBATCH --job-name={spec.name}"]
+    if spec.partition is not None:
+        lines.append(f"#SBATCH --partition={spec.partition}")
+    lines += [f"#SBATCH --nodes={spec.nnodes}", "#SBATCH --ntasks-per-node=1"]
+    if spec.gpus:
+        lines.append(f"#SBATCH --gpus-per-node={spec.nproc_per_node}")
+    return lines + ["#SBATCH --exclusive", "#SBATCH --output=%x-%j.out"]
+
+
+def _env_lines(env: list[EnvSetting]) -> list[str]:
+    if not env:
+        return []
+    lines = ["", "# NCCL over the nodes' compute fabric (a value set before sbatch wins)"]
+    for setting in env:
+        if setting.value is None:
+            lines.append(f"# {setting.name}: {setting.why}")
+        else:
+            name, value = setting.name, setting.value
+            lines += [f"# {name}: {setting.why}", f'export {name}="${{{name}:-{value}}}"']
+    return lines
+
+
+def _command(spec: SbatchSpec) -> list[str]:
+    options: list[list[str]] = []
+    for word in spec.args:  # one option and its value per line
+        if word.startswith("--") or not options:
+            options.append([])
+        options[-1].append(word)
+    lines = [
+        "srun --ntasks-per-node=1 --cpus-per-task=\"$SLURM_CPUS_ON_NODE\" --kill-on-bad-exit=1",
+        f"    torchrun --nnodes {spec.nnodes} --nproc-per-node {spec.nproc_per_node} --rdzv-backend c10d",
+        "    --rdzv-endpoint \"$MASTER_ADDR:$MASTER_PORT\" --rdzv-id \"$SLURM_JOB_ID\"",
+        f"    -m {spec.module}",
+        *(f"    {' '.join(option)}" for option in options),
+    ]
+    return [line + " \\" for line in lines[:-1]] + lines[-1:]
+
+
+def sbatch_script(spec: SbatchSpec) -> str:
+    """job.sbatch text of `spec` (see the module docstring)."""
+    partition = (f"partition {spec.partition}" if spec.partition is not None else
+                 "partition from $SBATCH_PARTITION (sbatch reads it; unset: the cluster's default)")
+    header = [
+        "#!/bin/bash",
+        f"# Slurm batch script: {spec.title}",
+        f"# {spec.nnodes * spec.nproc_per_node} ranks = {spec.nnodes} node(s) x {spec.nproc_per_node}: srun starts one "
+        "torchrun per node, c10d rendezvous on the first node.",
+        "# Submit from the plan folder (where plan.json is): sbatch slurm/job.sbatch",
+        f"# {partition}; time limit: the partition's default, or $SBATCH_TIMELIMIT.",
+        "# The nodes need planner with its runtime extra (pip install 'planner[runtime]') in the submitting",
+        "# environment, which sbatch passes on, or the image the repository's Dockerfile builds.",
+        *_directives(spec),
+    ]
+    body = [
+        "set -euo pipefail",
+        "",
+        "# sbatch runs a spool copy of this script: the plan folder is where it was submitted from",
+        "PLAN_DIR=$SLURM_SUBMIT_DIR",
+        "if [[ ! -f $PLAN_DIR/plan.json && -f $PLAN_DIR/../plan.json ]]; then",
+        "    PLAN_DIR=$(dirname \"$PLAN_DIR\")  # submitted from slurm/",
+        "fi",
+        "if [[ ! -f $PLAN_DIR/plan.json ]]; then",
+        "    echo \"job.sbatch: no plan.json in $SLURM_SUBMIT_DIR: submit from the plan folder "
+        "(sbatch slurm/job.sbatch)\" >&2",
+        "    exit 2",
+        "fi",
+        "cd \"$PLAN_DIR\"",
+        "",
+        "# c10d rendezvous on the allocation's first node (no `| head`: under pipefail its SIGPIPE would end the job)",
+        "HOSTS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")",
+        "MASTER_ADDR=${HOSTS%%$'\\n'*}",
+        f"MASTER_PORT=${{MASTER_PORT:-{RDZV_PORT}}}",
+        *_env_lines(spec.env),
+        "# threads per rank: the node's CPUs shared by its ranks",
+        f"export OMP_NUM_THREADS=\"${{OMP_NUM_THREADS:-$(( SLURM_CPUS_ON_NODE / {spec.nproc_per_node} ))}}\"",
+        "",
+        "# one torchrun per node, with every CPU of the node (srun does not inherit sbatch's CPU count)",
+        *_command(spec),
+    ]
+    return "\n".join(header + body) + "\n"
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
-    """job.sbatch for the plan."""
+    """job.sbatch for the plan; UnsupportedPlan when the torch runtime cannot run it."""
+    problem = runtime_problem(plan)
+    if problem is not None:
+        raise UnsupportedPlan(problem)
     shape = launch_shape(plan)
-    nnodes, gpn = shape["nnodes"], shape["nproc_per_node"]
-    text = f"""#!/bin/bash
-# Slurm batch script for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}
-# {plan.job.num_gpus} GPUs = {nnodes} nodes x {gpn}. Submit from this folder: sbatch job.sbatch
-#SBATCH --job-name={job_name(plan)}
-#SBATCH --nodes={nnodes}
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node={gpn}
-#SBATCH --cpus-per-task={CPUS_PER_GPU * gpn}
-#SBATCH --time=04:00:00
-#SBATCH --output=%x-%j.out
-# --time is a placeholder: set the run's wall-clock limit. --cpus-per-task assumes {CPUS_PER_GPU} cores per GPU.
-set -euo pipefail
-cd "${{SLURM_SUBMIT_DIR:-.}}"
-
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-export MASTER_ADDR
-export MASTER_PORT=${{MASTER_PORT:-29500}}
-export NNODES=$SLURM_JOB_NUM_NODES
-export NPROC_PER_NODE={gpn}
-# torchrun reads its options from PET_* variables too
-export PET_MASTER_ADDR=$MASTER_ADDR PET_MASTER_PORT=$MASTER_PORT PET_NNODES=$NNODES PET_NPROC_PER_NODE=$NPROC_PER_NODE
-
-# The torch launcher (torchrun) of this plan; ../torchtitan/launch.sh and ../megatron/launch.sh take the
-# same variables.  DeepSpeed alternative: run `deepspeed --hostfile` from ../deepspeed/ on the first node
-# instead (its launcher starts the other nodes over ssh/pdsh), or LAUNCHER=../deepspeed/launch.sh here.
-LAUNCHER=${{LAUNCHER:-../torch/launch.sh}}
-
-# One task per node; each starts torchrun with its node rank.
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 \\
-    bash -c 'export NODE_RANK=$SLURM_NODEID PET_NODE_RANK=$SLURM_NODEID; exec bash "$0"' "$LAUNCHER"
-"""
-    return {"job.sbatch": text}
+    spec = SbatchSpec(
+        title=f"{plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}", name=job_name(plan.job.model),
+        nnodes=shape["nnodes"], nproc_per_node=shape["nproc_per_node"], gpus=on_gpus(job),
+        partition=inputs.partition, module="planner.runtime.train", args=trainer_words(plan, job, inputs),
+        env=nccl_env(job),
+    )
+    return {"job.sbatch": sbatch_script(spec)}
 
 
 def written_strategy(plan: Plan, job: Job) -> Strategy:
-    """job.sbatch runs ../torch/launch.sh: the torch target's strategy (the plan's own)."""
+    """job.sbatch runs planner.runtime.train on plan.json: the torch target's strategy (the plan's own)."""
     return strategy_writer("torch")(plan, job)

@@ -1,34 +1,34 @@
-"""torchtitan target: `train.toml`, `launch.sh`, `README.md`.
+"""torchtitan target: `train.toml`, `launch.sh`, `README.md` for torchtitan 0.2.2 (the release on PyPI).
 
-Targets the TOML job config of torchtitan v0.1.0 (`torchtitan/config/job_config.py`:
-sections [job] [model] [optimizer] [lr_scheduler] [training] [parallelism]
-[checkpoint] [activation_checkpoint] [float8]) run as
-`torchrun ... -m torchtitan.train --job.config_file ./train.toml`.
+train.toml is 0.2.2's TOML job config (`torchtitan/config/job_config.py`, read by
+`torchtitan/config/manager.py`'s ConfigManager with `--job.config_file`). launch.sh runs
+`torchrun ... -m torchtitan.train --job.config_file <folder>/train.toml` and passes the launch inputs on
+the command line: dataset path, tokenizer folder, checkpoint folder, steps and warmup. Those are either given
+to `planner compile` or read from environment variables at launch (`planner.emit.inputs`).
+tests/test_emit_torchtitan.py loads every emitted config with 0.2.2's own ConfigManager.
 
 Mapping of the plan:
 
-* dp with zero=0 -> data_parallel_replicate_degree=dp (DDP); zero>=1 over
-  the whole dp group -> data_parallel_shard_degree=dp (FSDP2); shard=node ->
-  HSDP: shard = the dp ranks inside one node, replicate = the rest.  ZeRO-1/2
-  keep weights gathered between forward and backward
-  (fsdp_reshard_after_forward="never"), ZeRO-3 reshards ("default"), and so
-  does ZeRO-1/2 with CPU offload (training.enable_cpu_offload, which moves
-  parameters, gradients and optimizer states: zero=3, offload=all).
-* tp, cp, pp, ep degrees; schedule 1F1B / GPipe / Interleaved1F1B;
-  pipeline_parallel_microbatch_size = mbs; the split as
-  pipeline_parallel_split_points ("layers.<i>" where each stage begins; with
-  vpp > 1 pp*vpp uniform chunks); tp_overlap -> enable_async_tensor_parallel
-  (with training.compile, which async TP needs).
-* training.local_batch_size (per data-parallel rank: all micro-batches with
-  pp > 1, one micro-batch otherwise, torchtitan accumulates the rest),
-  global_batch_size, seq_len, mixed_precision_param.
-* activation_checkpoint.mode none / selective (per-op) / full; per-stage
-  block counts have no equivalent and become every-n-th-layer selective AC.
-* fp8 -> model.converters=["float8"] with the [float8] section.
+* dp with zero=0 -> data_parallel_replicate_degree=dp (DDP). zero>=1 over the whole dp group ->
+  data_parallel_shard_degree=dp (FSDP2). shard=node -> HSDP: shard = the dp ranks inside one node,
+  replicate = the rest. ZeRO-1/2 keep weights gathered between forward and backward
+  (fsdp_reshard_after_forward="never"). ZeRO-3 reshards ("default"), and so does ZeRO-1/2 with CPU
+  offload (training.enable_cpu_offload moves parameters, gradients and optimizer states: zero=3,
+  offload=all).
+* tp, cp and pp degrees (ep with expert_tensor_parallel_degree = tp for MoE models). Schedules 1F1B,
+  GPipe and Interleaved1F1B. pipeline_parallel_microbatch_size = mbs. The split is written as
+  module_fqns_per_model_part, the modules of each model chunk (with vpp > 1, pp*vpp uniform chunks;
+  torchtitan runs chunk k on pipeline rank k % pp). tp_overlap -> enable_async_tensor_parallel.
+  [compile] is always on: the torchtitan runtime profile costs fused kernels, and async TP needs compile.
+* training.local_batch_size is per data-parallel rank: all micro-batches when pp > 1, one micro-batch
+  otherwise (torchtitan accumulates the rest). Also written: global_batch_size, seq_len, mixed_precision_param.
+* activation_checkpoint.mode none / selective (per-op) / full. Per-stage block counts have no equivalent
+  and become every-n-th-layer selective AC.
+* fp8 -> model.converters=["quantize.linear.float8"] with [quantize.linear.float8].
+* AdamW, warmup and cosine decay, and clipping (planner.emit.optim). Checkpoints every `save_every` steps.
 
-The TOML is written by hand (deterministic key order, no toml dependency).
-`written_strategy` reads the sections back as the strategy torchtitan runs
-(planner.emit.check costs it before anything is written).
+The TOML is written by hand, in a fixed key order, with no toml dependency. `written_strategy` reads the
+sections back as the strategy torchtitan runs (planner.emit.check costs it before anything is written).
 """
 
 from __future__ import annotations
@@ -37,22 +37,15 @@ import json
 import math
 from typing import Any
 
-from planner.emit import one_placement
-from planner.emit.megatron import model_shape, stage_block_counts
+from planner.emit import one_placement, optim
+from planner.emit.inputs import LaunchInputs
+from planner.emit.megatron import stage_block_counts
 from planner.emit.slurm import launch_shape
+from planner.emit.torchtitan_launch import launch_script, readme
+from planner.emit.torchtitan_model import RELEASE, torchtitan_model
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
-from planner.emit.inputs import LaunchInputs
-
-TORCHTITAN_VERSION = "torchtitan v0.1.0"
-
-# zoo name -> (torchtitan model name, flavor) where torchtitan ships the same sizes
-FLAVORS = {
-    "llama3-8b": ("llama3", "8B"),
-    "llama3-70b": ("llama3", "70B"),
-    "llama3-405b": ("llama3", "405B"),
-}
 
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
@@ -76,7 +69,11 @@ def toml_text(sections: dict[str, dict[str, Any]], header: list[str]) -> str:
     lines = [f"# {line}" if line else "#" for line in header]
     for name, keys in sections.items():
         lines += ["", f"[{name}]"]
-        lines += [f"{key} = {_value(value)}" for key, value in keys.items()]
+        for key, value in keys.items():
+            if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+                lines += [f"{key} = [", *(f"    {_value(v)}," for v in value), "]"]  # one inner array a line
+            else:
+                lines.append(f"{key} = {_value(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -93,20 +90,30 @@ def dp_degrees(plan: Plan) -> tuple[int, int]:
     return dp // shard, shard
 
 
-def split_points(plan: Plan) -> list[str]:
-    """Names of the blocks that begin each pipeline stage after the first (pp*vpp stages with vpp > 1)."""
+def split_points(plan: Plan) -> list[int]:
+    """Index of the block that begins each model chunk after the first (pp*vpp uniform chunks with vpp > 1)."""
     s = plan.strategy
     counts = stage_block_counts(plan)
     if s.pp == 1:
         return []
     if s.vpp > 1:
         chunk = sum(counts) // (s.pp * s.vpp)
-        return [f"layers.{k * chunk}" for k in range(1, s.pp * s.vpp)]
+        return [k * chunk for k in range(1, s.pp * s.vpp)]
     points, first = [], 0
     for count in counts[:-1]:
         first += count
-        points.append(f"layers.{first}")
+        points.append(first)
     return points
+
+
+def model_parts(plan: Plan, num_blocks: int) -> list[list[str]]:
+    """module_fqns_per_model_part: the modules of each model chunk. The first chunk also holds tok_embeddings,
+    and the last holds norm and output. torchtitan runs chunk k on pipeline rank k % pp."""
+    edges = [0, *split_points(plan), num_blocks]
+    parts = [[f"layers.{b}" for b in range(first, stop)] for first, stop in zip(edges, edges[1:])]
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
 
 
 def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
@@ -132,32 +139,42 @@ def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
     return {"mode": "selective", "selective_ac_option": str(every)}
 
 
-def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Sections of train.toml and README notes."""
+def _parallelism(plan: Plan, num_blocks: int, replicate: int, shard: int, reshard: str,
+                 notes: list[str]) -> dict[str, Any]:
+    """The [parallelism] section."""
     s = plan.strategy
-    one_placement(plan, "torchtitan")  # one [training] and [parallelism] section for every rank
-    shape = model_shape(job.model)
-    notes: list[str] = []
-    name, flavor = FLAVORS.get(plan.job.model, ("llama3", plan.job.model))
-    if plan.job.model not in FLAVORS:
-        notes.append(f"torchtitan ships no flavor with the sizes of {plan.job.model}; register flavor "
-                     f"\"{plan.job.model}\" (dim={shape['hidden']}, n_layers={shape['num_layers']}, "
-                     f"n_heads={shape['heads']}, n_kv_heads={shape['kv_heads']}, vocab_size={shape['vocab']}, "
-                     f"ffn hidden {shape['ffn']}) in torchtitan/models/llama3/__init__.py.")
-    replicate, shard = dp_degrees(plan)
-    dp = replicate * shard
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": reshard,
+        "tensor_parallel_degree": s.tp,
+        "disable_loss_parallel": not (s.tp > 1),
+        "enable_async_tensor_parallel": s.tp_overlap and s.tp > 1,
+        "context_parallel_degree": s.cp,
+        "pipeline_parallel_degree": s.pp,
+    }
     if s.pp > 1:
-        local_batch = job.global_batch // dp
-    else:
-        local_batch = s.mbs
-    model: dict[str, Any] = {"name": name, "flavor": flavor,
-                             "tokenizer_path": "./assets/tokenizer/original/tokenizer.model"}
-    if job.precision == "fp8":
-        model["converters"] = ["float8"]
-    param_dtype = "bfloat16"
-    if job.precision == "fp16":
-        notes.append("precision fp16: torchtitan's mixed_precision_param takes bfloat16 or float32 only; "
-                     "the config uses bfloat16.")
+        parallelism["pipeline_parallel_schedule"] = SCHEDULES[s.pipeline_schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = s.mbs
+        parallelism["module_fqns_per_model_part"] = model_parts(plan, num_blocks)
+        counts = stage_block_counts(plan)
+        if s.vpp > 1 and len(set(counts)) > 1:
+            notes.append(f"The plan's uneven split {'/'.join(map(str, counts))} is replaced by uniform chunks: "
+                         "torchtitan's looped schedules need pp*vpp split points.")
+        notes.append("Pipeline stages: the first stage also holds tok_embeddings, the last norm and output "
+                     "(module_fqns_per_model_part lists each chunk's modules).")
+    parallelism["expert_parallel_degree"] = s.ep
+    if s.ep > 1:  # experts tensor-parallel as the dense layers, expert parallel inside the data-parallel ranks
+        parallelism["expert_tensor_parallel_degree"] = s.tp
+    if not s.sequence_parallel and s.tp > 1:
+        notes.append("sp=off: torchtitan's tensor parallelism always shards norms and dropout along the "
+                     "sequence (sequence parallel).")
+    return parallelism
+
+
+def _offload_and_reshard(plan: Plan, shard: int, notes: list[str]) -> tuple[bool, str]:
+    """(training.enable_cpu_offload, parallelism.fsdp_reshard_after_forward)."""
+    s = plan.strategy
     offload = s.offload != "none"
     cpu_offload = offload and s.offload_device == "cpu" and shard > 1
     if offload and not cpu_offload:
@@ -178,54 +195,61 @@ def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], 
     if s.regather == "host":
         notes.append("regather=host (a host-memory weight cache) has no torchtitan counterpart: FSDP2 re-gathers "
                      "weights over the data-parallel group.")
-    parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": replicate,
-        "data_parallel_shard_degree": shard,
-        "fsdp_reshard_after_forward": reshard,
-        "tensor_parallel_degree": s.tp,
-        "disable_loss_parallel": not (s.tp > 1),
-        "enable_async_tensor_parallel": s.tp_overlap and s.tp > 1,
-        "context_parallel_degree": s.cp,
-        "pipeline_parallel_degree": s.pp,
+    return cpu_offload, reshard
+
+
+def _lr_scheduler(inputs: LaunchInputs) -> dict[str, Any]:
+    """Warmup then cosine decay; the warmup length is written here when the step count is known (launch.sh
+    passes both otherwise)."""
+    section: dict[str, Any] = {"decay_type": "cosine", "min_lr_factor": optim.MIN_LR_RATIO}
+    if inputs.train_steps is not None:
+        section = {"warmup_steps": optim.warmup_steps(inputs.train_steps), **section}
+    return section
+
+
+def torchtitan_config(plan: Plan, job: Job,
+                      inputs: LaunchInputs = LaunchInputs()) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Sections of train.toml and README notes."""
+    s = plan.strategy
+    one_placement(plan, "torchtitan")  # one [training] and [parallelism] section for every rank
+    name, flavor, notes = torchtitan_model(job.model)
+    replicate, shard = dp_degrees(plan)
+    local_batch = job.global_batch // (replicate * shard) if s.pp > 1 else s.mbs
+    model: dict[str, Any] = {"name": name, "flavor": flavor}
+    if job.precision == "fp8":
+        model["converters"] = ["quantize.linear.float8"]
+    if job.precision == "fp16":
+        notes.append("precision fp16: torchtitan's mixed_precision_param takes bfloat16 or float32 only; "
+                     "the config uses bfloat16.")
+    cpu_offload, reshard = _offload_and_reshard(plan, shard, notes)
+    training: dict[str, Any] = {
+        "local_batch_size": local_batch,
+        "global_batch_size": job.global_batch,
+        "seq_len": job.seq_len,
+        "max_norm": optim.GRAD_CLIP,
+        "dataset": "c4",
+        "mixed_precision_param": "bfloat16",
+        "mixed_precision_reduce": "float32",
+        "enable_cpu_offload": cpu_offload,
     }
-    if s.pp > 1:
-        parallelism["pipeline_parallel_schedule"] = SCHEDULES[s.pipeline_schedule]
-        parallelism["pipeline_parallel_microbatch_size"] = s.mbs
-        parallelism["pipeline_parallel_split_points"] = split_points(plan)
-        counts = stage_block_counts(plan)
-        if s.vpp > 1 and len(set(counts)) > 1:
-            notes.append(f"The plan's uneven split {'/'.join(map(str, counts))} is replaced by uniform chunks: "
-                         "torchtitan's looped schedules need pp*vpp split points.")
-        notes.append("Pipeline stages: the first stage also holds tok_embeddings, the last norm and output "
-                     "(split points name the block that begins each stage).")
-    parallelism["expert_parallel_degree"] = s.ep
-    if not s.sequence_parallel and s.tp > 1:
-        notes.append("sp=off: torchtitan's tensor parallelism always shards norms and dropout along the "
-                     "sequence (sequence parallel).")
+    if inputs.train_steps is not None:
+        training["steps"] = inputs.train_steps
     sections: dict[str, dict[str, Any]] = {
         "job": {"dump_folder": "./outputs", "description": f"{plan.job.model}: {plan.strategy_spec}"},
         "metrics": {"log_freq": 10, "enable_tensorboard": False},
         "model": model,
-        "optimizer": {"name": "AdamW", "lr": 0.0003, "eps": 1e-08},
-        "lr_scheduler": {"warmup_steps": 200},
-        "training": {
-            "local_batch_size": local_batch,
-            "global_batch_size": job.global_batch,
-            "seq_len": job.seq_len,
-            "max_norm": 1.0,
-            "steps": 1000,
-            "dataset": "c4_test",
-            "mixed_precision_param": param_dtype,
-            "mixed_precision_reduce": "float32",
-            "enable_cpu_offload": cpu_offload,
-            "compile": bool(parallelism["enable_async_tensor_parallel"]),
-        },
-        "parallelism": parallelism,
-        "checkpoint": {"enable_checkpoint": False, "folder": "checkpoint", "interval": 500},
+        "optimizer": {"name": "AdamW", "lr": optim.LR, "beta1": optim.BETAS[0], "beta2": optim.BETAS[1],
+                      "eps": optim.EPS, "weight_decay": optim.WEIGHT_DECAY},
+        "lr_scheduler": _lr_scheduler(inputs),
+        "training": training,
+        "parallelism": _parallelism(plan, job.model.num_blocks, replicate, shard, reshard, notes),
+        # full checkpoints (model, optimizer, data loader) every save_every steps and at the end, to resume from
+        "checkpoint": {"enable": True, "interval": inputs.save_every, "last_save_model_only": False},
         "activation_checkpoint": _activation_checkpoint(plan, notes),
+        "compile": {"enable": True, "components": ["model", "loss"]},
     }
     if job.precision == "fp8":
-        sections["float8"] = {
+        sections["quantize.linear.float8"] = {
             "enable_fsdp_float8_all_gather": shard > 1,
             "precompute_float8_dynamic_scale_for_fsdp": shard > 1,
             "filter_fqns": ["output"],
@@ -233,10 +257,9 @@ def torchtitan_config(plan: Plan, job: Job) -> tuple[dict[str, dict[str, Any]], 
     return sections, notes
 
 
-def _stage_counts(points: list[str], total: int, pp: int) -> tuple[tuple[int, ...], int]:
-    """(blocks per stage, chunks per stage) of pipeline_parallel_split_points: chunk k runs on stage k % pp."""
-    edges = [0, *(int(point.removeprefix("layers.")) for point in points), total]
-    chunks = [b - a for a, b in zip(edges, edges[1:])]
+def _stage_counts(parts: list[list[str]], pp: int) -> tuple[tuple[int, ...], int]:
+    """(blocks per stage, chunks per stage) of module_fqns_per_model_part: chunk k runs on stage k % pp."""
+    chunks = [sum(name.startswith("layers.") for name in part) for part in parts]
     return tuple(sum(chunks[i::pp]) for i in range(pp)), len(chunks) // pp
 
 
@@ -273,7 +296,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     elif replicate > 1:
         zero = 0  # DDP
     schedule = {v: k for k, v in SCHEDULES.items()}[p.get("pipeline_parallel_schedule", "1F1B")]
-    counts, vpp = _stage_counts(p.get("pipeline_parallel_split_points", []), job.model.num_blocks, pp)
+    counts, vpp = _stage_counts(p.get("module_fqns_per_model_part", [[]]), pp)
     return Strategy(
         tp=tp, pp=pp, dp=replicate * shard, cp=p["context_parallel_degree"], ep=p["expert_parallel_degree"],
         mbs=p["pipeline_parallel_microbatch_size"] if pp > 1 else training["local_batch_size"], vpp=vpp,
@@ -285,51 +308,20 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
     """train.toml, launch.sh and README.md for torchtitan."""
-    sections, notes = torchtitan_config(plan, job)
-    shape = launch_shape(plan)
+    sections, notes = torchtitan_config(plan, job, inputs)
     p = sections["parallelism"]
     product = (p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] * p["tensor_parallel_degree"]
                * p["context_parallel_degree"] * p["pipeline_parallel_degree"])
     if product != plan.job.num_gpus:
         raise ValueError(f"torchtitan: parallel degrees multiply to {product}, the plan uses {plan.job.num_gpus} GPUs")
     header = [
-        f"torchtitan job config ({TORCHTITAN_VERSION}, torchtitan/config/job_config.py) written by planner",
+        f"torchtitan job config ({RELEASE}, torchtitan/config/job_config.py) written by planner",
         f"{plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}",
-        "Data, tokenizer, optimizer and schedule values are placeholders; parallelism is the plan's.",
+        "launch.sh adds the dataset path, tokenizer folder, checkpoint folder, steps and warmup on the",
+        "command line (torchtitan lets command-line values override this file).",
     ]
-    launch = f"""#!/usr/bin/env bash
-# torchtitan launch for {plan.job.model} on {plan.job.cluster} ({TORCHTITAN_VERSION}).
-# Run on every node from a torchtitan checkout or install, with NODE_RANK set per node.
-set -euo pipefail
-cd "$(dirname "${{BASH_SOURCE[0]}}")"
-NNODES=${{NNODES:-{shape['nnodes']}}}
-NPROC_PER_NODE=${{NPROC_PER_NODE:-{shape['nproc_per_node']}}}
-NODE_RANK=${{NODE_RANK:-0}}
-MASTER_ADDR=${{MASTER_ADDR:-localhost}}
-MASTER_PORT=${{MASTER_PORT:-29500}}
-exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "$NODE_RANK" \\
-    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\
-    -m torchtitan.train --job.config_file ./train.toml "$@"
-"""
-    readme = [
-        "# torchtitan launch files",
-        "",
-        f"Plan: `{plan.strategy_spec}` for {plan.job.model} on {plan.job.cluster} "
-        f"({plan.job.num_gpus} GPUs: {shape['nnodes']} nodes x {shape['nproc_per_node']}).",
-        "",
-        f"Format: the TOML job config of {TORCHTITAN_VERSION} (`torchtitan/config/job_config.py`).",
-        "",
-        "- `train.toml`: [parallelism], [training] batch/sequence/precision and [activation_checkpoint] come "
-        "from the plan; data, tokenizer, optimizer and step counts are placeholders.",
-        "- `launch.sh`: `torchrun ... -m torchtitan.train --job.config_file ./train.toml`; set NNODES, "
-        "NODE_RANK, MASTER_ADDR, MASTER_PORT per node (slurm/job.sbatch does).",
-        "",
-        "## No torchtitan equivalent",
-        "",
-    ]
-    readme += [f"- {note}" for note in notes] or ["- Nothing: every choice of the plan maps to a field."]
     return {
         "train.toml": toml_text(sections, header),
-        "launch.sh": launch,
-        "README.md": "\n".join(readme) + "\n",
+        "launch.sh": launch_script(plan, inputs, launch_shape(plan)),
+        "README.md": readme(plan, inputs, launch_shape(plan), notes),
     }

@@ -37,7 +37,7 @@ from torch import nn
 from models.graph import EmbeddingTable
 from models.recsys import DLRMConfig
 from models.zoo import get_entry
-from planner.embedding.sharding_plan import ParameterSharding, ShardingPlanFile
+from planner.embedding.sharding_plan import ParameterSharding, ShardingPlanFile, table_names
 from planner.runtime.shutdown import run_then_finish
 
 
@@ -160,7 +160,7 @@ def train(plan_path: Path | None, model_name: str, batch: int, steps: int, lr: f
     """Run `steps` SGD steps; return losses and per-rank table bytes."""
     entry = get_entry(model_name)
     cfg = entry.config
-    names = [f"table.{j}" for j in range(len(cfg.tables))]
+    names = table_names(len(cfg.tables))  # sharding_plan.json keys tables by their TorchRec names
     distributed = not reference
     if distributed:
         dist.init_process_group("gloo")

@@ -81,10 +81,15 @@ def local_bytes(t: torch.Tensor | None) -> int:
     return local.numel() * local.element_size()
 
 
-def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def _optimizer_states(optimizers: list[torch.optim.Optimizer]):
+    for optimizer in optimizers:
+        yield from optimizer.state.values()
+
+
+def state_bytes(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
     """Parameters, gradients and optimizer state this rank holds locally (each parameter once)."""
     params = list({id(p): p for p in model.parameters()}.values())
-    opt = sum(local_bytes(v) for state in optimizer.state.values() for v in state.values()
+    opt = sum(local_bytes(v) for state in _optimizer_states(optimizers) for v in state.values()
               if isinstance(v, torch.Tensor))
     return {"param_bytes": sum(local_bytes(p) for p in params),
             "grad_bytes": sum(local_bytes(p.grad) for p in params),
@@ -177,12 +182,12 @@ class _LiveMode(TorchDispatchMode):
 
 
 class MemoryProbe:
-    """Measure one step: `with MemoryProbe(chunks, optimizer, inputs=(tokens, labels), micro_batches=m) as probe:`
-    run the step, then `probe.report(model)`."""
+    """Measure one step: `with MemoryProbe(chunks, optimizers, inputs=(tokens, labels), micro_batches=m) as probe:`
+    run the step, then `probe.report(model)`.  `optimizers`: the step's optimizers (one per chunk)."""
 
-    def __init__(self, chunks: list[nn.Module], optimizer: torch.optim.Optimizer, *, inputs=(),
+    def __init__(self, chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, inputs=(),
                  micro_batches: int = 1, pipeline_stages=()):
-        self.chunks, self.optimizer, self.inputs, self.micro_batches = chunks, optimizer, inputs, micro_batches
+        self.chunks, self.optimizers, self.inputs, self.micro_batches = chunks, optimizers, inputs, micro_batches
         self.pipeline_stages = list(pipeline_stages)
         self._records: dict[int, _Record] = {}
         self.live = dict.fromkeys(KINDS, 0)
@@ -391,7 +396,7 @@ class MemoryProbe:
             for b in chunk.buffers():
                 for st in storages(b):
                     self._register(st, "buffers")
-        for state in self.optimizer.state.values():
+        for state in _optimizer_states(self.optimizers):
             for value in state.values():
                 for st in storages(value) if isinstance(value, torch.Tensor) else ():
                     self._register(st, "optimizer")
@@ -479,7 +484,7 @@ class MemoryProbe:
             for label, nbytes in forward.items():
                 by_layer[label] += nbytes
         m = max(1, self.micro_batches)
-        out = state_bytes(model, self.optimizer)
+        out = state_bytes(model, self.optimizers)
         out.update({
             "saved_per_microbatch": sum(by_layer.values()) / m,
             "saved_by_layer": {k: v / m for k, v in sorted(by_layer.items())},

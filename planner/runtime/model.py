@@ -23,6 +23,7 @@ from torch import nn
 
 from models.transformer import TransformerConfig
 from planner.emit.torch import config_problem
+from planner.runtime.materialize import init_weights
 
 
 def supported(cfg: TransformerConfig) -> None:
@@ -132,9 +133,14 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Embedding, blocks keyed by index, final norm, untied head; any piece may be dropped (None)."""
+    """Embedding, blocks keyed by index, final norm, untied head; any piece may be dropped (None).
 
-    def __init__(self, cfg: TransformerConfig):
+    Built on a real device it is initialized at once (materialize.init_weights: the same values for
+    the same seed however the model is later split); built under `torch.device("meta")` it has shapes
+    only, and materialize.materialize gives each rank's shards storage and values after the plan's
+    passes."""
+
+    def __init__(self, cfg: TransformerConfig, *, seed: int = 0):
         super().__init__()
         supported(cfg)
         self.config = cfg
@@ -142,18 +148,17 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
         self.norm: nn.Module | None = nn.RMSNorm(cfg.hidden, eps=1e-5)
         self.output: nn.Module | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_positions)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
+        self.register_buffer("rope_cos", torch.empty(cfg.max_positions, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(cfg.max_positions, cfg.head_dim // 2), persistent=False)
+        if self.rope_cos.device.type != "meta":  # under torch.device("meta"): materialize.py fills them later
+            self.init_buffers()
+            init_weights(self, seed=seed)
 
-    def reset_parameters(self) -> None:
-        """Normal(0, 0.02) weights, unit norms (deterministic under torch.manual_seed)."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-            elif isinstance(module, nn.RMSNorm):
-                nn.init.ones_(module.weight)
+    def init_buffers(self) -> None:
+        """The rotary tables (not parameters: not sharded, not saved), on the buffers' device."""
+        cos, sin = rope_tables(self.config.head_dim, self.config.max_positions)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
 
     def keep_blocks(self, first: int, last: int, *, first_stage: bool, last_stage: bool) -> None:
         """Keep blocks first..last (inclusive; last < first keeps none), the embedding only on

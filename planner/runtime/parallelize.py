@@ -34,6 +34,16 @@ shard=node is HSDP: dp = dp_replicate x dp_shard with dp_shard the data-parallel
 ranks inside one node.  offload of params/optimizer to cpu uses
 `CPUOffloadPolicy` (only on CUDA; on a CPU run everything already is in host memory).
 
+Mixed precision (`param_dtype=torch.bfloat16`): FSDP2's `MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32)` on every fully_shard-ed module: the sharded parameters, their gradients and AdamW's
+state stay fp32 (the master copy), forward and backward compute with bf16 gathered weights and gradients
+are reduce-scattered in fp32.  Chunks without FSDP2 (zero 0, or no data parallelism) run their forward
+under `torch.autocast(bf16)` instead (torchtitan does the same), with fp32 parameters and gradients.
+
+Meta-device models: `apply_plan` takes the model built under `torch.device("meta")`, applies the
+passes to the shapes, then materializes this rank's shards (planner/runtime/materialize.py) before it
+builds the pipeline stages: no rank allocates more than its own part.
+
 Not supported (clear ValueError): ep > 1 (the reference model is dense) and
 offload to nvme (FSDP2 offloads to CPU only).
 """
@@ -52,6 +62,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from planner.emit.torch import strategy_problem
 from planner.plan.schema import Plan
+from planner.runtime.materialize import materialize
 from planner.runtime.model import Transformer
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -71,6 +82,8 @@ class Parallelized:
     schedule: object | None = None  # their schedule
     replicate_group: dist.ProcessGroup | None = None  # zero 0 with dp x cp > 1: all-reduce gradients here
     replicate_size: int = 1
+    stage_ranks: int = 1  # ranks of one pipeline stage (tp x cp x dp): they hold its parameters between them
+    init_block_bytes: int = 0  # the largest temporary block materialization drew (0: the model was not meta)
 
     @property
     def is_first(self) -> bool:
@@ -96,7 +109,7 @@ class Parallelized:
                 self.schedule.step()
             loss = torch.stack([x.detach() for x in losses]).mean() if self.is_last else None
         else:
-            total = torch.zeros(())
+            total = torch.zeros((), device=tokens.device)
             for tok, lab in zip(tokens.chunk(self.micro_batches), labels.chunk(self.micro_batches)):
                 micro = loss_fn(self.model(tok), lab) / self.micro_batches
                 micro.backward()
@@ -254,14 +267,36 @@ def apply_ac(model: Transformer, *, blocks: int) -> None:
         model.layers[key] = checkpoint_wrapper(model.layers[key], preserve_rng_state=False)
 
 
-def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, reshard_after_forward: bool, offload: bool) -> None:
-    """FSDP2 `fully_shard` on each block, then on the stage root."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+def apply_fsdp(model: Transformer, *, dp_mesh: DeviceMesh, reshard_after_forward: bool, offload: bool,
+               param_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 `fully_shard` on each block, then on the stage root; with `param_dtype` (bf16) its
+    MixedPrecisionPolicy computes in that dtype and reduces gradients in fp32."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy,
+                    mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=policy,
+                mp_policy=mp)
+
+
+def apply_autocast(model: nn.Module, *, dtype: torch.dtype, device_type: str) -> None:
+    """Run `model`'s forward under torch.autocast(dtype) (mixed precision without FSDP2): hooks enter it
+    before forward and leave it after, so backward and the optimizer run outside it."""
+    contexts: list = []
+
+    def enter(_module, _args):
+        ctx = torch.autocast(device_type, dtype=dtype)
+        ctx.__enter__()
+        contexts.append(ctx)
+
+    def leave(_module, _args, _out):
+        contexts.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
 
 
 # ---------------------------------------------------------------- entry
@@ -277,8 +312,11 @@ def _data_parallel_mesh(mesh: DeviceMesh, shape: dict[str, int]) -> DeviceMesh:
 
 
 def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None = None,
-               device: torch.device | None = None) -> Parallelized:
-    """Parallelize `model` (the whole reference model, same init on every rank) for this rank as `plan` says."""
+               device: torch.device | None = None, param_dtype: torch.dtype | None = None,
+               seed: int = 0) -> Parallelized:
+    """Parallelize `model` for this rank as `plan` says: the whole reference model built under
+    torch.device("meta") (materialized here, after the passes, with `seed`'s initial values) or on a
+    device (the same init on every rank).  `param_dtype` bf16 turns on mixed precision."""
     _check_supported(plan)
     s = plan.strategy
     device = device or torch.device("cpu")
@@ -286,7 +324,8 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
     rank = dist.get_rank()
     stage_index = rank // (s.tp * s.cp * s.dp)
     out = Parallelized(model=model, mesh=mesh, stage_index=stage_index, num_stages=len(plan.stages),
-                       micro_batches=plan.time.micro_batches)
+                       micro_batches=plan.time.micro_batches, stage_ranks=s.tp * s.cp * s.dp)
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
 
     # (1) pipeline split: this rank's stage (its chunks when vpp > 1).
     chunks = chunk_modules(model, plan, stage_index=stage_index) if s.pp > 1 else [model]
@@ -295,6 +334,8 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
     shape = mesh_shape(plan)
     fsdp = s.zero >= 1 and shape["dp_shard"] * shape["cp"] > 1
     dp_mesh = _data_parallel_mesh(mesh, shape) if fsdp else None
+    # this stage's own placement (stages may differ: plan.json's stage_offload)
+    offload = fsdp and s.for_stage(stage_index).offload != "none" and device.type == "cuda"
     for chunk in chunks:
         # (2) tensor parallel (sequence parallel on the norms when sp).
         if s.tp > 1:
@@ -309,9 +350,15 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
             apply_ac(chunk, blocks=recompute_per_chunk)
         # (5) data parallel: FSDP2 over dp_shard x cp for zero >= 1 (HSDP with shard=node).
         if dp_mesh is not None:
-            # this stage's own placement (stages may differ: plan.json's stage_offload)
-            offload = s.for_stage(stage_index).offload != "none" and device.type == "cuda"
-            apply_fsdp(chunk, dp_mesh=dp_mesh, reshard_after_forward=s.zero == 3, offload=offload)
+            apply_fsdp(chunk, dp_mesh=dp_mesh, reshard_after_forward=s.zero == 3, offload=offload,
+                       param_dtype=param_dtype)
+        elif param_dtype is not None:
+            apply_autocast(chunk, dtype=param_dtype, device_type=device.type)
+    # (6) materialize: this rank's shards get storage and their layout-independent initial values.
+    if on_meta:
+        # FSDP2's CPUOffloadPolicy keeps the shards in host memory: they are materialized there
+        out.init_block_bytes = materialize(chunks, device=torch.device("cpu") if offload else device, seed=seed,
+                                           buffer_device=device)
     if s.pp > 1:
         out.stages, out.schedule = build_schedule(chunks, plan, stage_index=stage_index, pp_mesh=mesh["pp"],
                                                   device=device)

@@ -1,22 +1,27 @@
-"""Train the reference model under a compiled plan: `python -m planner.runtime.train --plan plan.json`.
+"""Train the reference model under a compiled plan: `python -m planner.runtime.train --plan plan.json ...`.
 
-Run under torchrun with the plan's rank count (the torch target's launch.sh
-does this).  Every rank builds the whole reference model with the same seed,
-`apply_plan` keeps and parallelizes its part, and the ranks train on
-synthetic data: each sequence follows a fixed random permutation of the
-vocabulary (token t is followed by perm[t]), so next-token loss can fall to
-zero and a few steps show it falling.
+Run under torchrun with the plan's rank count (the torch target's launch.sh does this, with the launch
+inputs: `--data PREFIX --tokenizer T --checkpoint-dir DIR --train-steps N --save-every K`).  Each rank
 
-Prints `step <i> loss <x>` on rank 0 and, at the end, `param_bytes <rank> <bytes>`
-for every rank: bytes of the parameters the rank holds locally (local shards
-of DTensor / FSDP2 parameters).  The runtime keeps fp32 parameters (4 bytes
-each; mixed precision is not applied), so the plan's prediction is
-stages[i].params_per_gpu * 4, divided by the FSDP shard degree when zero >= 1.
+1. builds the reference model under `torch.device("meta")` and applies the plan (pipeline split, tensor
+   and context parallel, activation checkpointing, FSDP2), then materializes only its own shards with
+   layout-independent initial values (planner/runtime/materialize.py);
+2. trains in the plan's precision: bf16 mixed precision (FSDP2 MixedPrecisionPolicy: fp32 master
+   weights, gradients and AdamW state, bf16 compute, fp32 gradient reduction), or fp32 with
+   `--precision fp32`;
+3. reads its data-parallel slice of every global batch from memory-mapped token shards
+   (planner/runtime/data.py; without `--data` it trains on synthetic sequences that follow a fixed
+   permutation of the vocabulary, and says so);
+4. steps AdamW with linear warmup and cosine decay after clipping the gradients to a global norm over
+   every shard (planner/runtime/optim.py);
+5. saves a distributed checkpoint (torch.distributed.checkpoint) every `--save-every` steps and at the
+   end, and on start resumes from the latest one in `--checkpoint-dir` (planner/runtime/checkpoint.py).
 
-With `--measure-memory` the last step runs under `planner.runtime.memory_probe.MemoryProbe` and every
-rank also prints `memory <rank> <json>`: its parameter, gradient and optimizer-state bytes, the bytes
-saved for backward per micro-batch (by layer) and at their peak, the peak of live tensor bytes during
-the step and FSDP2's gathered parameters at their peak (the report's `memory` section, per rank).
+Rank 0 prints `step <i> loss <x> lr <lr> grad_norm <g>` per step and the save / resume lines; at the
+end every rank prints `param_bytes <rank> <bytes>` (its local fp32 parameter shards) and
+`init_peak_bytes <rank> <bytes>` (the most tensor bytes it held while building and materializing the
+model).  With `--measure-memory` the last step runs under planner.runtime.memory_probe.MemoryProbe and
+every rank also prints `memory <rank> <json>`.
 """
 
 from __future__ import annotations
@@ -33,10 +38,17 @@ import torch.distributed as dist
 from models.transformer import TransformerConfig
 from models.zoo import get_entry
 from planner.plan.schema import Plan
+from planner.runtime import checkpoint
+from planner.runtime.data import DataError, SampleReader, TokenShards
+from planner.runtime.materialize import InitMemory
 from planner.runtime.memory_probe import MemoryProbe
 from planner.runtime.model import Transformer
-from planner.runtime.parallelize import apply_plan, local_param_bytes
+from planner.runtime.optim import OptimConfig, build_optimizer, clip_grads, global_grad_norm, lr_factor
+from planner.runtime.parallelize import Parallelized, apply_plan, local_param_bytes
 from planner.runtime.shutdown import run_then_finish
+
+PROG = "python -m planner.runtime.train"
+DTYPES = {"bf16": torch.bfloat16, "fp32": None}  # --precision -> FSDP2 / autocast compute dtype (None: fp32)
 
 
 def model_config(plan: Plan, spec: Path | None = None) -> TransformerConfig:
@@ -71,91 +83,267 @@ def synthetic_batch(step: int, *, batch: int, seq_len: int, vocab: int, seed: in
     return seq[:, :-1], seq[:, 1:]
 
 
-def _say(line: str) -> None:
+class SyntheticReader:
+    """SampleReader's interface over synthetic_batch: this data-parallel rank's rows of each global batch."""
+
+    def __init__(self, *, seq_len: int, global_batch: int, dp_rank: int, dp_size: int, vocab: int, seed: int):
+        self.seq_len, self.global_batch, self.vocab, self.seed = seq_len, global_batch, vocab, seed
+        per = global_batch // dp_size
+        self.rows = slice(dp_rank * per, (dp_rank + 1) * per)
+        self.position = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, labels = synthetic_batch(self.position // self.global_batch, batch=self.global_batch,
+                                         seq_len=self.seq_len, vocab=self.vocab, seed=self.seed)
+        self.position += self.global_batch
+        return tokens[self.rows], labels[self.rows]
+
+
+def say(line: str) -> None:
     # One write per line: ranks share stdout, and a pipe keeps writes under PIPE_BUF whole.
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
+def fail(message: str) -> None:
+    """A user error: one line on stderr (from rank 0 only: every rank finds it), exit status 2."""
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+    raise SystemExit(2)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m planner.runtime.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", type=Path, required=True, help="plan.json written by `planner compile`.")
-    parser.add_argument("--steps", type=int, default=10, help="Optimizer steps (default 10).")
-    parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2).")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the model init and the data (default 0).")
-    parser.add_argument("--report", type=Path, default=None, help="Write losses and param_bytes per rank as JSON.")
-    parser.add_argument("--model-spec", type=Path, default=None,
-                        help="Model spec file (builder: llama ...) of a model the zoo does not have; its name must "
-                        "be the plan's model.")
-    parser.add_argument("--measure-memory", action="store_true",
-                        help="Measure the last step's memory on every rank (planner/runtime/memory_probe.py): "
-                        "prints `memory <rank> <json>` and adds `memory` to the report.")
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--plan", type=Path, required=True, help="plan.json written by `planner compile`.")
+    add("--data", default=None, metavar="PREFIX",
+        help="Token shards PREFIX.bin + PREFIX.idx (python -m planner.runtime.data write); without it the "
+        "run trains on synthetic sequences.")
+    add("--tokenizer", default=None, help="The tokenizer the data was written with (checked against PREFIX.idx).")
+    add("--checkpoint-dir", type=Path, default=None,
+        help="Save distributed checkpoints here and resume from the latest one (none without it).")
+    add("--train-steps", "--steps", dest="train_steps", type=int, default=10,
+        help="Optimizer steps of the whole run (default 10); the cosine schedule ends here.")
+    add("--save-every", type=int, default=1000, help="Steps between checkpoints (default 1000; also at the end).")
+    add("--stop-at-step", type=int, default=None,
+        help="Leave after this step, checkpointing it, as a preempted job would; a later run resumes.")
+    add("--lr", type=float, default=3e-4, help="Peak AdamW learning rate (default 3e-4).")
+    add("--min-lr-ratio", type=float, default=0.1, help="Final learning rate / peak (default 0.1).")
+    add("--warmup-steps", type=int, default=None,
+        help="Linear warmup steps (default 1%% of --train-steps, at least 1).")
+    add("--weight-decay", type=float, default=0.1, help="AdamW weight decay of matrices (default 0.1).")
+    add("--grad-clip", type=float, default=1.0, help="Clip gradients to this global norm (default 1.0; 0: off).")
+    add("--precision", choices=("plan", "bf16", "fp32"), default="plan",
+        help="Compute precision: the plan's (default; bf16 mixed precision), bf16, or fp32 throughout.")
+    add("--seed", type=int, default=0, help="Seed of the model init and the data order (default 0).")
+    add("--report", type=Path, default=None, help="Write losses and bytes per rank as JSON.")
+    add("--model-spec", type=Path, default=None,
+        help="Model spec file (builder: llama ...) of a model the zoo does not have; its name must be the "
+        "plan's model.")
+    add("--measure-memory", action="store_true",
+        help="Measure the last step's memory on every rank (planner/runtime/memory_probe.py): prints "
+        "`memory <rank> <json>` and adds `memory` to the report.")
     return parser.parse_args(argv)
+
+
+def optim_config(args: argparse.Namespace) -> OptimConfig:
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.train_steps // 100)
+    return OptimConfig(lr=args.lr, min_lr_ratio=args.min_lr_ratio, warmup_steps=warmup,
+                       train_steps=args.train_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip)
+
+
+def compute_dtype(plan: Plan, choice: str, path: Path) -> torch.dtype | None:
+    """The compute dtype of --precision (`plan`: the precision of the plan at `path`, which must be bf16)."""
+    precision = plan.job.precision if choice == "plan" else choice
+    if precision not in DTYPES:
+        fail(f"{path}: job.precision: {precision}: the planner torch runtime trains in bf16 mixed precision "
+             "(or fp32 with --precision fp32)")
+    return DTYPES[precision]
+
+
+def open_data(args: argparse.Namespace, plan: Plan, vocab: int) -> TokenShards | None:
+    """The token shards of --data, checked against --tokenizer and the model's vocabulary (None: synthetic)."""
+    if args.data is None:
+        return None
+    try:
+        shards = TokenShards(args.data)
+    except DataError as err:
+        fail(str(err))
+    header = shards.header
+    if args.tokenizer is not None and args.tokenizer != header.tokenizer:
+        fail(f"{args.data}.idx: tokenizer: written with {header.tokenizer!r}, --tokenizer is {args.tokenizer!r}")
+    if header.vocab_size > vocab:
+        fail(f"{args.data}.idx: vocab_size: {header.vocab_size} token ids, the model {plan.job.model} "
+             f"embeds {vocab}")
+    if header.tokens <= plan.job.seq_len:
+        fail(f"{args.data}.idx: tokens: {header.tokens} tokens hold no sample of {plan.job.seq_len + 1}")
+    return shards
+
+
+def read_plan(path: Path) -> Plan:
+    try:
+        return Plan.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        fail(f"{path}: --plan: {err.strerror}")
+    except ValueError as err:  # pydantic's ValidationError: the first problem, with its field
+        first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
+        fail(f"{path}: {'.'.join(map(str, first['loc'])) or 'plan'}: {first['msg']}")
+
+
+def watch_compute_dtype(par: Parallelized) -> dict[str, str]:
+    """The dtype the first Linear of this rank computes in, filled by its first forward."""
+    seen: dict[str, str] = {}
+    linear = next((m for m in par.chunks()[0].modules() if isinstance(m, torch.nn.Linear)), None)
+    def record(_module, _args, out) -> None:  # returns None: the output stays as it is
+        seen.setdefault("dtype", str(out.dtype).removeprefix("torch."))
+
+    if linear is not None:
+        linear.register_forward_hook(record)
+    return seen
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("train_steps", "save_every"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
+    if args.stop_at_step is not None and not 1 <= args.stop_at_step <= args.train_steps:
+        fail(f"--stop-at-step: must be within 1..--train-steps ({args.train_steps}), got {args.stop_at_step}")
+
+
+def init_distributed() -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+        return device
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def build(plan: Plan, config: TransformerConfig, *, device: torch.device, dtype: torch.dtype | None,
+          seed: int) -> tuple[Parallelized, int]:
+    """The parallelized model of this rank, built on meta and materialized; and its init peak bytes."""
+    with InitMemory() as memory:
+        with torch.device("meta"):
+            model = Transformer(config)
+        par = apply_plan(model, plan, device=device, param_dtype=dtype, seed=seed)
+    return par, memory.peak
+
+
+def train_step(par: Parallelized, optimizers: list, tokens: torch.Tensor, labels: torch.Tensor,
+               grad_clip: float) -> tuple[torch.Tensor | None, float]:
+    """Forward, backward, gradient clipping and the optimizer steps; (loss on the last stage, grad norm)."""
+    loss = par.train_step(tokens, labels)
+    params = [p for chunk in par.chunks() for p in chunk.parameters()]
+    norm = global_grad_norm(params, stage_ranks=par.stage_ranks)
+    clip_grads(params, grad_clip, norm)
+    for optimizer in optimizers:
+        optimizer.step()
+    return loss, float(norm)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    plan = Plan.model_validate_json(args.plan.read_text(encoding="utf-8"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend)
-    rank = dist.get_rank()
-    s = plan.strategy
-    torch.manual_seed(args.seed)
+    check_args(args)
+    plan = read_plan(args.plan)
     config = model_config(plan, args.model_spec)
     if args.model_spec is not None and config.name != plan.job.model:
-        raise ValueError(f"--model-spec builds {config.name!r}, the plan is for {plan.job.model!r}")
-    model = Transformer(config).to(device)
-    par = apply_plan(model, plan, device=device)
-    optimizer = torch.optim.AdamW(par.model.parameters(), lr=args.lr)
-    dp_index = (rank // (s.tp * s.cp)) % s.dp
-    cp_index = (rank // s.tp) % s.cp
-    per_replica = plan.job.global_batch // s.dp
-    per_cp_rank = plan.job.seq_len // s.cp
+        fail(f"{args.model_spec}: name: builds {config.name!r}, the plan is for {plan.job.model!r}")
+    dtype = compute_dtype(plan, args.precision, args.plan)
+    shards = open_data(args, plan, config.vocab)
+    ocfg = optim_config(args)
+
+    device = init_distributed()
+    rank, s = dist.get_rank(), plan.strategy
+    par, init_peak = build(plan, config, device=device, dtype=dtype, seed=args.seed)
+    optimizers = [build_optimizer(chunk, ocfg) for chunk in par.chunks()]
+    computed = watch_compute_dtype(par)
+    progress = {"step": 0, "data_position": 0, "lr": ocfg.lr, "warmup_steps": ocfg.warmup_steps,
+                "train_steps": ocfg.train_steps, "min_lr_ratio": ocfg.min_lr_ratio}
+    state = checkpoint.TrainerState(par.chunks(), optimizers, progress)
+    found = checkpoint.latest(args.checkpoint_dir) if args.checkpoint_dir is not None else None
+    if found is not None:
+        checkpoint.load(found[1], state)
+        if rank == 0:
+            say(f"resumed from {found[1]} (step {progress['step']}, data position {progress['data_position']})")
+
+    dp_rank = (rank // (s.tp * s.cp)) % s.dp
+    cp_index, per_cp = (rank // s.tp) % s.cp, plan.job.seq_len // s.cp
+    if shards is not None:
+        reader = SampleReader(shards, seq_len=plan.job.seq_len, global_batch=plan.job.global_batch,
+                              dp_rank=dp_rank, dp_size=s.dp, seed=args.seed)
+    else:
+        reader = SyntheticReader(seq_len=plan.job.seq_len, global_batch=plan.job.global_batch, dp_rank=dp_rank,
+                                 dp_size=s.dp, vocab=config.vocab, seed=args.seed)
+        if rank == 0:
+            say("no --data: training on synthetic sequences (a fixed permutation of the vocabulary)")
+    reader.position = int(progress["data_position"])
+    first = int(progress["step"])
+    last = args.stop_at_step if args.stop_at_step is not None else args.train_steps
+    if first >= last and rank == 0:
+        say(f"nothing to train: the checkpoint is at step {first}, the run ends at step {last}")
     last_stage_ranks = s.tp * s.cp * s.dp
-    losses = []
-    probe = None
-    for step in range(args.steps):
-        tokens, labels = synthetic_batch(step, batch=plan.job.global_batch, seq_len=plan.job.seq_len,
-                                         vocab=config.vocab, seed=args.seed)
-        # this replica's sequences; under cp this rank's contiguous chunk of each
-        rows = slice(dp_index * per_replica, (dp_index + 1) * per_replica)
-        cols = slice(cp_index * per_cp_rank, (cp_index + 1) * per_cp_rank)
-        optimizer.zero_grad()
-        tokens_here, labels_here = tokens[rows, cols].to(device), labels[rows, cols].to(device)
-        if args.measure_memory and step == args.steps - 1:
-            with MemoryProbe(par.chunks(), optimizer, inputs=(tokens_here, labels_here),
+    losses, norms, probe = [], [], None
+    for step in range(first, last):
+        factor = lr_factor(step, ocfg)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = ocfg.lr * factor
+            optimizer.zero_grad()
+        tokens, labels = reader.next_batch()
+        # under cp this rank's contiguous chunk of each sequence
+        cols = slice(cp_index * per_cp, (cp_index + 1) * per_cp)
+        tokens, labels = tokens[:, cols].to(device), labels[:, cols].to(device)
+        if args.measure_memory and step == last - 1:
+            with MemoryProbe(par.chunks(), optimizers, inputs=(tokens, labels),
                              micro_batches=plan.time.micro_batches, pipeline_stages=par.stages) as probe:
-                loss = par.train_step(tokens_here, labels_here)
-                optimizer.step()
+                loss, norm = train_step(par, optimizers, tokens, labels, ocfg.grad_clip)
         else:
-            loss = par.train_step(tokens_here, labels_here)
-            optimizer.step()
+            loss, norm = train_step(par, optimizers, tokens, labels, ocfg.grad_clip)
         # The loss lives on the last stage: average it over that stage's ranks (their dp replicas and
         # cp chunks, equal in size) onto every rank.
         total = torch.zeros((), device=device) if loss is None else loss.detach().float().to(device)
         dist.all_reduce(total)
         losses.append(total.item() / last_stage_ranks)
+        norms.append(norm)
+        progress.update(step=step + 1, data_position=reader.position)
         if rank == 0:
-            _say(f"step {step} loss {losses[-1]:.6f}")
+            say(f"step {step} loss {losses[-1]:.6f} lr {ocfg.lr * factor:.6g} grad_norm {norm:.6g}")
+        done = step + 1 == last
+        if args.checkpoint_dir is not None and ((step + 1) % args.save_every == 0 or done):
+            folder = checkpoint.save(args.checkpoint_dir, step + 1, state)
+            if rank == 0:
+                say(f"saved checkpoint {folder} (step {step + 1}, data position {reader.position})")
+    finish_report(args, plan, par, rank, init_peak, probe, losses=losses, norms=norms, first=first,
+                  compute=computed.get("dtype"))
+
+
+def finish_report(args: argparse.Namespace, plan: Plan, par: Parallelized, rank: int, init_peak: int,
+                  probe: MemoryProbe | None, *, losses: list[float], norms: list[float], first: int,
+                  compute: str | None) -> None:
+    """Print each rank's bytes and write the JSON report (rank 0)."""
     for chunk in par.chunks():
         if hasattr(chunk, "reshard"):  # FSDP2: parameters back to their shards before measuring
             chunk.reshard()
     mine = local_param_bytes(par.model)
-    everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    _say(f"param_bytes {rank} {mine}")
-    memory: list = [None] * dist.get_world_size()
+    world = dist.get_world_size()
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, {"param_bytes": mine, "init_peak_bytes": init_peak,
+                                      "init_block_bytes": par.init_block_bytes, "compute_dtype": compute})
+    say(f"param_bytes {rank} {mine}")
+    say(f"init_peak_bytes {rank} {init_peak}")
+    memory: list = [None] * world
     if probe is not None:
         measured = probe.report(par.model)
         dist.all_gather_object(memory, measured)
-        _say(f"memory {rank} {json.dumps(measured, sort_keys=True, separators=(',', ':'))}")
+        say(f"memory {rank} {json.dumps(measured, sort_keys=True, separators=(',', ':'))}")
     if rank == 0 and args.report is not None:
-        report = {"losses": losses, "param_bytes": {str(r): b for r, b in enumerate(everyone)},
+        report = {"losses": losses, "grad_norms": norms, "first_step": first,
+                  "param_bytes": {str(r): e["param_bytes"] for r, e in enumerate(everyone)},
+                  "init_peak_bytes": {str(r): e["init_peak_bytes"] for r, e in enumerate(everyone)},
+                  "init_block_bytes": {str(r): e["init_block_bytes"] for r, e in enumerate(everyone)},
+                  "compute_dtype": {str(r): e["compute_dtype"] for r, e in enumerate(everyone)},
+                  "precision": args.precision if args.precision != "plan" else plan.job.precision,
                   "strategy": plan.strategy_spec}
         if probe is not None:
             report["memory"] = {str(r): m for r, m in enumerate(memory)}

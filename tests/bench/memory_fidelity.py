@@ -247,7 +247,10 @@ def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps
            "--nproc_per_node", str(plan.job.num_gpus), "--rdzv_backend", "c10d",
            "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"memory-{port}",
            "-m", "planner.runtime.train", "--plan", str(plan_path), "--steps", str(steps),
-           "--measure-memory", "--report", str(report)]
+           "--measure-memory", "--report", str(report),
+           # fp32 throughout: runtime_saved_bytes and the known factors describe the fp32 runtime (the
+           # trainer's default is the plan's bf16 mixed precision)
+           "--precision", "fp32"]
     if model_spec is not None:
         cmd += ["--model-spec", str(model_spec)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

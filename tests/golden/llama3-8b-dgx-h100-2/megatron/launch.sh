@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
-# Megatron-LM launch for llama3-8b on dgx-h100:2: tp=1,pp=1,dp=16,cp=1,ep=1,mbs=1,vpp=1,sp=off,zero=2,shard=full,recompute=none,offload=none,offload_device=cpu,schedule=1f1b,tp_overlap=off
-# Run on every node from the Megatron-LM checkout (MEGATRON_DIR), with NODE_RANK set per node.
+# Megatron-LM core_v0.16.1 launch for llama3-8b on dgx-h100:2: tp=1,pp=1,dp=16,cp=1,ep=1,mbs=1,vpp=1,sp=off,zero=2,shard=full,recompute=none,offload=none,offload_device=cpu,schedule=1f1b,tp_overlap=off
+# 16 ranks = 2 node(s) x 8 processes. Run it on EVERY node, from the plan
+# folder (bash megatron/launch.sh), with the same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere and
+# MEGATRON_DIR set (or compile --megatron-dir). Extra arguments go to pretrain_gpt.py (a flag given again overrides args.txt).
 set -euo pipefail
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-MEGATRON_DIR=${MEGATRON_DIR:-.}
-NNODES=${NNODES:-2}
-NPROC_PER_NODE=${NPROC_PER_NODE:-8}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-localhost}
-MASTER_PORT=${MASTER_PORT:-29500}
-# Data and schedule are not part of the plan: mock data and a short run by default.
-DATA_ARGS=${DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size 128256}
-TRAIN_ARGS=${TRAIN_ARGS:---train-iters 100 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine}
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+megatron_dir="${MEGATRON_DIR:?set MEGATRON_DIR: a Megatron-LM checkout at core_v0.16.1 (the folder of pretrain_gpt.py)}"
+data="${PLANNER_DATA:?set PLANNER_DATA: the training data, in the format of the target that reads it (report.md, Launch inputs)}"
+tokenizer="${PLANNER_TOKENIZER:?set PLANNER_TOKENIZER: tokenizer name or folder the dataset was written with}"
+checkpoint_dir="${PLANNER_CHECKPOINTS:?set PLANNER_CHECKPOINTS: folder for distributed checkpoints (saved and resumed from)}"
+train_steps="${PLANNER_TRAIN_STEPS:?set PLANNER_TRAIN_STEPS: optimizer steps to train for}"
+if [[ ! "$train_steps" =~ ^[1-9][0-9]*$ ]]; then
+  echo "launch.sh: the number of training steps must be a positive integer, not '$train_steps'" >&2
+  exit 2
+fi
+case "$checkpoint_dir" in
+  /*) ;;
+  *) checkpoint_dir="$PWD/$checkpoint_dir" ;;
+esac
+warmup_steps=$(( (train_steps * 1 + 99) / 100 ))
+
+# args.txt: one flag and its value per line; read -a splits the words without globbing them
+args=()
+while read -r -a words; do
+  args+=("${words[@]}")
+done < "$here/args.txt"
+
+# Megatron requires it with tensor or context parallelism on GPUs before Blackwell (validate_args)
 export CUDA_DEVICE_MAX_CONNECTIONS=1
-# shellcheck disable=SC2046,SC2086
-exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "$NODE_RANK" \
-    --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \
-    "$MEGATRON_DIR/pretrain_gpt.py" $(cat "$HERE/args.txt") $DATA_ARGS $TRAIN_ARGS
+# NCCL over the nodes' compute fabric (a value already in the environment wins)
+export NCCL_IB_HCA="${NCCL_IB_HCA:-=mlx5_0,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_9,mlx5_10,mlx5_11}"  # compute NICs only; NVIDIA DGX H100 User Guide, Network Modules table: default RDMA names of the 8 ConnectX-7 compute ports
+# NCCL_SOCKET_IFNAME: not set: NCCL bootstraps over an interface that is not docker or loopback (ib* first); name one (e.g. bond0) if that cannot reach the other nodes
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"  # NCCL reports failures, not every setting (INFO to debug)
+
+exec torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \
+    --rdzv-endpoint "${MASTER_ADDR:?set MASTER_ADDR to the address of one of the nodes, the same on every node}:${MASTER_PORT:-29500}" --rdzv-id "${RUN_ID:-planner}" \
+    "$megatron_dir/pretrain_gpt.py" "${args[@]}" \
+    --data-path "$data" --tokenizer-model "$tokenizer" \
+    --save "$checkpoint_dir" --load "$checkpoint_dir" --save-interval 1000 --eval-interval 1000 \
+    --train-iters "$train_steps" --lr-warmup-iters "$warmup_steps" "$@"

@@ -1,0 +1,91 @@
+"""What the cluster launch files (Slurm, Kubernetes) need to know about the nodes a plan runs on.
+
+* `launch_shape`: nodes and processes per node (torchrun's --nnodes and --nproc-per-node);
+* `job_name`: a scheduler-safe name;
+* `nccl_env`: the NCCL settings for the nodes' InfiniBand compute NICs.
+
+NCCL finds RDMA NICs by itself, but on nodes that also carry storage or management NICs of the same
+kind it may route collectives over them; `NCCL_IB_HCA` names the compute NICs where the node type's
+documentation gives their device names (COMPUTE_HCAS), with NCCL's `=` prefix for exact names (a
+plain `mlx5_1` would also match `mlx5_10`).  Elsewhere the launch files say how to find the names
+(`ibv_devinfo -l`) and leave the choice to NCCL.  A value already in the environment at submit time
+wins in the Slurm script (`${VAR:-default}`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hardware.catalog import NodeSpec
+from planner.job import Job
+from planner.plan.schema import Plan
+
+# node preset -> (RDMA device names of its compute NICs, where they come from)
+COMPUTE_HCAS: dict[str, tuple[tuple[str, ...], str]] = {
+    "dgx-h100": (("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"),
+                 "NVIDIA DGX H100 User Guide, Network Modules table: default RDMA names of the 8 ConnectX-7 "
+                 "compute ports"),
+}
+
+
+class EnvSetting(BaseModel):
+    """One environment variable of a launch file, or a note about one that is left to the cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(description="Variable name.")
+    value: str | None = Field(description="Value to set; None: not set, the note says how to choose one.")
+    why: str = Field(description="One line: what it does here, or how to choose a value.")
+
+
+def launch_shape(plan: Plan) -> dict[str, int]:
+    """Nodes the plan uses and processes per node (torchrun's --nnodes and --nproc-per-node)."""
+    nodes: set[int] = set()
+    gpn = 0
+    for stage in plan.stages:
+        for span in stage.ranks.spans:
+            nodes.update(range(span.first_node, span.last_node + 1))
+            gpn = max(gpn, span.gpus_per_node)
+    nproc = min(gpn, plan.job.num_gpus) if gpn else plan.job.num_gpus
+    nnodes = max(len(nodes), -(-plan.job.num_gpus // max(nproc, 1)))
+    return {"nnodes": nnodes, "nproc_per_node": nproc}
+
+
+def job_name(model: str) -> str:
+    """A scheduler-safe job name from the model name (lower case, [a-z0-9-], at most 63 characters: a
+    Kubernetes object name)."""
+    name = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "model"
+    return f"planner-{name}"[:63].rstrip("-")
+
+
+def node_spec(job: Job) -> NodeSpec:
+    """The node type of the job's first pool (launch files ask every node for the same resources)."""
+    return job.cluster.pools[0].node
+
+
+def on_gpus(job: Job) -> bool:
+    """Whether the job's nodes have GPUs (the cpu presets run gloo, with no NCCL)."""
+    return not node_spec(job).device.lower().startswith("cpu")
+
+
+def nccl_env(job: Job) -> list[EnvSetting]:
+    """NCCL settings for the job's nodes (empty on CPU nodes, which run gloo)."""
+    if not on_gpus(job):
+        return []
+    nodes = {pool.node.name for pool in job.cluster.pools}
+    known = COMPUTE_HCAS.get(next(iter(nodes))) if len(nodes) == 1 else None
+    if known is not None:
+        hca = EnvSetting(name="NCCL_IB_HCA", value="=" + ",".join(known[0]),
+                         why=f"compute NICs only; {known[1]}")
+    else:
+        hca = EnvSetting(name="NCCL_IB_HCA", value=None,
+                         why="not set: NCCL uses every RDMA NIC it finds; name the compute ones "
+                             "(ibv_devinfo -l; e.g. =mlx5_0,mlx5_1) when nodes also have storage NICs")
+    return [
+        hca,
+        EnvSetting(name="NCCL_SOCKET_IFNAME", value=None,
+                   why="not set: NCCL bootstraps over an interface that is not docker or loopback (ib* first); "
+                       "name one (e.g. bond0) if that cannot reach the other nodes"),
+        EnvSetting(name="NCCL_DEBUG", value="WARN", why="NCCL reports failures, not every setting (INFO to debug)"),
+    ]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Submit the PyTorchJob planner-tiny-llama: tiny-llama on cpu:2: tp=2,pp=2,dp=2,cp=1,ep=1,mbs=2,vpp=1,sp=on,zero=2,shard=full,recompute=none,offload=none,offload_device=cpu,schedule=1f1b,tp_overlap=off,split=2/2
+# Run from anywhere (it works in its own folder); kubectl's current context and namespace are used.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# launch inputs not given to `planner compile`: read from the environment
+: "${PLANNER_DATA:?set PLANNER_DATA: the training data, in the format of the target that reads it (report.md, Launch inputs)}"
+: "${PLANNER_TOKENIZER:?set PLANNER_TOKENIZER: tokenizer name or folder the dataset was written with}"
+: "${PLANNER_CHECKPOINTS:?set PLANNER_CHECKPOINTS: folder for distributed checkpoints (saved and resumed from)}"
+: "${PLANNER_TRAIN_STEPS:?set PLANNER_TRAIN_STEPS: optimizer steps to train for}"
+: "${PLANNER_IMAGE:?set PLANNER_IMAGE: container image with the runtime (the repository\'s Dockerfile builds one)}"
+case "$PLANNER_CHECKPOINTS" in
+  /*) ;;
+  *) echo "apply.sh: PLANNER_CHECKPOINTS must be an absolute path in the container (the checkpoint volume is mounted there), not '$PLANNER_CHECKPOINTS'" >&2
+     exit 2 ;;
+esac
+
+kubectl create configmap planner-tiny-llama-plan --from-file=plan.json=../plan.json --dry-run=client -o yaml | kubectl apply -f -
+kubectl apply -f checkpoints-pvc.yaml
+# shellcheck disable=SC2016  # the quoted list names the variables envsubst may replace
+envsubst '${PLANNER_DATA} ${PLANNER_TOKENIZER} ${PLANNER_CHECKPOINTS} ${PLANNER_TRAIN_STEPS} ${PLANNER_IMAGE}' < pytorchjob.yaml | kubectl apply -f -
