@@ -1,5 +1,5 @@
 """Embedding sharding and caching: hit rates, the cost model, the program against exhaustive
-search, the TorchRec-style baseline, the sharding plan file and the CLI."""
+search, the greedy TorchRec-style baseline, the sharding plan file and the CLI."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from conftest import make_job  # the shared job factory
 from planner.embedding.compile import compile_embedding, placements_of, space_options
 from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.exhaustive import exhaustive_sharding
-from planner.embedding.greedy import torchrec_greedy
+from planner.embedding.greedy import greedy_torchrec_style
 from planner.embedding.options import ShardingType, TableOption, generalized_harmonic, table_options, zipf_hit_rate
 from planner.embedding.plan_doc import EmbeddingCompileOptions, build_embedding_plan
 from planner.errors import InfeasibleError
@@ -133,12 +133,12 @@ def test_program_optimum_equals_exhaustive_optimum(tables, batch):
 @given(tables=st.lists(st.builds(EmbeddingTable, rows=st.integers(1_000, 80_000_000),
                                  dim=st.sampled_from([32, 64, 128]),
                                  pooling_factor=st.floats(1.0, 30.0)), min_size=3, max_size=8))
-def test_compiled_plan_never_worse_than_torchrec_greedy(tables):
+def test_compiled_plan_never_worse_than_greedy_torchrec_style(tables):
     job = _job(tables, cluster="cpu:2", batch=8192)
     try:
         result = compile_embedding(job, time_limit=5)
     except InfeasibleError:
-        assert torchrec_greedy(EmbeddingCostModel(job)) is None
+        assert greedy_torchrec_style(EmbeddingCostModel(job)) is None
         return
     if result.baseline is not None and result.baseline.fits:
         assert result.estimate.step_time_s <= result.baseline.step_time_s * (1 + 1e-12)
@@ -171,7 +171,7 @@ def test_sharding_plan_shards_tile_every_table():
         for s in entry.sharding_spec:
             assert s.shard_offsets[0] + s.shard_sizes[0] <= entry.rows
             assert s.shard_offsets[1] + s.shard_sizes[1] <= entry.dim
-        assert (entry.compute_kernel == "fused") == (entry.cache_load_factor is None)
+        assert (entry.compute_kernel == "fused_uvm_caching") == (entry.cache_params is not None)
 
 
 def test_plan_json_is_deterministic():

@@ -50,7 +50,7 @@ def test_grid_expands_in_file_order_and_skips_repeats(tmp_path):
         time_limit: 5
         scenarios:
           - {model: tiny-llama, cluster: cpu:1, batch: 8, seq_len: 128, strategies: [zero3, megatron]}
-          - {model: tiny-dlrm, cluster: cpu:1, batch: 64, seq_len: 1, strategies: [torchrec-greedy]}
+          - {model: tiny-dlrm, cluster: cpu:1, batch: 64, seq_len: 1, strategies: [greedy-torchrec-style]}
         """)
     tasks = expand(load_sweep(path), path)
     got = [(t.scenario, t.cluster, t.batch, t.strategy) for t in tasks]
@@ -60,7 +60,7 @@ def test_grid_expands_in_file_order_and_skips_repeats(tmp_path):
         (2, "cpu:1", 16, "planner"), (2, "cpu:1", 16, "zero3"),
         (3, "cpu:1", 8, "planner"), (3, "cpu:1", 8, "zero3"),
         (3, "cpu:1", 8, "megatron"),  # the extra scenario adds megatron; its zero3 is already there
-        (4, "cpu:1", 64, "torchrec-greedy"),
+        (4, "cpu:1", 64, "greedy-torchrec-style"),
     ]
     assert [t.index for t in tasks] == list(range(10))
     assert tasks[0].job.cluster.num_gpus == 8 and tasks[0].time_limit == 5
@@ -76,7 +76,7 @@ def test_default_strategies_are_the_applicable_ones_and_paths_resolve_beside_the
     dense = [t.strategy for t in tasks if t.model == "models/mine.yaml"]
     recsys = [t.strategy for t in tasks if t.model == "tiny-dlrm"]
     assert dense == [s for s in DENSE_BASELINES if s != "metis"]  # metis runs on mixed clusters only
-    assert recsys == ["torchrec-greedy", "planner"]
+    assert recsys == ["torchrec", "greedy-torchrec-style", "planner"]
     assert tasks[0].job.model.name == "mine"
 
 
@@ -94,8 +94,8 @@ GRID = "models: [tiny-llama]\nclusters: [cpu:1]\n"
     ("models: [tiny-llama]\nclusters: [cpu:1, dgx-h1000:2]\nbatches: [8]\nseq_lens: [128]\n",
      "clusters[1]: dgx-h1000:2: unknown node preset"),
     ("scenarios:\n  - {model: tiny-llama, cluster: cpu:1, batch: 8, seq: 128}\n", "scenarios[0].seq_len: Field required"),
-    (GRID + "batches: [8]\nseq_lens: [128]\nstrategies: [torchrec-greedy]\n",
-     "strategies[0]: 'torchrec-greedy' applies to none of the models"),
+    (GRID + "batches: [8]\nseq_lens: [128]\nstrategies: [greedy-torchrec-style]\n",
+     "strategies[0]: 'greedy-torchrec-style' applies to none of the models"),
     ("models: [tiny-llama\nclusters: [cpu:1]\n", "not valid YAML"),
     ("- tiny-llama\n", "expected a mapping at the top level"),
     ("time_limit: 5\n", "no scenarios"),

@@ -15,6 +15,7 @@ from planner.cli import render
 from planner.cli.options import (job_options, json_option, margin_or_default, memory_margin_option, runtime_option,
                                  user_errors)
 from planner.compare.plugins import load_strategies
+from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
 from planner.emit import primary_runtime
 from planner.job import Job
@@ -23,7 +24,8 @@ from planner.profile import load_runtime
 
 # the job's columns first, so a CSV of several compares concatenated still says what each row ran
 _JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
-_FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
+_FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "torchrec_model_s", "tokens_per_s_per_gpu",
+           "unit", "mfu",
            "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
            "extrapolated", "confidence", "why", "planning_s", "spec", "source")
 _WHY_WIDTH = 160  # the terminal table shortens a long reason; CSV and JSON keep it whole
@@ -42,8 +44,14 @@ def _text(rows: list[CompareRow]) -> str:
              "extrap." if r.extrapolated else ("-" if r.extrapolated is None else "ok"),
              f"{r.planning_s:.2f}", r.spec if r.fits else why(r.why)] for r in rows]
     per_gpu = "samples/s/GPU" if rows and rows[0].unit == "samples" else "tok/s/GPU"
-    return render.table(["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", "host GB", "fits",
-                         "valid.", "plan s", "plan / why not"], body, right=(2, 3, 4, 5, 6, 7, 10))
+    heads = ["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", "host GB", "fits", "valid.",
+             "plan s", "plan / why not"]
+    if any(r.unit == "samples" for r in rows):  # recommendation models: the second cost model's number beside
+        heads.insert(4, f"{TORCHREC_MODEL} s")
+        for r, line in zip(rows, body):
+            line.insert(4, num(r.torchrec_model_s, ".4g"))
+        return render.table(heads, body, right=(2, 3, 4, 5, 6, 7, 8, 11))
+    return render.table(heads, body, right=(2, 3, 4, 5, 6, 7, 10))
 
 
 def _breakdown(rows: list[CompareRow]) -> str:
@@ -67,8 +75,16 @@ def _margin(rows: list[CompareRow]) -> str:
     best = others[0]
     ratio = best.step_time_s / planner.step_time_s
     side = "faster" if ratio >= 1 else "slower"
-    return (f"planner ({planner.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
+    line = (f"planner ({planner.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
             f"{best.strategy} ({best.runtime} runtime)")
+    theirs = sorted((r for r in rows if r.strategy != "planner" and r.fits and r.torchrec_model_s),
+                    key=lambda r: (r.torchrec_model_s, r.strategy))
+    if planner.torchrec_model_s and theirs:  # the same plans in TorchRec's own estimators
+        ratio = theirs[0].torchrec_model_s / planner.torchrec_model_s
+        side = "faster" if ratio >= 1 else "slower"
+        line += (f"\nin {TORCHREC_MODEL}: planner is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
+                 f"{theirs[0].strategy}")
+    return line
 
 
 def _legend(rows: list[CompareRow]) -> str:
@@ -76,7 +92,11 @@ def _legend(rows: list[CompareRow]) -> str:
     lines = ["cost models (runtime column; hardware/data/runtimes/NAME.yaml):"]
     for name in dict.fromkeys(r.runtime for r in rows):
         if name == EMBEDDING_RUNTIME:
-            lines.append(f"  {name}: the embedding cost model (planner/embedding), no runtime profile")
+            lines.append(f"  {name}: planner's embedding cost model (planner/embedding/evaluate.py), no runtime "
+                         "profile")
+            if any(r.torchrec_model_s is not None for r in rows):
+                lines.append(f"  {TORCHREC_MODEL} s column: TorchRec 1.8's own estimators on the same plan "
+                             "(EmbeddingPerfEstimator; the slowest rank's embedding seconds, no dense part)")
         else:
             lines.append(f"  {name}: {load_runtime(name).description}")
     return "\n".join(lines)
@@ -110,7 +130,9 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,
     metis (clusters of more than one pool) and planner (the compiler);
-    recommendation models: torchrec-greedy and planner.  A baseline named
+    recommendation models: torchrec (TorchRec's own planner, with torchrec
+    installed), greedy-torchrec-style (planner's greedy in TorchRec's style)
+    and planner, each also scored in TorchRec's estimators.  A baseline named
     after a framework is searched and costed as that framework runs it
     (megatron: the megatron runtime; zero1-3: deepspeed; ddp, hsdp:
     torchtitan), or shown n/a with what the framework lacks; the planner row,

@@ -107,10 +107,10 @@ def _progress(enabled: bool | None):
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
-@click.option("--embedding-planner", "embedding_planner", type=click.Choice(["planner", "torchrec-greedy"]),
+@click.option("--embedding-planner", "embedding_planner", type=click.Choice(["planner", "greedy-torchrec-style"]),
               default="planner", show_default=True,
-              help="Recommendation models: the CP-SAT plan, or the TorchRec-style greedy baseline. (--strategy is a "
-                   "SPEC in every command that takes it.)")
+              help="Recommendation models: the compiler's plan, or planner's greedy in TorchRec's style (not "
+                   "TorchRec's planner: `compare` runs that). (--strategy is a SPEC in every command that takes it.)")
 @click.option("--offload-search", type=click.Choice(["fallback", "always"]), default="fallback", show_default=True,
               help="When stages may offload: only where nothing fits without it, or in every program (offload "
                    "can buy fewer recomputed blocks or a better split; several times slower).")

@@ -23,7 +23,10 @@ Each baseline is a named generator with its source:
   Metis (Um et al., USENIX ATC 2024): stages on the pools in proportion to
   their GPUs, layers split by each stage's speed, moved off stages over their
   HBM, within the time limit.
-* torchrec-greedy (recommendation models): TorchRec's greedy sharding planner.
+* torchrec (recommendation models): TorchRec 1.8's own EmbeddingShardingPlanner on the job's tables and a
+  TorchRec Topology of its cluster (planner.compare.torchrec_baseline; not applicable without torchrec).
+* greedy-torchrec-style (recommendation models): this project's greedy in the style of TorchRec's planner
+  (planner.embedding.greedy), not TorchRec's planner.
 * planner: the compiler's certified plan over the whole space.
 
 Runtimes (`planner.profile`): a baseline named after a framework is searched
@@ -40,7 +43,12 @@ dense-only runtime) is reported as not applicable with the reason
 the planner row is never slower than a fitting baseline of the same runtime.
 
 The dense recipes (megatron, uniform-pp, metis) live in `planner.compare.baselines`
-with their details.  Recommendation models use the embedding cost model (runtime `embedding`).
+with their details.  Recommendation models use planner's embedding cost model (runtime `planner-model`,
+planner/embedding/evaluate.py) for every row, and every row also carries its plan's step in TorchRec's own
+estimators (`torchrec_model_s`, when torchrec is installed): two cost models, each number labelled with its own.
+TorchRec's plan is not a candidate of planner's search: the planner row is not slower than the greedy
+TorchRec-style row by construction (on jobs compile runs the greedy in, GREEDY_LIMIT), and than the torchrec
+row only as measured (tests/bench/torchrec_side_by_side.py).
 """
 
 from __future__ import annotations
@@ -55,7 +63,9 @@ from planner.compare.plugins import UserStrategy, plugin_job, timed_strategy
 from planner.compare.recipes import RECIPE_BASELINES, recipe_runtime, recipe_strategy
 from planner.cost import evaluate
 from planner.cost.estimate import Breakdown, Estimate
-from planner.embedding.compile import compile_embedding
+from planner.compare.torchrec_baseline import plan_with_torchrec, score_with_torchrec, why_not
+from planner.embedding.compile import GREEDY_NAME, compile_embedding, placements_of
+from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 from planner.profile import RuntimeProfile, load_runtime
@@ -70,7 +80,9 @@ GB = 1e9
 # profile runs both; ZeRO 1-3 are DeepSpeed's.  Names not here follow the job's runtime (the planner row's).
 FRAMEWORK_RUNTIMES: dict[str, str] = {"ddp": "torchtitan", "zero1": "deepspeed", "zero2": "deepspeed",
                                       "zero3": "deepspeed", "hsdp": "torchtitan", "megatron": "megatron"}
-EMBEDDING_RUNTIME = "embedding"  # the runtime column of recommendation-model rows: the embedding cost model
+# the runtime column of recommendation-model rows: planner's embedding cost model (planner/embedding/evaluate.py)
+EMBEDDING_RUNTIME = "planner-model"
+TORCHREC = "torchrec"  # TorchRec's own planner (planner.compare.torchrec_baseline)
 # the step-time terms every costed dense row carries (CSV columns, in this order)
 BREAKDOWN_TERMS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s",
                    "bubble_s", "optimizer_s", "offload_s")
@@ -82,7 +94,7 @@ class CompareRow(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     strategy: str = Field(description="Baseline name (or planner).")
     runtime: str = Field(description="Runtime profile it was searched and costed under (hardware/data/runtimes), "
-                         "or 'embedding' for the embedding cost model.")
+                         "or 'planner-model' for planner's embedding cost model (recommendation models).")
     spec: str = Field(description="What it chose (SPEC string, or a summary of the table sharding); '-' if nothing.")
     applicable: bool = Field(True, description="False when the runtime's framework cannot express this baseline "
                              "for the model (then `why` says what it lacks and nothing is costed).")
@@ -110,6 +122,10 @@ class CompareRow(BaseModel):
                                       "covers (planner.cost.confidence); None when nothing is costed.")
     confidence: list[str] = Field(default_factory=list, description="The reasons when extrapolated.")
     source: str = Field("", description="Where a published recipe's layout comes from (file and revision).")
+    torchrec_model_s: float | None = Field(None, description="Recommendation models: the plan's embedding seconds "
+                                           "per step in TorchRec's own estimators (EmbeddingPerfEstimator; its "
+                                           "NoopPerfModel rating, the slowest rank's shards, no dense part); None "
+                                           "for dense models, or without torchrec.")
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -225,31 +241,49 @@ def _metis(job: Job, time_limit: float) -> CompareRow:
     return _row_from_estimate("metis", evaluate(job, strategy), time.perf_counter() - start)
 
 
+def _sharding_summary(placements: list[TablePlacement]) -> str:
+    kinds: dict[str, int] = {}
+    for p in placements:
+        key = p.option.kind.value + ("" if p.option.cache >= 1.0 else f"@{p.option.cache:g}")
+        kinds[key] = kinds.get(key, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
+    """A recommendation model's row: TorchRec's planner, the greedy TorchRec-style plan or planner's compile, scored
+    in planner's embedding cost model and, when torchrec is installed, in TorchRec's estimators."""
+    model = EmbeddingCostModel(job)
+    blocked = why_not(model)
     start = time.perf_counter()
-    strategy = "torchrec-greedy" if name == "torchrec-greedy" else "planner"
     try:
-        result = compile_embedding(job, strategy=strategy, time_limit=time_limit)
+        if name == TORCHREC:
+            if blocked:
+                return _failed(name, EMBEDDING_RUNTIME, blocked, 0.0, applicable=False)
+            theirs = plan_with_torchrec(model, time_limit)
+            placements, planning_s, own_s = theirs.placements, theirs.planning_s, theirs.own_rating_s
+            status, gap = "evaluated", None
+            spec = _sharding_summary(placements) + (" (TorchRec's timeout)" if theirs.timed_out else "")
+        else:
+            result = compile_embedding(job, strategy=GREEDY_NAME if name == GREEDY_NAME else "planner",
+                                       time_limit=time_limit)
+            planning_s = time.perf_counter() - start
+            placements, status, gap = placements_of(result), result.certificate.status, result.certificate.gap
+            own_s = None if blocked else score_with_torchrec(model, placements).step_s
+            spec = _sharding_summary(placements)
     except InfeasibleError as err:
         return _failed(name, EMBEDDING_RUNTIME, str(err), time.perf_counter() - start)
-    e = result.estimate
-    kinds: dict[str, int] = {}
-    for t in result.tables:
-        key = t.sharding_type.value + ("" if t.cache_fraction >= 1.0 else f"@{t.cache_fraction:g}")
-        kinds[key] = kinds.get(key, 0) + 1
-    spec = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-    cert = result.certificate
-    return CompareRow(strategy=name, runtime=EMBEDDING_RUNTIME, spec=spec, fits=e.fits, why="",
+    e = model.evaluate(placements)
+    return CompareRow(strategy=name, runtime=EMBEDDING_RUNTIME, spec=spec, fits=e.fits, why="; ".join(e.problems),
                       step_time_s=e.step_time_s, tokens_per_s_per_gpu=e.samples_per_s_per_gpu, mfu=None,
                       peak_hbm_bytes=e.peak_hbm_bytes, host_bytes=e.peak_host_bytes, nvme_bytes=0.0,
-                      planning_s=time.perf_counter() - start, unit="samples", gpus_used=job.cluster.num_gpus,
-                      solver_status=cert.status, gap=cert.gap)
+                      planning_s=planning_s, unit="samples", gpus_used=job.cluster.num_gpus,
+                      solver_status=status, gap=gap, torchrec_model_s=own_s)
 
 
 DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "nemo-recipe", "torchtitan-recipe",
                    "uniform-pp", "metis", "planner")
 MIXED_CLUSTER_ONLY = ("metis",)  # left out on one-pool clusters, where they have nothing to decide
-EMBEDDING_BASELINES = ("torchrec-greedy", "planner")
+EMBEDDING_BASELINES = (TORCHREC, GREEDY_NAME, "planner")
 
 
 def baselines_for(job: Job) -> tuple[str, ...]:

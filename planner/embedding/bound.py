@@ -19,6 +19,12 @@ from planner.embedding.relaxed import RelaxedCoefficients
 def lp_bound(coefficients: RelaxedCoefficients) -> float:
     """Seconds no sharding beats on the embedding terms (add EmbeddingCostModel.fixed_seconds); -inf if GLOP fails,
     inf if even the fractional choice overflows the summed capacities."""
+    return lp_solution(coefficients)[0]
+
+
+def lp_solution(coefficients: RelaxedCoefficients) -> tuple[float, np.ndarray | None]:
+    """`lp_bound`, and per table the option the LP gives the largest share (lowest index on ties; a start for the
+    search, not a plan: the choice may not fit); None when there is no LP optimum."""
     c = coefficients
     solver = pywraplp.Solver.CreateSolver("GLOP")
     if solver is None:
@@ -45,8 +51,11 @@ def lp_bound(coefficients: RelaxedCoefficients) -> float:
     solver.Minimize(lookup + comm + total(c.sync))
     status = solver.Solve()
     if status == pywraplp.Solver.INFEASIBLE:
-        return math.inf
+        return math.inf, None
     if status != pywraplp.Solver.OPTIMAL:
-        return -math.inf
+        return -math.inf, None
+    share = np.full(c.valid.shape, -1.0)
+    for (t, i), var in x.items():
+        share[t, i] = var.solution_value()
     # GLOP's tolerances: step back a hair so the floor stays below the true LP optimum
-    return solver.Objective().Value() * (1.0 - 1e-7)
+    return solver.Objective().Value() * (1.0 - 1e-7), np.argmax(share, axis=1)

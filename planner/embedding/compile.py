@@ -1,19 +1,23 @@
 """Compile a recommendation job: the sharding and caching plan of its tables, with a certificate.
 
-1. The TorchRec-style greedy plan (greedy.py): the baseline, and a candidate.
-2. The option space: every table's options (options.py) whose single unit fits
+1. The option space: every table's options (options.py) whose single unit fits
    some rank's HBM and some node's host DRAM.
+2. The LP bound of the relaxed program (bound.py, GLOP): no plan is faster.
 3. A price-directed choice of options (heuristic.py), placed by the greedy
-   partitioner and improved by local search (refine.py): a candidate, and the
-   hint of the relaxed program.
-4. The relaxed program's LP bound (bound.py, GLOP) and the relaxed CP-SAT
-   program (program.py): its options, placed and refined, are a candidate; the
-   stronger of the two bounds holds for every plan.
-5. When its placement variables are few enough (EXACT_PLACEMENT_LIMIT), the
-   exact program, hinted with the best plan so far; its bound replaces the
-   others when stronger.
-The returned plan is the best of all candidates under `evaluate`, so never
-worse than the baseline; OPTIMAL means the exact program proved it.
+   partitioner, moved unit by unit (refine.py) and then searched table by
+   table over options and places on the step itself (improve.py): a candidate.
+4. The relaxed CP-SAT program (program.py: options only, per-rank maxima
+   replaced by what any placement must pay), with a small work budget, on
+   jobs whose option space it can search in that budget: its bound when
+   stronger, and its options, placed and searched as in 3, a candidate.
+5. On small jobs (`EXACT_PLACEMENT_LIMIT` placement variables) the exact
+   program, hinted with the best plan so far, which proves the optimum.
+The greedy TorchRec-style plan (greedy.py, this project's own greedy, not
+TorchRec's planner) is a candidate and the result's `baseline` where it is
+cheap (`GREEDY_LIMIT`); `strategy="greedy-torchrec-style"` returns it alone.
+The returned plan is the best candidate under `evaluate`; OPTIMAL means the
+exact program proved it, FEASIBLE gives the gap to the strongest bound.
+Every step is deterministic (CP-SAT: one worker, a seed, work limits).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog
 from planner.embedding.evaluate import GB, EmbeddingEstimate, EmbeddingCostModel, TablePlacement
-from planner.embedding.greedy import partition, torchrec_greedy
-from planner.embedding.bound import lp_bound
+from planner.embedding.greedy import greedy_torchrec_style, place_choice
+from planner.embedding.bound import lp_solution
+from planner.embedding.improve import improve
 from planner.embedding.heuristic import price_directed_choice
 from planner.embedding.relaxed import RelaxedCoefficients
 from planner.embedding.refine import refine
@@ -36,15 +41,23 @@ from planner.embedding.program import ShardingProgram
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 
-# Above this many rank/node placement variables the relaxed program runs instead of the exact one.
-EXACT_PLACEMENT_LIMIT = 20_000
-# CP-SAT deterministic work the exact program may spend (it proves small jobs in far less; on a
-# node of 8 ranks with 26 tables it improves the relaxed plan by a few percent and stops here).
+# Up to this many rank/node placement variables the exact program runs (small jobs, which it proves in well under
+# a second; on a node of 8 ranks with 26 tables, 4,400 variables, it spent seconds without beating the search).
+EXACT_PLACEMENT_LIMIT = 1_000
+# CP-SAT deterministic work the exact program may spend.
 EXACT_WORK = 5.0
-# CP-SAT deterministic work of the relaxed program (on hundreds of tables the price-directed start and
-# the GLOP bound carry the result; on tens of tables CP-SAT proves the relaxed optimum well within it).
-RELAXED_WORK = 5.0
-EmbeddingStrategyName = Literal["planner", "torchrec-greedy"]
+# CP-SAT deterministic work of the relaxed program (and again of its tie-break): it proves the relaxed optimum of 26
+# tables on 8 ranks within 0.2 and its choice is then the best start of the search; on 64 ranks it needs 1.0 (4 s)
+# and its choice starts worse than the price-directed one, so it stops short there and the LP bound stands in.
+RELAXED_WORK = 0.25
+# Above this many table options the relaxed CP-SAT program is skipped: on 856 tables (27,000 options) it found no
+# solution in 5 units of work; the LP bound and the search carry the result.
+RELAXED_OPTION_LIMIT = 5_000
+# The greedy TorchRec-style plan is a candidate (and the baseline) when tables x ranks is at most this: it
+# re-partitions every table after each relief, 26 s on 856 tables x 128 ranks against 0.01 s on 26 x 64.
+GREEDY_LIMIT = 20_000
+GREEDY_NAME = "greedy-torchrec-style"
+EmbeddingStrategyName = Literal["planner", "greedy-torchrec-style"]
 
 
 class TableChoice(BaseModel):
@@ -63,9 +76,10 @@ class EmbeddingCertificate(BaseModel):
     """How good the returned sharding is known to be."""
 
     model_config = ConfigDict(extra="forbid")
-    status: str = Field(description="OPTIMAL (proved), FEASIBLE (see gap) or BASELINE (the greedy plan, "
-                        "no search).")
-    form: str = Field(description="exact (options and placement) or relaxed (options; greedy placement).")
+    status: str = Field(description="OPTIMAL (proved), FEASIBLE (see gap) or BASELINE (the greedy TorchRec-style "
+                        "plan, no search).")
+    form: str = Field(description="exact (the exact program ran), relaxed (bounds from the relaxed program; plan "
+                      "from the search) or greedy.")
     objective: float = Field(description="Step seconds of the plan.")
     bound: float = Field(description="No sharding in the space is faster than this.")
     gap: float = Field(description="(objective - bound) / objective.")
@@ -78,12 +92,14 @@ class EmbeddingCompileResult(BaseModel):
     """The chosen sharding, its estimate, the certificate and the baseline's estimate."""
 
     model_config = ConfigDict(extra="forbid")
-    strategy: EmbeddingStrategyName = Field(description="Who planned it: the compiler or the greedy baseline.")
+    strategy: EmbeddingStrategyName = Field(description="Who planned it: the compiler (planner) or this project's "
+                                            "greedy TorchRec-style planner.")
     tables: list[TableChoice] = Field(description="Per-table sharding.")
     estimate: EmbeddingEstimate = Field(description="The cost model's evaluation of the plan.")
     certificate: EmbeddingCertificate
-    baseline: EmbeddingEstimate | None = Field(description="The TorchRec-style greedy plan's evaluation "
-                                               "(None when it finds no plan that fits).")
+    baseline: EmbeddingEstimate | None = Field(description="The greedy TorchRec-style plan's evaluation (this "
+                                               "project's greedy, not TorchRec's planner); None when it finds no plan "
+                                               "that fits or the job is too large for it (GREEDY_LIMIT).")
 
 
 def placements_of(result: EmbeddingCompileResult) -> list[TablePlacement]:
@@ -156,70 +172,97 @@ def compile_embedding(job: Job, *, strategy: EmbeddingStrategyName = "planner", 
     if job.global_batch % world:
         raise PlannerInputError(f"--batch ({job.global_batch}) must be a multiple of the {world} ranks "
                                 "(every rank runs the dense part on an equal share)")
-    fixed = model.fixed_seconds()
-    greedy = torchrec_greedy(model)
-    baseline = model.evaluate(greedy) if greedy is not None else None
-    if strategy == "torchrec-greedy":
+    if strategy == GREEDY_NAME:
+        greedy = greedy_torchrec_style(model)
+        baseline = model.evaluate(greedy) if greedy is not None else None
         if greedy is None or not baseline.fits:
-            raise InfeasibleError("the TorchRec-style greedy planner finds no sharding that fits")
-        return _result(model, "torchrec-greedy", greedy, baseline, "BASELINE", "greedy", baseline.step_time_s,
-                       start, 0)
+            raise InfeasibleError("the greedy TorchRec-style planner finds no sharding that fits")
+        return _result(model, GREEDY_NAME, greedy, baseline, "BASELINE", "greedy", baseline.step_time_s, start, 0)
+    fixed = model.fixed_seconds()
     space = space_options(model)
-    # every candidate plan with its evaluation, scored once; greedy's is the baseline's
-    candidates: list[tuple[list[TablePlacement], EmbeddingEstimate]] = [] if greedy is None else [(greedy, baseline)]
-
-    def consider(placements: list[TablePlacement] | None) -> None:
-        if placements is not None:
-            candidates.append((placements, model.evaluate(placements)))
-
-    def best_fitting() -> tuple[list[TablePlacement], EmbeddingEstimate] | None:
-        fitting = [(e.step_time_s, i) for i, (_, e) in enumerate(candidates) if e.fits]
-        return candidates[min(fitting)[1]] if fitting else None
-
+    candidates = _Candidates(model, space)
+    greedy, baseline = None, None
+    if len(model.costs.tables) * world <= GREEDY_LIMIT:
+        greedy = greedy_torchrec_style(model)
+        baseline = model.evaluate(greedy) if greedy is not None else None
+        candidates.add(greedy, search=False)  # the plan itself (the baseline), then a search from it
+        candidates.add(greedy)
     coefficients = RelaxedCoefficients(model, space)
-    start_choice = price_directed_choice(coefficients, space)
-    relaxed = ShardingProgram(model, space, relaxed=True, coefficients=coefficients)
-    if start_choice is not None:
-        placed = partition(model, start_choice)
-        consider(refine(model, placed) if placed is not None else None)
-        relaxed.hint([TablePlacement(t, o, ()) for t, o in sorted(start_choice.items())])
-    elif greedy is not None:
-        relaxed.hint(greedy)
-    if progress:
-        progress(f"embedding program (relaxed): {len(space)} tables, {sum(map(len, space))} options, {world} ranks")
-    floor = lp_bound(coefficients)
+    floor, _ = lp_solution(coefficients)
     if floor == math.inf:
         raise InfeasibleError(_not_fitting(model, space))
-    solved = relaxed.solve(min(time_limit, RELAXED_WORK))
-    if solved.status == "INFEASIBLE":
-        raise InfeasibleError(_not_fitting(model, space))
-    bound = max(solved.bound_s, floor) + fixed
-    placed = partition(model, solved.choice) if solved.choice else None
-    consider(refine(model, placed) if placed is not None else None)
-    form, proved = "relaxed", False
+    bound = floor + fixed
+    start_choice = price_directed_choice(coefficients, space)
+    if start_choice is not None:
+        candidates.add_choice(start_choice)
+    options = sum(map(len, space))
+    form, proved, work = "relaxed", False, 0.0
+    if options <= RELAXED_OPTION_LIMIT:
+        relaxed = ShardingProgram(model, space, relaxed=True, coefficients=coefficients)
+        hint = start_choice or ({p.table: p.option for p in greedy} if greedy else None)
+        if hint is not None:
+            relaxed.hint([TablePlacement(t, o, ()) for t, o in sorted(hint.items())])
+        if progress:
+            progress(f"embedding program (relaxed): {len(space)} tables, {options} options, {world} ranks")
+        solved = relaxed.solve(min(time_limit, RELAXED_WORK))
+        work = relaxed.work
+        if solved.status == "INFEASIBLE":
+            raise InfeasibleError(_not_fitting(model, space))
+        bound = max(bound, solved.bound_s + fixed)
+        if solved.choice:
+            candidates.add_choice(solved.choice)
     if _placement_variables(model, space) <= EXACT_PLACEMENT_LIMIT:
         # small enough to place exactly: start from the best plan so far, keep the stronger bound
         exact = ShardingProgram(model, space, relaxed=False)
-        incumbent = best_fitting()
+        incumbent = candidates.best()
         if incumbent is not None:
             exact.hint(incumbent[0])
         if progress:
             progress(f"embedding program (exact): {_placement_variables(model, space)} placement variables")
-        result = exact.solve(min(EXACT_WORK, time_limit - relaxed.work))
+        result = exact.solve(max(0.1, min(EXACT_WORK, time_limit - work)))
         if result.status == "INFEASIBLE":
             raise InfeasibleError(_not_fitting(model, space))
         if result.placements is not None:
-            # first among equals: the exact program's plan
-            candidates.insert(0, (result.placements, model.evaluate(result.placements)))
+            candidates.add(result.placements, search=False, first=True)  # first among equals: the exact plan
         bound = max(bound, result.bound_s + fixed)
         form, proved = "exact", result.status == "OPTIMAL"
-    chosen = best_fitting()
+    chosen = candidates.best()
     if chosen is None:
         raise InfeasibleError(_not_fitting(model, space))
     best, estimate = chosen
     status = "OPTIMAL" if proved else "FEASIBLE"
     return _result(model, "planner", best, baseline, status, form, min(estimate.step_time_s, bound), start,
-                   sum(map(len, space)), estimate)
+                   options, estimate)
+
+
+class _Candidates:
+    """Plans found so far, each evaluated once; a choice of options is placed and searched before it joins."""
+
+    def __init__(self, model: EmbeddingCostModel, space: list[list[TableOption]]):
+        self.model, self.space = model, space
+        self.plans: list[tuple[list[TablePlacement], EmbeddingEstimate]] = []
+
+    def add(self, placements: list[TablePlacement] | None, *, search: bool = True, first: bool = False) -> None:
+        """Evaluate `placements` (after the local searches when `search`) and keep them."""
+        if placements is None:
+            return
+        if search:
+            placements = improve(self.model, self.space, refine(self.model, placements))
+        entry = (placements, self.model.evaluate(placements))
+        if first:
+            self.plans.insert(0, entry)
+        else:
+            self.plans.append(entry)
+
+    def add_choice(self, choice: dict[int, TableOption]) -> None:
+        """Place a choice of options with the greedy partitioner (moving tables that do not pack to smaller
+        options), search from there, keep the result."""
+        self.add(place_choice(self.model, self.space, choice))
+
+    def best(self) -> tuple[list[TablePlacement], EmbeddingEstimate] | None:
+        """The fastest plan that fits (the first on ties), or None."""
+        fitting = [(e.step_time_s, i) for i, (_, e) in enumerate(self.plans) if e.fits]
+        return self.plans[min(fitting)[1]] if fitting else None
 
 
 def _result(model: EmbeddingCostModel, strategy: EmbeddingStrategyName, placements: list[TablePlacement],

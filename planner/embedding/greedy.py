@@ -1,17 +1,21 @@
-"""TorchRec-style greedy sharding planner, and the greedy partitioner the compiler reuses.
+"""A greedy sharding planner in the style of TorchRec's, and the greedy partitioner the compiler reuses.
 
-TorchRec's EmbeddingShardingPlanner (torchrec/distributed/planner/planners.py)
-enumerates sharding options per table (sharding types x compute kernels:
-`fused` in HBM, `fused_uvm_caching` at cache_load_factor 0.2), ranks them by
-estimated perf, proposes the best-perf option of every table
-(GreedyProposer), and partitions the shards: largest perf first, each onto the
-rank with the least perf so far that still has storage
-(GreedyPerfPartitioner).  When a proposal does not partition, the proposer
-moves one table to its next option.  `torchrec_greedy` follows that loop over
-this project's cost model, so the baseline and the compiler score plans
-identically; it stops at the first proposal that partitions.  On a failure it relieves the table that did not
-fit (TorchRec's proposer relieves by perf order; targeting the failing table
-reaches a partitionable proposal in fewer rounds).
+`greedy_torchrec_style` is this project's own greedy, NOT TorchRec's planner
+(planner.compare.torchrec_baseline runs the real EmbeddingShardingPlanner): it
+follows the shape of TorchRec's loop (torchrec/distributed/planner/planners.py)
+over this project's cost model and option space.  Options per table are
+ranked by estimated time (the sum over its units), HBM (`fused`) or UVM
+caching at TorchRec's default cache_load_factor 0.2; the best option of
+every table is proposed and the shards are partitioned largest first, each
+onto the least-loaded rank that still has memory (after TorchRec's
+GreedyPerfPartitioner); when a proposal does not partition, the table that
+did not fit moves to its next option that needs less HBM.  It stops at the
+first proposal that partitions.  Where it differs from TorchRec's planner:
+one proposer instead of four (no grid search, no uniform proposals), this
+project's option space (column shards of 32+ columns in 2, 4 or 8; TorchRec
+splits columns at 128 by default), this project's cost model for the ranking,
+and no storage reservation beyond the dense part (planner/compare/
+torchrec_baseline.py measures the two side by side).
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ from __future__ import annotations
 from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.options import ALL_RANKS, TORCHREC_CACHE_LEVELS, ShardingType, TableOption, table_options
 
+MAX_RELIEFS = 200  # tables `place_choice` may move to a smaller option before it gives up
+
 
 def option_perf(model: EmbeddingCostModel, t: int, option: TableOption) -> float:
-    """TorchRec's ranking key: the option's total seconds over all its shards (first pool's rates)."""
+    """The greedy's ranking key, as TorchRec ranks options: the total seconds over all its shards (first pool's
+    rates)."""
     world = model.sites.world
     unit = model.costs.unit(t, option, 0)
     count = option.unit_count(world, model.sites.node_spec(0).gpus_per_node)
@@ -109,9 +116,29 @@ def partition(model: EmbeddingCostModel, choice: dict[int, TableOption], failed:
     return sorted(placements, key=lambda p: p.table)
 
 
-def torchrec_greedy(model: EmbeddingCostModel, cache_levels: tuple[float, ...] = TORCHREC_CACHE_LEVELS
-                    ) -> list[TablePlacement] | None:
-    """The TorchRec-style plan: best-perf options, relieved one table at a time until they partition."""
+def place_choice(model: EmbeddingCostModel, space: list[list[TableOption]], choice: dict[int, TableOption],
+                 max_reliefs: int = MAX_RELIEFS) -> list[TablePlacement] | None:
+    """`partition` of a choice that fits the summed capacities but may not pack: while a table does not fit, it
+    takes its fastest option of `space` that needs less HBM per unit (the greedy's relief, from this choice)."""
+    choice = dict(choice)
+    for _ in range(max_reliefs):
+        failed: list[int] = []
+        placed = partition(model, choice, failed)
+        if placed is not None:
+            return placed
+        t = failed[0]
+        now = option_hbm(model, t, choice[t])
+        smaller = [o for o in space[t] if option_hbm(model, t, o) < now]
+        if not smaller:
+            return None
+        choice[t] = min(smaller, key=lambda o: (option_perf(model, t, o), option_hbm(model, t, o), o))
+    return None
+
+
+def greedy_torchrec_style(model: EmbeddingCostModel, cache_levels: tuple[float, ...] = TORCHREC_CACHE_LEVELS
+                          ) -> list[TablePlacement] | None:
+    """The greedy plan (see the module docstring): best-time options, relieved one table at a time until they
+    partition; None when no proposal partitions."""
     sites = model.sites
     gpn = sites.node_spec(0).gpus_per_node
     ranked: list[list[TableOption]] = []

@@ -55,7 +55,8 @@ def summary(plan: EmbeddingPlan, wall_s: float) -> str:
     ]
     if plan.baseline is not None and plan.strategy == "planner":
         ratio = plan.baseline.step_time_s / e.step_time_s
-        lines.append(f"baseline     greedy-torchrec-style {plan.baseline.step_time_s * 1e3:.3f} ms ({ratio:.2f}x slower)")
+        lines.append(f"baseline     greedy-torchrec-style {plan.baseline.step_time_s * 1e3:.3f} ms "
+                     f"({ratio:.2f}x slower)")
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ Scenarios (the cache issue's):
 * dlrm-criteo-terabyte (dim 128, MLPerf multi-hot pooling), batch 65,536, on
   1 and 8 nodes of dgx-a100-40g and on a 4 x L4 PCIe box (examples/clusters/
   l4-box.yaml, 96 GB of HBM for 91 GB of tables: caching is forced).  Baseline:
-  the TorchRec-style greedy planner over the same cost model.
+  planner's greedy TorchRec-style planner over the same cost model
+  (tests/bench/torchrec_side_by_side.py compares with TorchRec's own).
 * dlrm-meta-2021-synthetic (856 tables, ~15.8 lookups per table per sample),
   batch 65,536, on 128 GPUs (dgx-a100-80g:16), planned in at most 60 s.
 * llama3-70b fine-tuning on 2 nodes of 8 x L4 (pcie-l4:2), batch 64 x 4096:
@@ -80,9 +81,9 @@ def _mix(result) -> str:
 
 
 def embedding_rows(name: str, job: Job, time_limit: float = 60.0) -> list[Row]:
-    """The compiler's and the TorchRec-style greedy plan of a recommendation job."""
+    """The compiler's and the greedy TorchRec-style plan of a recommendation job."""
     rows = []
-    for strategy in ("planner", "torchrec-greedy"):
+    for strategy in ("planner", "greedy-torchrec-style"):
         start = time.perf_counter()
         try:
             result = compile_embedding(job, strategy=strategy, time_limit=time_limit)
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for row in run():
             print(format_row(row), flush=True)
-    print("\nx base: baseline step time / this plan's (embedding rows: TorchRec-style greedy; "
+    print("\nx base: baseline step time / this plan's (embedding rows: greedy-torchrec-style; "
           "slow-fabric rows: the best ZeRO-3 plan). HBM per GPU, host DRAM and NVMe per node at the peak.")
     return 0
 
