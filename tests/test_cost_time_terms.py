@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from conftest import make_job
-from hardware import collectives as coll
 from hardware import load_catalog, load_cluster
 from planner.cost import evaluate
 from planner.cost.comm import data_parallel_comm

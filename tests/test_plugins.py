@@ -200,3 +200,22 @@ def test_plots_switch_to_a_log_axis_for_outliers_and_skip_single_size_scaling_ch
             for g in (8, 16) for s in ("a", "b")]
     single = [{**r, "model": "n"} for r in rows if r["gpus"] == 8]
     assert list(plot_groups(rows + single)) == [("m", 8, 128, "bf16")]
+
+
+def test_a_sweep_without_a_runtime_scores_experts_under_a_runtime_that_can_run_them(tmp_path):
+    path = _write(tmp_path, "sweep.yaml", """\
+        time_limit: 10
+        scenarios:
+          - {model: mixtral-8x7b, cluster: dgx-h100:4, batch: 64, seq_len: 4096, strategies: [planner]}
+        """)
+    out = run_sweep(path, progress=io.StringIO())
+    (row,) = list(csv.DictReader(io.StringIO(out.files["results.csv"])))
+    assert row["runtime"] == "megatron" and row["applicable"] == "True" and row["fits"] == "True"
+    named = _write(tmp_path, "named.yaml", """\
+        time_limit: 10
+        runtime: planner
+        scenarios:
+          - {model: mixtral-8x7b, cluster: dgx-h100:4, batch: 64, seq_len: 4096, strategies: [planner]}
+        """)
+    (row,) = list(csv.DictReader(io.StringIO(run_sweep(named, progress=io.StringIO()).files["results.csv"])))
+    assert row["runtime"] == "planner" and row["applicable"] == "False"

@@ -40,7 +40,8 @@ def compare_figure(rows: list[CompareRow], title: str) -> bytes:
     hbm = [(r.peak_hbm_bytes or 0.0) / 1e9 if r.fits else 0.0 for r in rows]
     colors = ["tab:green" if r.strategy == "planner" else "tab:blue" for r in rows]
     log_step = needs_log_axis(step)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    # wide enough for every bar's label: ten strategies and their runtimes do not fit twelve inches
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(12.0, 1.3 * len(rows)), 5), constrained_layout=True)
     panels = ((left, step, "step time (s), lower is better" + (" (log scale)" if log_step else ""), _step_label),
               (right, hbm, "peak HBM per GPU (GB)", lambda v: f"{v:.1f}"))
     for axis, values, label, fmt in panels:
@@ -52,7 +53,10 @@ def compare_figure(rows: list[CompareRow], title: str) -> bytes:
                               (bar.get_x() + bar.get_width() / 2, 0), ha="center", va="bottom",
                               rotation=90, fontsize=8, color="gray")
         axis.set_ylabel(label)
-        axis.tick_params(axis="x", rotation=30)
+        axis.tick_params(axis="x", labelsize=8)
+        for label in axis.get_xticklabels():  # slanted and anchored at their end, so neighbours never overlap
+            label.set_rotation(40)
+            label.set_horizontalalignment("right")
     if log_step:
         left.set_yscale("log")
     capacities = sorted({r.hbm_capacity_bytes for r in rows if r.fits and r.hbm_capacity_bytes})

@@ -31,7 +31,8 @@ _HEADERS = ("strategy", "runtime", "step s", "tok/s/GPU", "MFU %", "HBM GB", "ho
 
 def _row(record: dict[str, Any]) -> CompareRow:
     fields = {k: record[k] for k in ("strategy", "runtime", "spec", "fits", "why", "step_time_s",
-                                     "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes")}
+                                     "tokens_per_s_per_gpu", "mfu", "peak_hbm_bytes", "host_bytes", "nvme_bytes",
+                                     "applicable", "hbm_capacity_bytes")}
     return CompareRow(**fields, planning_s=0.0)
 
 

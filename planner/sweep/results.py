@@ -21,8 +21,8 @@ from planner.sweep.tasks import SweepTask, TaskResult
 # gpus: the cluster's; gpus_used: what the row's plan runs on.  The breakdown terms, solver status and gap, and
 # the confidence flag say why a row is what it is (planner.compare.table.CompareRow documents each).
 RESULT_FIELDS = ("scenario", "model", "cluster", "nodes", "gpus", "batch", "seq_len", "precision", "strategy",
-                 "runtime", "gpus_used", "fits", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
-                 "peak_hbm_bytes", "host_bytes", "nvme_bytes", *BREAKDOWN_TERMS, "solver_status", "gap",
+                 "runtime", "gpus_used", "applicable", "fits", "step_time_s", "tokens_per_s_per_gpu", "unit", "mfu",
+                 "peak_hbm_bytes", "hbm_capacity_bytes", "host_bytes", "nvme_bytes", *BREAKDOWN_TERMS, "solver_status", "gap",
                  "extrapolated", "confidence", "spec", "why", "source")
 TIMING_FIELDS = ("scenario", "model", "cluster", "batch", "seq_len", "strategy", "planning_s", "task_s", "worker")
 
@@ -113,6 +113,8 @@ def planner_margin(rows: Sequence[dict[str, Any]]) -> str:
                     key=lambda r: (r["step_time_s"], r["strategy"]))
     if planner is None:
         return "-"
+    if not planner.get("applicable", True):
+        return f"planner n/a ({planner['runtime']} runtime)"
     if not planner["fits"]:
         return "planner does not fit"
     if not others:

@@ -44,7 +44,8 @@ from planner.compare.plugins import UserStrategy, check_names, parse_entries, wi
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
-from planner.profile import CLI_RUNTIME, load_runtime, runtime_names
+from planner.emit import primary_runtime
+from planner.profile import CLI_RUNTIME, RuntimeProfile, load_runtime, runtime_names
 from planner.sweep.tasks import SweepTask
 
 StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES))]  # type: ignore[valid-type]
@@ -92,7 +93,8 @@ class SweepSpec(BaseModel):
         None, ge=0.0, lt=1.0, description="Share of HBM every plan leaves free; default: memory_margin_default "
         "in hardware/data/constants.yaml (the cost model's measured memory error), as compile and compare.")
     runtime: str = Field(CLI_RUNTIME, description="Runtime profile of the planner row and the non-framework "
-                         "baselines (hardware/data/runtimes/<runtime>.yaml); framework baselines use their own.")
+                         "baselines (hardware/data/runtimes/<runtime>.yaml); framework baselines use their own. When "
+                         "not given, mixture-of-experts models run under the first runtime that can (as compare).")
     strategies: list[StrategyName | UserStrategy] | None = Field(
         None, min_length=1, description="Strategies scored per scenario: built-in names, and user strategies "
         "{name, spec} or {name, module: 'pkg.mod:function'} (planner/compare/plugins.py); default: every "
@@ -308,6 +310,13 @@ class SweepTasks:
         if not len(self):
             raise PlannerInputError(f"{self.path}: no strategy applies to any scenario")
 
+    def _runtime(self, graph: ModelGraph) -> RuntimeProfile:
+        """The file's runtime; when the file names none and the default cannot run the model's experts, the one
+        `planner compare` takes for a mixture-of-experts model (planner.emit.primary_runtime)."""
+        if "runtime" in self.spec.model_fields_set or not graph.num_experts:
+            return load_runtime(self.spec.runtime)
+        return load_runtime(primary_runtime((), True)[0])
+
     def _applicable(self, job: Job) -> tuple[str, ...]:
         """The built-in strategies that apply to the job, then the user strategies (dense models only)."""
         users = () if job.model.family == "recsys" else tuple(self._plugins)
@@ -317,7 +326,7 @@ class SweepTasks:
              where: str) -> Job:
         try:
             return Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=self.spec.flash_attention, runtime=load_runtime(self.spec.runtime),
+                       flash_attention=self.spec.flash_attention, runtime=self._runtime(graph),
                        memory_margin=(load_catalog().constant("memory_margin_default") if self.spec.memory_margin is None
                                       else self.spec.memory_margin))
         except ValidationError as err:
