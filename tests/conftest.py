@@ -10,6 +10,16 @@ from models.graph import ModelGraph
 from planner.job import Job
 
 
+# a cluster file of one CPU node with two ranks (the re-plan tests shrink onto it)
+TWO_GPUS = """name: cpu-2
+pools:
+  - name: cpu
+    nodes: 1
+    preset: cpu
+    overrides: {gpus_per_node: 2}
+"""
+
+
 def make_job(model: str | ModelGraph = "llama3-8b", cluster: str | Cluster = "dgx-h100:1", batch: int = 8,
              seq: int = 4096, **fields) -> Job:
     """A Job from zoo / file names or ready objects; `fields` are Job's other fields (precision, ...)."""

@@ -2,36 +2,24 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from benches import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    module = sys.modules.get(name)
-    if module is not None:
-        return module
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def solve_time():
-    return _load("solve_time")
+    return load_bench("solve_time")
 
 
 @pytest.fixture(scope="module")
 def published_runs():
-    return _load("published_runs")
+    return load_bench("published_runs")
 
 
 def test_solve_time_scenarios_are_the_issue_targets(solve_time):
@@ -138,7 +126,7 @@ def test_fit_constants_leave_one_source_out_refits_without_the_source(published_
     # two sources that pull elementwise_traffic_per_saved_byte apart: llm-foundry's MPT-30B row runs faster than
     # predicted (-10%: less traffic fits), LambdaLabs' H100 rows slower (+25%, +28%: more); one free constant
     # on a 9-point lattice, so the test can brute-force every fit it checks
-    fit_constants = _load("fit_constants")
+    fit_constants = load_bench("fit_constants")
     sources = ["LambdaLabsML/examples", "mosaicml/llm-foundry"]
     cases = fit_constants.load_fit_cases(sources)
     assert {published_runs.source_key(c.row) for c in cases} == set(sources) and len(cases) == 7

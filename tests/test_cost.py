@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,16 +19,13 @@ from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.profile import runtime_names
 from planner.strategy import Strategy, parse_strategy
+from benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("published_runs", ROOT / "tests" / "bench" / "published_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published_runs"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("published_runs")
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,7 @@ published measurements or inputs of the cluster, never read back from the cost m
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,23 +17,15 @@ from planner.cost.sums import StageSums
 from planner.profile import load_runtime
 from planner.strategy import Strategy
 from planner.validation import check_strategy
+from benches import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return _load("published_runs")
+    return load_bench("published_runs")
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +207,7 @@ def test_nemo_fp8_gpt_rows_within_10_percent(results, row):
 
 
 def test_fit_constants_writes_only_value_lines(tmp_path):
-    fit_constants = _load("fit_constants")
+    fit_constants = load_bench("fit_constants")
     copy = tmp_path / "constants.yaml"
     shutil.copy(fit_constants.CONSTANTS_YAML, copy)
     before = copy.read_text().splitlines()

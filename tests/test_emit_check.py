@@ -25,6 +25,7 @@ from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
 from planner.strategy import parse_strategy
+from launch_plans import certified_plan
 
 GB = r"\d+\.\d GB"
 
@@ -216,14 +217,7 @@ def test_named_target_written_strategy_costs_what_the_plan_costs(tmp_path, targe
 
 def _plan_of(job: Job, spec: str) -> Plan:
     """The plan of a hand-written strategy (scored by evaluate, certified as itself)."""
-    from planner.search.result import Certificate, CompileResult
-
-    strategy = parse_strategy(spec).with_dp(job.cluster.num_gpus)
-    estimate = evaluate(job, strategy)
-    cert = Certificate(status="OPTIMAL", objective=estimate.step_time_s, bound=estimate.step_time_s, gap=0.0,
-                       wall_s=0.0, configurations=1, solved=1, pruned=0)
-    return build_plan(job, CompileResult(strategy=strategy, estimate=estimate, certificate=cert, runners_up=[]),
-                      CompileOptions())
+    return certified_plan(job, parse_strategy(spec).with_dp(job.cluster.num_gpus))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import yaml
 from hardware import load_cluster
 from planner.emit import emitter
 from planner.emit.inputs import LaunchInputs
-from test_emit_slurm import plan_of
+from launch_plans import big_plan, tiny_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "tests" / "data" / "kubeflow_pytorchjob_crd_v1.9.0.yaml"
@@ -44,15 +44,14 @@ def schema() -> dict:
     assert crd["spec"]["names"]["kind"] == "PyTorchJob"
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
-
 @pytest.fixture(scope="module")
 def big():
-    return plan_of("llama3-70b", "dgx-h100:8", "tp=8,pp=4,dp=2,mbs=1,zero=1")
+    return big_plan()
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return plan_of("tiny-llama", "cpu:2", "tp=2,pp=2,dp=2,mbs=2,zero=2", batch=8, seq=128)
+    return tiny_plan()
 
 
 # ---------------------------------------------------------------- validators

@@ -19,14 +19,11 @@ import pytest
 
 from hardware import load_cluster
 from models import load_model
-from planner.cost import evaluate
 from planner.emit import UnsupportedPlan, emitter
 from planner.emit.inputs import LaunchInputs
 from planner.emit.torch import train_args
 from planner.job import Job
-from planner.plan.groups import build_plan
-from planner.search.result import Certificate, CompileOptions, CompileResult
-from planner.strategy import parse_strategy
+from launch_plans import big_plan, plan_of, tiny_plan
 from ports import MULTIPROCESS, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,27 +31,14 @@ SHELLCHECK = shutil.which("shellcheck")
 INPUTS = {"PLANNER_DATA": "/data/tok/corpus", "PLANNER_TOKENIZER": "meta-llama/Meta-Llama-3-70B",
           "PLANNER_CHECKPOINTS": "/lustre/ckpt/run 1", "PLANNER_TRAIN_STEPS": "1000"}
 
-
-def plan_of(model: str, cluster: str, spec: str, batch: int = 512, seq: int = 4096):
-    """(plan, job) of a hand-written strategy (scored by evaluate, certified as itself: no search)."""
-    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq)
-    strategy = parse_strategy(spec)
-    estimate = evaluate(job, strategy)
-    cert = Certificate(status="OPTIMAL", objective=estimate.step_time_s, bound=estimate.step_time_s, gap=0.0,
-                       wall_s=0.0, configurations=1, solved=1, pruned=0)
-    result = CompileResult(strategy=strategy, estimate=estimate, certificate=cert, runners_up=[])
-    return build_plan(job, result, CompileOptions()), job
-
-
 @pytest.fixture(scope="module")
 def big():
-    """llama3-70b on 8 DGX H100 nodes (the issue's example, smaller): tp=8 pp=4 dp=2."""
-    return plan_of("llama3-70b", "dgx-h100:8", "tp=8,pp=4,dp=2,mbs=1,zero=1")
+    return big_plan()
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return plan_of("tiny-llama", "cpu:2", "tp=2,pp=2,dp=2,mbs=2,zero=2", batch=8, seq=128)
+    return tiny_plan()
 
 
 FAKE_SRUN = """#!/usr/bin/env bash

@@ -34,14 +34,12 @@ import pytest
 
 from hardware import load_cluster
 from models import load_model
-from planner.cost import evaluate
 from planner.emit import UnsupportedPlan, emitter
 from planner.emit.inputs import LaunchInputs
 from planner.emit.torchtitan_model import FLAVORS, RELEASE
 from planner.job import Job
-from planner.plan.groups import build_plan
-from planner.search.result import Certificate, CompileOptions, CompileResult
 from planner.strategy import parse_strategy
+from launch_plans import certified_plan
 
 SHELLCHECK = shutil.which("shellcheck")
 GIVEN = LaunchInputs(data="data/c4", tokenizer="assets/tokenizer", checkpoint_dir="ckpt", train_steps=1000,
@@ -76,12 +74,7 @@ def titan():
 
 def _plan_of(job: Job, spec: str):
     """The plan of a hand-written strategy (scored by evaluate, certified as itself)."""
-    strategy = parse_strategy(spec).with_dp(job.cluster.num_gpus)
-    estimate = evaluate(job, strategy)
-    cert = Certificate(status="OPTIMAL", objective=estimate.step_time_s, bound=estimate.step_time_s, gap=0.0,
-                       wall_s=0.0, configurations=1, solved=1, pruned=0)
-    return build_plan(job, CompileResult(strategy=strategy, estimate=estimate, certificate=cert, runners_up=[]),
-                      CompileOptions())
+    return certified_plan(job, parse_strategy(spec).with_dp(job.cluster.num_gpus))
 
 
 JOBS = {  # name: (model, cluster, global batch, sequence)

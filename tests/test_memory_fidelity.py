@@ -18,29 +18,19 @@ runtime or the cost model changes either side:
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from ports import MULTIPROCESS  # noqa: E402
+from benches import load_bench
 
-ROOT = Path(__file__).resolve().parents[1]
 BAR = 0.03  # the bar: each component within 3%
 
 
 def _bench():
-    name = "memory_fidelity"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "bench" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_bench("memory_fidelity")
 
 
 def _gloo_ok() -> bool:

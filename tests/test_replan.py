@@ -30,6 +30,8 @@ from planner.replan.migration import cluster_rates, plan_migration, unrecoverabl
 from planner.replan.nodes import map_nodes
 from planner.strategy import parse_strategy
 from planner.validation import check_strategy
+from benches import load_bench
+from conftest import TWO_GPUS
 
 PARAMS = 180_800
 BYTES_PER_PARAM = 4 + 8  # fp32 weights + Adam exp_avg and exp_avg_sq
@@ -38,13 +40,6 @@ STAGE0 = 16_384 + 2 * (12_352 + 24_640)  # embedding + blocks 0-1 (split 2/2)
 STAGE1 = PARAMS - STAGE0  # blocks 2-3, final norm, head
 SPLIT = 16_384 + 4 * (12_352 - 64) + 4 * (24_640 - 64) + 16_384  # what tp splits (the rest is replicated)
 
-TWO_GPUS = """name: cpu-2
-pools:
-  - name: cpu
-    nodes: 1
-    preset: cpu
-    overrides: {gpus_per_node: 2}
-"""
 
 
 def _migration(old_cluster: str, old_spec: str, new_cluster, new_spec: str, lost=None):
@@ -282,12 +277,7 @@ def test_megatron_reshard_names_the_resharding_flags(framework_files):
 
 
 def test_the_bench_runs_and_renders_a_small_job():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_replan", Path(__file__).parent / "bench" / "replan.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
+    bench = load_bench("replan")
     scenario = bench.Scenario("tiny-llama", "tiny-llama", "cpu", 2, 8, 64, 0)
     rows = bench.run(scenario, (1,), steps_left=10, time_limit=30)
     assert [r.nodes for r in rows] == ["2 -> 1"]

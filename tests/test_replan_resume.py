@@ -25,18 +25,12 @@ import pytest
 pytest.importorskip("torch")
 
 from ports import MULTIPROCESS, free_port  # noqa: E402
+from conftest import TWO_GPUS  # noqa: E402
 from tokens import write_tokens  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).resolve().parent / "replan_probe"
 TRAIN = ("--precision", "fp32", "--lr", "1e-2", "--warmup-steps", "1")
-TWO_GPUS = """name: cpu-2
-pools:
-  - name: cpu
-    nodes: 1
-    preset: cpu
-    overrides: {gpus_per_node: 2}
-"""
 
 
 def _planner(*args: str) -> None:

@@ -5,7 +5,6 @@ Only the last tests run without torchrec; the others skip, saying why, when it c
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from planner.embedding.compile import compile_embedding, placements_of
 from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.embedding.options import ShardingType, TableOption
 from planner.job import Job
+from benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,11 +113,7 @@ def test_compare_rows_name_both_cost_models():
 
 @needs_torchrec
 def test_side_by_side_bench_renders_a_scenario():
-    spec = importlib.util.spec_from_file_location("torchrec_side_by_side",
-                                                  ROOT / "tests" / "bench" / "torchrec_side_by_side.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(bench)
+    bench = load_bench("torchrec_side_by_side")
     rows = bench.scenario_rows(bench.Scenario("tiny/8", "tiny-dlrm", "dgx-a100-40g:1"), timeout_s=60.0, time_limit=5,
                                isolate=False)
     assert [r.planner for r in rows] == ["torchrec", "planner", "greedy-torchrec-style"]
