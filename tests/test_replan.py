@@ -163,10 +163,13 @@ def test_few_steps_left_choose_the_plan_that_moves_least_many_the_fastest(old_pl
     chosen_many = next(c for c in many["candidates"] if c["strategy_spec"] == many["chosen"])
     # keeping pp=2 on the surviving node keeps half its GPUs' state; the fastest plan (pp=1) moves more
     assert chosen_few["migration_s"] == least["migration_s"] < chosen_many["migration_s"]
-    assert chosen_few["source"] in ("keeps layout", "keeps tp/pp/cp")
+    assert chosen_few["source"] in ("least total", "keeps layout", "keeps tp/pp/cp")
     assert chosen_many["step_time_s"] == pytest.approx(many["step_optimum_s"])
     assert chosen_many["step_time_s"] < chosen_few["step_time_s"]
-    assert many["gap"] <= few["gap"] + 1e-12 and 0 <= few["gap"] < 1
+    # the migration is a term of the programs: both certificates are tight
+    assert few["migration_in_programs"] and many["migration_in_programs"]
+    assert 0 <= few["gap"] < 1e-3 and 0 <= many["gap"] < 1e-3
+    assert few["program_bound_s"] <= few["total_bound_s"] <= few["total_s"]
 
 
 def test_outputs_resume_files_and_a_plan_simulate_accepts(old_plan, tmp_path):

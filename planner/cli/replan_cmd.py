@@ -69,7 +69,7 @@ def _summary(choice, migration, spec: str) -> str:
               "migration time.")
 @click.option("--checkpoint-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None, metavar="B",
               help="Aggregate read rate of the checkpoint storage, bytes/s (e.g. 4e10); default: "
-              "checkpoint_read_bandwidth_per_node in hardware/data/constants.yaml x the nodes that read.")
+              "checkpoint_read_bandwidth_per_node in hardware/data/constants.yaml per node that reads.")
 @click.option("--lost-nodes", callback=_lost_nodes, default=None, metavar="LIST",
               help="Old nodes that left, e.g. 3,7 (plan.json's node numbers); default: the last nodes of each "
               "pool that shrank.")

@@ -5,18 +5,23 @@ The decomposition (what is optimised, and how):
 1. Step time.  The job (same model, global batch, sequence, precision, runtime, memory margin and compile
    options as the old plan) is compiled for the new cluster by `planner.search.compile.compile_job`: branch
    and bound over the global configurations with a CP-SAT program per configuration.  Its certificate
-   bounds the step time of every plan in the space.
-2. Candidates.  The compile's optimum and its runners-up; the best plan that keeps the old tp, pp and cp
-   (a second compile with them fixed, so its split and the rest are optimised too); and the old strategy
-   itself with dp re-derived (old stage boundaries and shard layout) on the most nodes where that divides
-   the global batch (the other nodes idle).  Each is re-costed by `evaluate` and must fit.
-3. Migration.  Each candidate's state layout on the new cluster is matched against the old one
-   (planner.replan.migration): seconds to move the state, surviving GPUs keeping what they hold.
+   bounds the step time of every plan in the space (the from-scratch optimum the report compares with).
+2. Migration in the programs.  The job is compiled again with the migration as a term of every program
+   (planner.replan.program_term): each configuration's program minimises step + migration / steps_left,
+   the migration of a split being its busiest receiving port (a lower bound of the exact migration), so
+   splits that keep blocks where their state already is win where that pays.  The fastest plan keeping
+   the old tp, pp and cp is compiled the same way.  On a mixed cluster (the programs choose each stage's
+   pool, so its GPUs are unknown before solving) the term is left out and only step 4 weighs migration.
+3. Candidates.  The two compiles' optima and the first's runners-up; the plan keeping tp/pp/cp; and the
+   old strategy itself with dp re-derived (old stage boundaries and shard layout) on the most nodes where
+   that divides the global batch (the other nodes idle).  Each is re-costed by `evaluate` and must fit,
+   and its migration is computed exactly (planner.replan.migration): seconds to move the state, surviving
+   GPUs keeping what they hold.
 4. The choice.  The candidate with the least migration + steps_left x step time (ties: fewer bytes moved).
-   Its certificate: no plan on the compiled cluster beats steps_left x (the compile's step-time bound) +
-   (the least migration any layout needs: the state no surviving GPU holds, read through the storage and
-   the NICs), so gap = (total - that bound) / total.  The migration does not enter the CP-SAT programs themselves: a
-   candidate outside the list could move less, and the gap says by how much at most that could matter.
+   Its certificate: no plan on the compiled cluster totals less than steps_left x the migration-aware
+   compile's bound (every program's term is a lower bound of its split's migration), nor less than
+   steps_left x the step-time bound + the least migration any layout needs (the state no surviving GPU
+   holds, read through the storage and the NICs); gap = (total - the larger bound) / total.
 
 Batch policy: the global batch is kept (the learning-rate schedule and the loss curve stay those of the
 old run).  When no strategy of the whole new cluster divides it, or none that does fits, the plan uses the
@@ -41,13 +46,14 @@ from planner.replan.layout import StateLayout, moving_terms, strategy_layout
 from planner.replan.migration import (Migration, cluster_rates, migration_floor, plan_migration,
                                       unrecoverable_bytes)
 from planner.replan.nodes import NodeMap, map_nodes
+from planner.replan.program_term import MigrationSurcharge
 from planner.search.compile import compile_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.search.space import global_configs
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
 
-Source = Literal["optimum", "runner-up", "keeps tp/pp/cp", "keeps layout"]
+Source = Literal["optimum", "runner-up", "least total", "keeps tp/pp/cp", "keeps layout"]
 _FIELD = ConfigDict(extra="forbid", frozen=True)
 OBJECTIVE = "migration seconds + steps_left x step seconds"
 
@@ -59,7 +65,7 @@ class ReplanOptions(BaseModel):
     steps_left: int = Field(gt=0, description="Optimizer steps still to train after the change.")
     checkpoint_bandwidth: float | None = Field(
         None, gt=0, description="Aggregate checkpoint read rate, bytes/s; None: the hardware constant "
-        "checkpoint_read_bandwidth_per_node x the nodes that read.")
+        "checkpoint_read_bandwidth_per_node per node that reads.")
     lost_nodes: tuple[int, ...] | None = Field(
         None, description="Old nodes that left (plan.json numbering); None: the last nodes of each shrunk pool.")
     time_limit: float | None = Field(None, gt=0, description="Search budget of each compile, seconds; None: the "
@@ -99,8 +105,13 @@ class ReplanChoice(BaseModel):
                                        "any plan).")
     migration_floor_s: float = Field(description="Seconds any plan's migration takes at least.")
     total_s: float = Field(description="The chosen plan's total, seconds.")
-    total_bound_s: float = Field(description="No plan's total is below this: min(the candidates' best, "
-                                 "steps_left x step_bound_s + migration_floor_s).")
+    migration_in_programs: bool = Field(description="Whether the migration was a term of the compile's CP-SAT "
+                                        "programs (False on a mixed cluster: weighed over the candidates only).")
+    program_bound_s: float | None = Field(description="steps_left x the migration-aware compile's bound: no plan's "
+                                          "step time x steps_left + migration is below it (None without that "
+                                          "compile).")
+    total_bound_s: float = Field(description="No plan's total is below this: min(the candidates' best, max("
+                                 "program_bound_s, steps_left x step_bound_s + migration_floor_s)).")
     gap: float = Field(description="(total_s - total_bound_s) / total_s.")
     nodes_used: int = Field(description="Nodes of the new cluster the plan uses.")
     nodes_compiled: int = Field(description="Nodes the step-time search planned for (its certificate covers "
@@ -171,8 +182,9 @@ def compile_usable(job: Job, options: CompileOptions,
 # ---------------------------------------------------------------- candidates
 
 
-def _compile(job: Job, options: CompileOptions, progress: Callable[[str], None] | None) -> CompileResult:
-    result = compile_job(job, options, progress=progress)
+def _compile(job: Job, options: CompileOptions, progress: Callable[[str], None] | None,
+             surcharge: MigrationSurcharge | None = None) -> CompileResult:
+    result = compile_job(job, options, progress=progress, surcharge=surcharge)
     if result.strategy is None:  # replica groups are off (see replan); a guard, not a user error
         raise RuntimeError("the re-plan's compile returned replica groups")
     return result
@@ -182,14 +194,16 @@ def _respects(strategy: Strategy, fixed: dict[str, int | str]) -> bool:
     return all(getattr(strategy, key) == value for key, value in fixed.items())
 
 
-def _keeps_degrees(job: Job, options: CompileOptions, old: Strategy) -> Strategy | None:
-    """The fastest plan with the old tp, pp and cp (None when the new cluster has none that fits)."""
+def _keeps_degrees(job: Job, options: CompileOptions, old: Strategy,
+                   surcharge: MigrationSurcharge | None) -> Strategy | None:
+    """The best plan with the old tp, pp and cp, by step time (+ the amortised migration with a surcharge);
+    None when the new cluster has none that fits."""
     fixed = {"tp": old.tp, "pp": old.pp, "cp": old.cp}
     if any(options.space.fixed.get(key, value) != value for key, value in fixed.items()):
         return None  # --fix asks for other degrees
     space = options.space.model_copy(update={"fixed": {**options.space.fixed, **fixed}})
     try:
-        return _compile(job, options.model_copy(update={"space": space, "runners_up": 0}), None).strategy
+        return _compile(job, options.model_copy(update={"space": space, "runners_up": 0}), None, surcharge).strategy
     except InfeasibleError:
         return None
 
@@ -207,11 +221,13 @@ def _keeps_layout(job: Job, old: Strategy) -> tuple[Job, Strategy] | None:
     return None
 
 
-def _candidates(job: Job, options: CompileOptions, old: Strategy,
-                best: CompileResult) -> list[tuple[Source, Strategy, Job]]:
+def _candidates(job: Job, options: CompileOptions, old: Strategy, best: CompileResult,
+                aware: CompileResult | None, surcharge: MigrationSurcharge | None) -> list[tuple[Source, Strategy, Job]]:
     out: list[tuple[Source, Strategy, Job]] = [("optimum", best.strategy, job)]
+    if aware is not None:
+        out.append(("least total", aware.strategy, job))
     out += [("runner-up", check_strategy(job, parse_strategy(r.strategy)), job) for r in best.runners_up]
-    kept = _keeps_degrees(job, options, old)
+    kept = _keeps_degrees(job, options, old, surcharge)
     if kept is not None:
         out.append(("keeps tp/pp/cp", kept, job))
     layout = _keeps_layout(job, old)
@@ -275,8 +291,13 @@ def replan(old_layout: StateLayout, old_job: Job, old_options: CompileOptions, n
         "space": old_options.space.model_copy(update={"replica_groups": False, "fixed": dict(ask.fixed)}),
         **({"time_limit": ask.time_limit} if ask.time_limit is not None else {})})
     job, policy, best = compile_usable(old_job.model_copy(update={"cluster": new_cluster}), options, progress)
-    map_nodes(old_job.cluster, job.cluster, ask.lost_nodes)  # --lost-nodes checked before the candidates
-    weighed = [w for source, strategy, on in _candidates(job, options, old_layout.strategy, best)
+    nodes = map_nodes(old_job.cluster, job.cluster, ask.lost_nodes)  # --lost-nodes checked before the candidates
+    surcharge = aware = None
+    if len(job.cluster.pools) == 1:
+        surcharge = MigrationSurcharge(old_layout, job, nodes, cluster_rates(job.cluster, catalog,
+                                       ask.checkpoint_bandwidth), moving_terms(job.runtime), ask.steps_left)
+        aware = _compile(job, options.model_copy(update={"runners_up": 0}), progress, surcharge)
+    weighed = [w for source, strategy, on in _candidates(job, options, old_layout.strategy, best, aware, surcharge)
                if (w := _weigh(source, strategy, on, old_layout, old_job, ask, catalog)) is not None]
     weighed = _ranked(weighed)
     chosen = weighed[0]
@@ -287,14 +308,16 @@ def replan(old_layout: StateLayout, old_job: Job, old_options: CompileOptions, n
     floor = migration_floor(lost, cluster_rates(job.cluster, catalog, ask.checkpoint_bandwidth), job.cluster.num_nodes)
     cert = best.certificate
     total = chosen.candidate.total_s
-    bound = min(total, ask.steps_left * cert.bound + floor)
+    program_bound = ask.steps_left * aware.certificate.bound if aware is not None else None
+    bound = min(total, max(ask.steps_left * cert.bound + floor, program_bound or 0.0))
     if chosen.job.cluster.num_nodes != job.cluster.num_nodes:
         policy = (f"global batch {job.global_batch} kept; the chosen plan keeps the old layout on the first "
                   f"{chosen.job.cluster.num_nodes} of {job.cluster.num_nodes} nodes (the rest idle)")
     choice = ReplanChoice(
         steps_left=ask.steps_left, chosen=chosen.candidate.strategy_spec, candidates=[w.candidate for w in weighed],
         step_status=cert.status, step_bound_s=cert.bound, step_optimum_s=cert.objective, unrecoverable_bytes=lost,
-        migration_floor_s=floor, total_s=total, total_bound_s=bound,
+        migration_floor_s=floor, migration_in_programs=aware is not None, program_bound_s=program_bound,
+        total_s=total, total_bound_s=bound,
         gap=max(0.0, (total - bound) / total) if total > 0 else 0.0, nodes_used=chosen.job.cluster.num_nodes,
         nodes_compiled=job.cluster.num_nodes,
         batch_policy=policy)

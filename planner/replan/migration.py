@@ -14,9 +14,9 @@ the old layout's holders and fetched from the cheapest one still there:
 The time is a bottleneck estimate: every transfer runs at once and each port moves its bytes at its
 achieved rate: a GPU's NVLink port in and out (the node's intra link x hardware constants'
 nvlink_efficiency), a node's NICs in and out (the cluster's inter-node rate x network_efficiency; a
-node's NICs carry both its fabric receives and its checkpoint reads), and the storage's aggregate read
-rate (--checkpoint-bandwidth, default hardware constants' checkpoint_read_bandwidth_per_node x the
-nodes that read).  The time is the busiest port's bytes / rate.  When reading every remote byte from the
+node's NICs carry both its fabric receives and its checkpoint reads), and the checkpoint reads: each
+node's at hardware constants' checkpoint_read_bandwidth_per_node, or with --checkpoint-bandwidth all of
+them through one storage port at that aggregate rate.  The time is the busiest port's bytes / rate.  When reading every remote byte from the
 checkpoint would be faster than the fabric (a slow fabric, fast storage), the route switches to
 `storage` for them.  Latency, congestion beyond the fabric's oversubscription, and the restart itself
 (process launch, rendezvous, compilation: the same for every candidate) are left out.
@@ -127,11 +127,19 @@ class Rates:
 
     nvlink: tuple[float, ...]  # per node: one GPU's NVLink port, each direction
     nic: tuple[float, ...]  # per node: all its NICs together, each direction
-    storage_per_node: float  # default aggregate storage rate per reading node
+    storage_per_node: float  # default: the read rate of each node from the storage
     storage: float | None  # --checkpoint-bandwidth (aggregate), or None for the default
 
     def storage_rate(self, readers: int) -> float:
+        """Aggregate read rate when `readers` nodes read at once (evenly)."""
         return self.storage if self.storage is not None else self.storage_per_node * max(1, readers)
+
+    def storage_port(self, node: int) -> tuple[tuple, float]:
+        """(port, rate) a checkpoint read by `node` goes through: the node's own reads (default) or the one
+        aggregate storage port (--checkpoint-bandwidth)."""
+        if self.storage is None:
+            return ("node", node, None, "checkpoint reads"), self.storage_per_node
+        return ("storage", -1, None, ""), self.storage
 
 
 def cluster_rates(cluster: Cluster, catalog: Catalog, checkpoint_bandwidth: float | None) -> Rates:
@@ -269,7 +277,6 @@ def _ports(flows: list[_Flow], rates: Rates) -> dict[tuple, list]:
             entry = ports[port] = [0.0, rate, link]
         entry[0] += nbytes
 
-    readers = len({f.to_gpu[0] for f in flows if f.link == "storage"})
     for f in flows:
         node, local = f.to_gpu
         if f.link == "nvlink":
@@ -280,7 +287,8 @@ def _ports(flows: list[_Flow], rates: Rates) -> dict[tuple, list]:
             add(("node", f.from_gpu[0], None, "NICs out"), f.bytes, rates.nic[f.from_gpu[0]], "fabric")
         elif f.link == "storage":
             add(("node", node, None, "NICs in"), f.bytes, rates.nic[node], "storage")  # reads cross the NICs too
-            add(("storage", -1, None, ""), f.bytes, rates.storage_rate(readers), "storage")
+            port, rate = rates.storage_port(node)
+            add(port, f.bytes, rate, "storage")
     return ports
 
 
@@ -319,9 +327,13 @@ def restart_estimate(ranks: list[RankLoad], rates: Rates) -> Estimate:
     per_node: dict[int, float] = {}
     for rank in ranks:
         per_node[rank.gpu[0]] = per_node.get(rank.gpu[0], 0.0) + rank.state_bytes
-    total = sum(per_node.values())
-    candidates = [(total / rates.storage_rate(len(per_node)), "checkpoint storage")]
+    ports: dict[tuple, list] = {}
+    for n, b in sorted(per_node.items()):
+        port, rate = rates.storage_port(n)
+        ports.setdefault(port, [0.0, rate])[0] += b
+    candidates = [(b / r, _port_name(port)) for port, (b, r) in ports.items()]
     candidates += [(b / rates.nic[n], f"node {n} NICs in") for n, b in sorted(per_node.items())]
+    total = sum(per_node.values())
     seconds, bottleneck = max(candidates, key=lambda item: item[0])
     return Estimate(bytes=total, seconds=seconds, bottleneck=bottleneck)
 
@@ -372,3 +384,19 @@ def migration_floor(lost_bytes: float, rates: Rates, new_nodes: int) -> float:
     if lost_bytes <= 0:
         return 0.0
     return max(lost_bytes / rates.storage_rate(new_nodes), lost_bytes / sum(rates.nic[:new_nodes]))
+
+
+def surviving_holders(old: StateLayout, nodes: NodeMap):
+    """`alive(stage, sharded, classes, layer)`: the surviving holders of a segment of the old layout, each with
+    its GPU in the new numbering (what the routing picks senders from)."""
+    return _Router(old, nodes).alive
+
+
+def receive_link(holders: list[tuple[RankSite, tuple[int, int]]], gpu: tuple[int, int]) -> Link:
+    """The link class a receiver on `gpu` takes a piece over, whichever holder sends it: local, nvlink (a
+    holder on its node), fabric (a holder elsewhere) or storage (none survives)."""
+    if any(where == gpu for _, where in holders):
+        return "local"
+    if any(where[0] == gpu[0] for _, where in holders):
+        return "nvlink"
+    return "fabric" if holders else "storage"

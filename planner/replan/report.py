@@ -44,20 +44,26 @@ def _optimised(choice: ReplanChoice, migration: Migration) -> list[str]:
         f"1. Step time: the job was compiled for the new cluster as `planner compile` would "
         f"({choice.step_status}: fastest plan {choice.step_optimum_s:.4f} s per step, no plan faster than "
         f"{choice.step_bound_s:.4f} s).",
-        "2. Candidates: that optimum and its runners-up, the fastest plan keeping the old tp, pp and cp (a "
-        "second compile with them fixed), and the old strategy with dp re-derived (its stage boundaries and "
+        ("2. Migration in the programs: the job was compiled again with each split's migration (its busiest "
+         "receiving port: each GPU's NVLink in, each node's NICs in and checkpoint reads) / steps left added to "
+         "every program's step time, so splits that keep blocks where their state is win where that pays "
+         "(planner/replan/program_term.py)." if choice.migration_in_programs else
+         "2. Migration in the programs: left out on this mixed cluster (the programs choose each stage's pool, so "
+         "its GPUs are unknown before solving); only the candidates weigh it."),
+        "3. Candidates: those optima and the first's runners-up, the best plan keeping the old tp, pp and cp (a "
+        "compile with them fixed), and the old strategy with dp re-derived (its stage boundaries and "
         "shard layout) on the most nodes where that divides the global batch, each re-costed and required "
         "to fit.",
-        f"3. Migration per candidate: the bytes each new rank needs, from a surviving GPU (same GPU: kept; same "
-        f"node: NVLink; another node: the fabric) or the checkpoint (route here: {migration.route}); the time is "
-        "the busiest port's bytes / rate (planner/replan/migration.py).",
-        f"4. Choice: least total. Certificate: no plan on the {choice.nodes_compiled} compiled nodes totals less "
+        f"4. Migration per candidate, exactly: the bytes each new rank needs, from a surviving GPU (same GPU: kept; "
+        f"same node: NVLink; another node: the fabric) or the checkpoint (route here: {migration.route}); the time "
+        "is the busiest port's bytes / rate, senders' ports included (planner/replan/migration.py).",
+        f"5. Choice: least total. Certificate: no plan on the {choice.nodes_compiled} compiled nodes totals less "
         f"than {_s(choice.total_bound_s)} s "
-        f"(= min(best candidate, steps left x step bound + the least migration any layout needs, "
-        f"{_s(choice.migration_floor_s)} s for the {_gb(choice.unrecoverable_bytes)} GB no surviving GPU holds)); "
-        f"the chosen plan totals {_s(choice.total_s)} s, gap {100 * choice.gap:.2f}%. The migration cost does not "
-        "enter the CP-SAT programs: it is weighed on the candidates, and the gap bounds what a plan outside "
-        "them could gain.",
+        + (f"(steps left x the migration-aware compile's bound: {_s(choice.program_bound_s)} s; " if
+           choice.program_bound_s is not None else "(")
+        + f"steps left x step bound + the least migration any layout needs: {_s(choice.migration_floor_s)} s for the "
+        f"{_gb(choice.unrecoverable_bytes)} GB no surviving GPU holds); the chosen plan totals "
+        f"{_s(choice.total_s)} s, gap {100 * choice.gap:.2f}%.",
         "",
     ]
 

@@ -55,6 +55,7 @@ from planner.cost import evaluate
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.search.ilp.model import Program, Row, build_program
+from planner.search.ilp.surcharge import Surcharge
 from planner.search.ilp.build import build_tables, stage_pools_for
 from planner.search.ilp.tables import NS, ConfigTables, TableBuilder
 from planner.cost.groups import evaluate_groups, group_job
@@ -101,6 +102,8 @@ class _Search:
     near: list = field(default_factory=list)  # (bound, spec, config, m, variants) the incumbent cap closed
     stopped: bool = False  # the wall-clock budget cut something short: the result depends on the machine
     need_plan: bool = True  # go on past the budget until a first plan exists (a replica group's compile does not)
+    surcharge: Surcharge | None = None  # a per-step term added to the step time (a re-plan's amortised migration)
+    best_step: float = float("inf")  # step time of the best plan (its objective without the surcharge)
 
     def elapsed(self) -> float:
         return _now() - self.start
@@ -237,11 +240,13 @@ def _program(search: _Search, tables: ConfigTables, micro_batches: int, runner_u
     cutoff = (math.ceil(search.incumbent * NS) + micro_batches + tables.strategy.pp + 3
               if search.options.objective == "time" and search.incumbent < float("inf") and not runner_up
               else None)
+    surcharge = (search.surcharge.table(tables.strategy, tables.strategy.vpp)
+                 if search.surcharge is not None and search.options.objective == "time" else None)
     program = build_program(tables, max_step_ns=round(max_step * NS) if max_step else None, prices=prices,
                             mixed_cluster=mixed, cutoff_ns=cutoff,
                             uniform_placement=not search.options.space.stage_placement,
                             middle_stages_equal=search.options.space.split_shape == "ends",
-                            recompute_counts=search.options.space.recompute_counts)
+                            recompute_counts=search.options.space.recompute_counts, surcharge=surcharge)
     hint = _even_hint(program)
     if hint is not None:
         for s, row in enumerate(hint):
@@ -278,9 +283,10 @@ def _objective_values(search: _Search, program: Program, solver: cp_model.CpSolv
     The program counts time in nanoseconds x program.scale, and with per-pool prices cost in
     PRICE_UNITS per GPU-hour x microseconds; these are the only conversions back."""
     step = solver.value(program.step) / program.scale / NS
-    if program.prices is None:
+    if program.prices is None:  # the objective is the step time (plus a surcharge, objective time)
         rate = _price_rate(search.job, strategy, search.catalog) if search.options.objective == "cost" else 1.0
-        return step * rate, solver.best_objective_bound / program.scale / NS * rate
+        value = solver.value(program.objective) / program.scale / NS
+        return value * rate, solver.best_objective_bound / program.scale / NS * rate
     usd_per_unit = 1e-6 / PRICE_UNITS / 3600.0
     return step * _price_rate(search.job, strategy, search.catalog), solver.best_objective_bound * usd_per_unit
 
@@ -300,22 +306,26 @@ def _record(search: _Search, program: Program, solver: cp_model.CpSolver, status
     tied = abs(value - search.incumbent) <= 1e-9 * max(value, 1e-30)
     if value < search.incumbent and not tied or tied and peak < search.best_peak:
         search.incumbent, search.best, search.best_peak = min(value, search.incumbent), strategy, peak
+        search.best_step = solver.value(program.step) / program.scale / NS
         search.say(f"[{search.elapsed():6.2f}s] incumbent {value:.6g}  bound {bound:.6g}  {strategy.spec()}")
 
 
 def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalog | None = None,
-                progress: Callable[[str], None] | None = None) -> CompileResult:
-    """Search the strategy space of `job` for the best plan, with a certificate."""
+                progress: Callable[[str], None] | None = None, surcharge: Surcharge | None = None) -> CompileResult:
+    """Search the strategy space of `job` for the best plan, with a certificate.  `surcharge` (objective time,
+    no replica groups): minimise the step time plus it; the certificate's objective and bound are then that
+    sum, per step (planner.search.ilp.surcharge)."""
     options = options or CompileOptions()
     catalog = catalog or load_catalog()
     options = options.model_copy(update={"space": narrow_to_runtime(options.space, job.runtime, job)})
     if job.model.num_experts and not job.runtime.space.moe:
         raise InfeasibleError(f"the {job.runtime.name} runtime cannot run mixture-of-experts models "
                               f"({job.model.name} has {job.model.num_experts} experts)")
-    search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress)
+    search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress,
+                     surcharge=surcharge)
     legal = _legal_configs(job, options.space)  # counts the space (bounded after the replica groups)
     grouped = None
-    if len(job.cluster.pools) > 1 and options.objective == "time" and options.space.replica_groups:
+    if len(job.cluster.pools) > 1 and options.objective == "time" and options.space.replica_groups and not surcharge:
         # replica groups first: a good plan from them prunes most single-strategy configurations
         # one table builder per pool: its tables do not depend on the batch share
         builders = {pool.name: TableBuilder(group_job(job, pool.name, job.global_batch), catalog)
@@ -490,7 +500,8 @@ def _result(search: _Search, configurations: int, other_bound: float = float("in
     best = search.best
     estimate = evaluate(search.job, best, catalog=search.catalog)  # the re-check every plan gets
     objective = search.incumbent
-    step = objective / _price_rate(search.job, best, search.catalog) if search.options.objective == "cost" else objective
+    step = (objective / _price_rate(search.job, best, search.catalog) if search.options.objective == "cost"
+            else search.best_step)
     if not estimate.memory.fits or abs(estimate.step_time_s - step) > 0.005 * step:
         # the tables are built from evaluate's own functions: a disagreement is a bug, not an input error
         raise RuntimeError(f"plan {best.spec()} re-evaluates to {estimate.step_time_s:.6g} s "

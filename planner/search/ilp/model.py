@@ -19,7 +19,8 @@ family), objective, then reading the solution.  Tables come from
 Step time (x v to stay integral), the pipeline formula of `evaluate`:
     v * m * bottleneck + (sum_s time[s] - bottleneck) + v * (max_s dp_end[s] + max_s update[s])
 Objective: the step time, or for --objective cost the step time (microseconds) times the
-price rate of the pools the stages occupy.
+price rate of the pools the stages occupy; with a surcharge table (a re-plan's amortised migration,
+planner.search.ilp.surcharge) the step time plus the surcharge.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
+from planner.search.ilp.surcharge import SurchargeTable, add_surcharge
 from planner.search.ilp.tables import ConfigTables, StageOption
 
 _BIG = 1 << 50  # table filler for contents that are not allowed (their index is excluded from the domain)
@@ -234,13 +236,15 @@ def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: d
 
 def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: list[int] | None = None,
                   mixed_cluster: bool = False, cutoff_ns: int | None = None, uniform_placement: bool = False,
-                  middle_stages_equal: bool = False, recompute_counts: str = "per_stage") -> Program:
+                  middle_stages_equal: bool = False, recompute_counts: str = "per_stage",
+                  surcharge: SurchargeTable | None = None) -> Program:
     """The CP-SAT model of `tables`: minimise step time, or with `prices` (per pool, 1e-4 USD per
     GPU-hour) the cost per step.  `cutoff_ns`: only plans with a step time at most this (the
     incumbent's), so a configuration that cannot beat it ends INFEASIBLE, usually long before
     its own optimum would be proved.  `uniform_placement`: one placement for every stage;
     `middle_stages_equal`: only the first and last stage may differ in blocks; `recompute_counts`: per_stage,
-    one count for every stage (uniform), or every block or none (all)."""
+    one count for every stage (uniform), or every block or none (all); `surcharge`: added to the step time
+    (time objective only), and the cutoff applies to the sum."""
     model = cp_model.CpModel()
     rows = [_stage_rows(tables, s) for s in range(tables.strategy.pp)]
 
@@ -268,12 +272,14 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
     step = v * m * bottleneck + sum(time) - bottleneck + v * sum(tails)
     if max_step_ns is not None:
         model.add(step <= v * max_step_ns)
+    timed = step if surcharge is None or prices is not None else step + add_surcharge(model, surcharge, cut,
+                                                                                       tables.blocks)
     if cutoff_ns is not None:
-        model.add(step <= v * cutoff_ns)
+        model.add(timed <= v * cutoff_ns)
 
     # objective
     if prices is None:
-        objective = step
+        objective = timed
     else:
         objective = add_cost_objective(model, tables, pool_is, step, v, prices)
     model.minimize(objective)
