@@ -32,6 +32,7 @@ from planner.cost.layout import StageGroups, is_block_layer
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.sums import StageSums
 from planner.job import Job
+from planner.profile import Gather
 from planner.strategy import Strategy
 
 ACT_BYTES = 2.0  # 16-bit activations on the wire
@@ -171,6 +172,18 @@ class DataParallelComm:
     reduce: float = 0.0  # the reduce-scatter share of per_microbatch_backward
     regather: float = 0.0  # per micro-batch: the recomputed forward's own gather (GatherCalls.regather_for_recompute)
     host: float = 0.0  # per micro-batch: host-side copies of list-based collectives (GatherCalls.per_rank_copies)
+    host_gather: float = 0.0  # of `host`: the copies of the forward's gathers
+    host_regather: float = 0.0  # of `host`: the copies of the backward's re-gathers
+    host_reduce: float = 0.0  # of `host`: the copies of the gradient reduce-scatters
+    regather_copies: float = 0.0  # of `regather`: the copies of the recomputed forward's gathers
+
+
+def gathered_policy(job: Job, strategy: Strategy, groups: StageGroups) -> Gather | None:
+    """What stays gathered of this stage's sharded weights (`Gathering.policy`), None when its weights are
+    whole at rest (ZeRO-0/1/2 under a runtime that does not shard them, or no sharding group)."""
+    if groups.dp.size == 1 or groups.dp_shard.size == 1:
+        return None
+    return job.runtime.gathering.policy(strategy.zero, strategy.pipelined)
 
 
 def _in_calls(collective, size_bytes: float, calls: float, group: CommGroup, catalog: Catalog) -> float:
@@ -208,8 +221,9 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
     runtime = job.runtime
     grad_bytes = params * grad_reduce_bytes(job)
     shard, replicate = groups.dp_shard, groups.dp_replicate
-    policy = runtime.gathering.policy(s.zero, s.pipelined) if shard.size > 1 else None
-    fwd = bwd = end = first = start = reduce = regather = host = 0.0
+    policy = gathered_policy(job, s, groups)
+    fwd = bwd = end = first = start = reduce = regather = 0.0
+    host_gather = host_regather = host_reduce = regather_copies = 0.0
     if s.zero == 0:
         end = coll.all_reduce(grad_bytes, groups.dp, catalog)
     elif policy is None:  # ZeRO-1/2: whole weights, sharded optimizer
@@ -234,14 +248,16 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
         first = coll.all_gather(largest_layer_params * runtime.gathering.bytes_per_param, shard, catalog)
         # a list-based collective copies one chunk per rank on the host path, per call
         copy = shard.size * catalog.constant("collective_per_rank_copy_seconds") if calls.per_rank_copies else 0.0
+        gather_copies, reduce_copies = max(1.0, gathers) * copy, max(1.0, reduces) * copy
         if sums is not None and sums.regather_params:
+            regather_copies = sums.regather_calls * copy
             regather = _in_calls(coll.all_gather, sums.regather_params * runtime.gathering.bytes_per_param,
-                                 sums.regather_calls, shard, catalog) + sums.regather_calls * copy
+                                 sums.regather_calls, shard, catalog) + regather_copies
         if policy == "step":
-            start, end, first = gather, rs + (max(1.0, gathers) + max(1.0, reduces)) * copy, 0.0
+            start, end, first = gather, rs + gather_copies + reduce_copies, 0.0
         elif policy == "microbatch":
             fwd, bwd, reduce = gather, rs, rs
-            host = (max(1.0, gathers) + max(1.0, reduces)) * copy
+            host_gather, host_reduce = gather_copies, reduce_copies
         else:
             fwd = again = gather
             if s.regather == "host" and shard.spans_nodes:
@@ -250,7 +266,9 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
                 again = weight_bytes / local / host_rate + coll.all_gather(weight_bytes, in_node, catalog)
                 fwd = (gather + (micro_batches - 1) * again) / micro_batches  # the first forward fills the cache
             bwd, reduce = again + rs, rs
-            host = (2.0 * max(1.0, gathers) + max(1.0, reduces)) * copy
+            host_gather, host_regather, host_reduce = gather_copies, gather_copies, reduce_copies
         end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
+    host = host_gather + host_regather + host_reduce
     total = micro_batches * (fwd + bwd + regather + host) + start + end
-    return DataParallelComm(fwd, bwd, first, start, end, total, reduce, regather, host)
+    return DataParallelComm(fwd, bwd, first, start, end, total, reduce, regather, host, host_gather, host_regather,
+                            host_reduce, regather_copies)

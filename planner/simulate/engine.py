@@ -25,7 +25,7 @@ class Task:
 
     stage: int  # -1 for the step barrier
     stream: str  # compute, dp, send-next, send-prev, host, step
-    kind: str  # forward, backward, send, transfer, gather, regather, reduce, sync, optimizer, offload, barrier
+    kind: str  # forward, backward, send, copy, transfer, gather, regather, reduce, sync, optimizer, offload, barrier
     label: str
     work: float  # seconds at full speed
     after_end: list[int] = field(default_factory=list)

@@ -6,13 +6,19 @@
   the sender's stream for `send_block` seconds (Megatron's blocking
   `send_forward_recv_backward`); the receiver's op waits for the transfer on
   the sender's link (`send-next` downstream, `send-prev` upstream).
-* Data-parallel stream, per stage, FIFO in issue order (FSDP2 /
-  DeepSpeed ZeRO-3 with one layer of prefetch): a forward gathers its first
-  layer when it is issued and layer k + 1 when layer k starts; a backward
-  re-gathers layer k - 1 when layer k starts (its first layer too, unless the
-  stage ran that chunk's forward just before: torchtitan keeps it) and
-  reduce-scatters layer k's gradients when layer k ends.  In the last
-  backward of each chunk the step-end gradient sync follows each layer's
+* Data-parallel stream, per stage, FIFO in issue order, each gather unit's
+  collectives priced as the runtime issues them (tasks.py): with a prefetch
+  depth d >= 1 (FSDP2, DeepSpeed ZeRO-3 with its prefetcher) a forward
+  gathers its first d units when it is issued and unit k + d when unit k
+  starts; a backward re-gathers the same way in reverse order (its first unit
+  too, unless the stage ran that chunk's forward just before: torchtitan keeps
+  it) and reduce-scatters unit k's gradients when unit k ends.  With d = 0
+  (DeepSpeed 0.3.x) a unit is gathered only once the previous one has ended;
+  its per-parameter reduce-scatters run beside its own backward (after its
+  recomputed forward), and the next gather, which synchronises the device
+  first, waits for them.  Host copies of list-based collectives run on the
+  compute stream (the Python thread issues them; the GPU waits).  In the
+  last backward of each chunk the step-end gradient sync follows each unit's
   gradients (DDP buckets / Megatron's overlapped grad reduce).
 * The step ends with a barrier (Megatron's global grad-norm all-reduce), then
   each stage's optimizer step and its offload transfers / CPU Adam.
@@ -40,10 +46,10 @@ class OpTasks:
 
 
 class _StageBuilder:
-    """Appends one stage's tasks, tracking the last task of each stream."""
+    """Appends one stage's tasks, tracking the last task of its compute stream."""
 
-    def __init__(self, tasks: list[Task], work: StageWork, params: float):
-        self.tasks, self.work, self.params = tasks, work, params
+    def __init__(self, tasks: list[Task], work: StageWork):
+        self.tasks, self.work = tasks, work
         self.last_compute = -1
 
     def add(self, task: Task) -> int:
@@ -52,9 +58,9 @@ class _StageBuilder:
             self.last_compute = len(self.tasks) - 1
         return len(self.tasks) - 1
 
-    def share(self, layer: LayerWork, total: float) -> float:
-        """A stage-level per-micro-batch collective's share for one layer (by parameters)."""
-        return total * layer.params / self.params if self.params > 0 else 0.0
+    def after_last(self) -> list[int]:
+        """Waiting for the compute stream's last task so far (nothing at the stage's start)."""
+        return [self.last_compute] if self.last_compute >= 0 else []
 
     def comm(self, kind: str, label: str, work: float, op: Op, **deps) -> int | None:
         if work <= 0.0:
@@ -66,49 +72,95 @@ class _StageBuilder:
         return self.add(Task(self.work.index, "compute", kind, label, work, after_end=after, computes=True,
                              micro_batch=op.micro_batch, chunk=op.chunk))
 
+    def copy(self, label: str, work: float, op: Op, after: list[int]) -> list[int]:
+        """Host copies of list-based collectives on the compute stream; what the next task waits for."""
+        if work <= 0.0:
+            return after
+        return [self.add(Task(self.work.index, "compute", "copy", label, work, after_end=after,
+                              micro_batch=op.micro_batch, chunk=op.chunk))]
 
-def _forward(b: _StageBuilder, op: Op, layers: tuple[LayerWork, ...], tag: str) -> tuple[int, int, list[int]]:
-    if b.work.dp_gather <= 0.0:
-        index = b.compute("forward", tag, sum(layer.forward for layer in layers), op, [])
+
+def _forward(b: _StageBuilder, op: Op, units: tuple[LayerWork, ...], tag: str) -> tuple[int, int, list[int]]:
+    if not any(u.dp.gather + u.dp.gather_copies > 0.0 for u in units):
+        index = b.compute("forward", tag, sum(u.forward for u in units), op, [])
         return index, index, [index]
-    first, entries = -1, []
-    gather = b.comm("gather", f"{tag} gather {layers[0].name}", b.share(layers[0], b.work.dp_gather), op,
-                    after_end=[b.last_compute] if b.last_compute >= 0 else [])
-    if gather is not None:
-        entries.append(gather)
-    for k, layer in enumerate(layers):
-        index = b.compute("forward", f"{tag} {layer.name}", layer.forward, op, [gather] if gather is not None else [])
+    depth = b.work.prefetch
+    gathers: dict[int, list[int]] = {}
+
+    def issue(k: int, **deps) -> None:
+        task = b.comm("gather", f"{tag} gather {units[k].name}", units[k].dp.gather, op, **deps)
+        gathers[k] = [task] if task is not None else []
+
+    for k in range(min(max(1, depth), len(units))):  # issued with the op (the first one even without prefetch)
+        issue(k, after_end=b.after_last())
+    entries = [task for k in sorted(gathers) for task in gathers[k]]
+    first = -1
+    for k, unit in enumerate(units):
+        wait = b.copy(f"{tag} gather copies {unit.name}", unit.dp.gather_copies, op, gathers[k])
+        index = b.compute("forward", f"{tag} {unit.name}", unit.forward, op, wait)
         first = index if k == 0 else first
-        if k + 1 < len(layers):
-            gather = b.comm("gather", f"{tag} gather {layers[k + 1].name}", b.share(layers[k + 1], b.work.dp_gather),
-                            op, after_start=[index])
+        if k + max(1, depth) < len(units):
+            if depth:
+                issue(k + depth, after_start=[index])
+            else:
+                issue(k + 1, after_end=[index])
     return first, b.last_compute, [first, *entries]
 
 
-def _backward(b: _StageBuilder, op: Op, layers: tuple[LayerWork, ...], tag: str, resident: bool,
+def _unit_backward(b: _StageBuilder, op: Op, unit: LayerWork, tag: str, wait: list[int],
+                   split_recompute: bool) -> tuple[int, int]:
+    """A unit's backward on the compute stream: (its first task, its backward-proper task).  With
+    `split_recompute` its recomputed forward runs as a task of its own first (its gradients, and the
+    reduce-scatters that start with them, appear only after it)."""
+    if not split_recompute or unit.recompute <= 0.0:
+        index = b.compute("backward", f"{tag} {unit.name}", unit.backward, op, wait)
+        return index, index
+    recompute = b.compute("backward", f"{tag} {unit.name} recompute", unit.recompute, op, wait)
+    return recompute, b.compute("backward", f"{tag} {unit.name}", unit.backward - unit.recompute, op, [recompute])
+
+
+def _backward(b: _StageBuilder, op: Op, units: tuple[LayerWork, ...], tag: str, resident: bool,
               sync: bool) -> tuple[int, int, list[int]]:
-    w = b.work
-    if w.dp_regather <= 0.0 and w.dp_reduce <= 0.0 and not (sync and w.step_end > 0.0):
-        index = b.compute("backward", tag, sum(layer.backward for layer in layers), op, [])
+    if not any(u.dp.backward_work or (sync and u.dp.sync > 0.0) for u in units):
+        index = b.compute("backward", tag, sum(u.backward for u in units), op, [])
         return index, index, [index]
-    order = list(reversed(layers))
-    entries: list[int] = []
-    gather = None
-    if not resident:
-        gather = b.comm("regather", f"{tag} regather {order[0].name}", b.share(order[0], w.dp_regather), op,
-                        after_end=[b.last_compute] if b.last_compute >= 0 else [])
-        entries += [gather] if gather is not None else []
+    order = list(reversed(units))
+    depth = b.work.prefetch
+    gathers: dict[int, list[int]] = {}
+
+    def issue(k: int, **deps) -> None:
+        if k == 0 and resident:  # still gathered from the forward that just ran
+            gathers[k] = []
+            return
+        unit = order[k]
+        tasks = [b.comm("regather", f"{tag} recompute gather {unit.name}", unit.dp.recompute_gather, op, **deps),
+                 b.comm("regather", f"{tag} regather {unit.name}", unit.dp.regather, op, **deps)]
+        gathers[k] = [task for task in tasks if task is not None]
+
+    for k in range(min(max(1, depth), len(order))):
+        issue(k, after_end=b.after_last())
+    entries = [task for k in sorted(gathers) for task in gathers[k]]
     first = -1
-    for k, layer in enumerate(order):
-        index = b.compute("backward", f"{tag} {layer.name}", layer.backward, op, [gather] if gather is not None else [])
-        first = index if k == 0 else first
-        gather = None
-        if k + 1 < len(order):
-            gather = b.comm("regather", f"{tag} regather {order[k + 1].name}", b.share(order[k + 1], w.dp_regather),
-                            op, after_start=[index])
-        b.comm("reduce", f"{tag} reduce-scatter {layer.name}", b.share(layer, w.dp_reduce), op, after_end=[index])
+    for k, unit in enumerate(order):
+        if not depth and k > 0:  # no prefetch: gathered once the previous unit's backward has ended
+            issue(k, after_end=b.after_last())
+        copies = 0.0 if k == 0 and resident else unit.dp.regather_copies
+        wait = b.copy(f"{tag} regather copies {unit.name}", copies, op, gathers[k])
+        if not depth:  # the gradient hooks' copies, which the analytic model leaves unhidden
+            wait = b.copy(f"{tag} reduce copies {unit.name}", unit.dp.reduce_copies, op, wait)
+        start, index = _unit_backward(b, op, unit, tag, wait, split_recompute=not depth)
+        first = start if k == 0 else first
+        if depth:
+            if k + depth < len(order):
+                issue(k + depth, after_start=[index])
+            after = b.copy(f"{tag} reduce copies {unit.name}", unit.dp.reduce_copies, op, [index])
+            b.comm("reduce", f"{tag} reduce-scatter {unit.name}", unit.dp.reduce, op, after_end=after)
+        else:
+            # per-parameter reduce-scatters run beside the unit's own backward as its gradients appear, and
+            # the next gather, which synchronises the device first, waits for them (queued before it)
+            b.comm("reduce", f"{tag} reduce-scatter {unit.name}", unit.dp.reduce, op, after_start=[index])
         if sync:
-            b.comm("sync", f"grad sync {layer.name}", b.share(layer, w.step_end), op, after_end=[index])
+            b.comm("sync", f"grad sync {unit.name}", unit.dp.sync, op, after_end=[index])
     return first, b.last_compute, [first, *entries]
 
 
@@ -123,7 +175,7 @@ def _send(b: _StageBuilder, op: Op, stream: str, tag: str) -> int:
 
 
 def _stage_tasks(tasks: list[Task], work: StageWork, ops: list[Op], stages: int, chunks: int) -> list[OpTasks]:
-    b = _StageBuilder(tasks, work, work.params)
+    b = _StageBuilder(tasks, work)
     last_backward = {op.chunk: k for k, op in enumerate(ops) if op.phase == "B"}
     out: list[OpTasks] = []
     previous: Op | None = None

@@ -16,7 +16,7 @@ from planner.simulate.trace import STREAMS
 
 COLOURS = {"forward": "tab:blue", "backward": "tab:green", "send": "dimgray", "transfer": "darkgray",
            "gather": "tab:orange", "regather": "gold", "reduce": "tab:red", "sync": "tab:purple",
-           "optimizer": "tab:brown", "offload": "tab:pink"}
+           "copy": "tab:olive", "optimizer": "tab:brown", "offload": "tab:pink"}
 _ROW = {"compute": "compute", "dp": "dp comm", "send-next": "p2p ->", "send-prev": "p2p <-", "host": "host"}
 
 

@@ -70,16 +70,20 @@ class SimulationResult(BaseModel):
     terms: list[TermDifference] = Field(description="The step split into terms in both models.")
 
 
+_TERM_OF_KIND = {"send": "p2p", "copy": "dp"}
+
+
 def _stage_times(sim: SimulationRun, pipeline_end: float) -> dict[int, dict[str, float]]:
     """compute, p2p, dp-wait and bubble seconds per stage over [0, pipeline_end]."""
     tl = sim.timeline
     out = {w.index: {"compute": 0.0, "p2p": 0.0, "dp": 0.0} for w in sim.works}
     previous_end: dict[int, float] = {}
     for index, task in enumerate(tl.tasks):
-        if task.stream != "compute" or task.kind not in ("forward", "backward", "send"):
+        if task.stream != "compute" or task.kind not in ("forward", "backward", "send", "copy"):
             continue
         stats = out[task.stage]
-        stats["p2p" if task.kind == "send" else "compute"] += tl.end[index] - tl.start[index]
+        # host copies of list-based collectives are data-parallel time, as the analytic model counts them
+        stats[_TERM_OF_KIND.get(task.kind, "compute")] += tl.end[index] - tl.start[index]
         free = previous_end.get(task.stage, 0.0)
         # the gap before a task is a data-parallel wait for the part after everything else it needed was ready
         other = max([free] + [tl.end[d] for d in task.after_end if tl.tasks[d].stream != "dp"]
@@ -102,12 +106,17 @@ def _why(term: str, sim: SimulationRun, bottleneck: int, diff: float) -> str:
                 f"stage {bottleneck} sends {sends / sim.micro_batches:g} (the first stage sends no gradient, the last "
                 "no activation)")
     if term == "dp-wait":
-        if diff > 0:
-            return ("gathers are per FSDP unit with one unit of prefetch: a unit whose gather outlasts overlap x the "
-                    "previous unit's compute (the embedding's, the first block's behind the cheap embedding lookup) "
-                    "stalls the stream, and a backward's reduce-scatters delay the next pass's first gathers; the "
-                    "analytic model hides the stage's total behind overlap x its whole compute")
         w = works[bottleneck]
+        if w.prefetch == 0:
+            return ("the runtime prefetches nothing, so both models put every gather and host copy on the critical "
+                    "path; they differ where the simulated reduce-scatters hide: behind the next units' gathers as "
+                    "well as behind overlap x their compute (the analytic model: overlap x the backward compute "
+                    "only), and a reduce-scatter that outlasts that window delays the next re-gather")
+        if diff > 0:
+            return (f"gathers are per FSDP unit with {w.prefetch} unit(s) of prefetch: a unit whose gather outlasts "
+                    "overlap x the compute issued before it (the embedding's, the first block's behind the cheap "
+                    "embedding lookup) stalls the stream, and a backward's reduce-scatters delay the next pass's "
+                    "first gathers; the analytic model hides the stage's total behind overlap x its whole compute")
         sums = w.cost.sums
         comm = w.dp_gather + w.dp_regather + w.dp_reduce
         busy = sums.compute + sums.recompute + sums.tp + sums.cp + sums.ep
@@ -156,7 +165,7 @@ def summarize(sim: SimulationRun) -> SimulationResult:
     m = sim.micro_batches
     barrier = next(tl.end[i] for i, t in enumerate(tl.tasks) if t.kind == "barrier")
     pipeline_end = max((tl.end[i] for i, t in enumerate(tl.tasks)
-                        if t.kind in ("forward", "backward", "send", "transfer")), default=0.0)
+                        if t.kind in ("forward", "backward", "send", "transfer", "copy")), default=0.0)
     step = sim.step_time
     per_stage = _stage_times(sim, pipeline_end)
     bottleneck = max(range(len(sim.works)), key=lambda i: sim.works[i].cost.microbatch)

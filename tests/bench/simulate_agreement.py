@@ -1,15 +1,20 @@
 """Simulated vs analytic step time over a grid of plans (issue 6's agreement figures).
 
     python tests/bench/simulate_agreement.py             # every plan
-    python tests/bench/simulate_agreement.py --only 70b  # plans whose model or cluster contains "70b"
+    python tests/bench/simulate_agreement.py --only 70b  # plans whose model, cluster or runtime contains "70b"
 
-One row per (model, cluster, strategy): micro-batches, simulated tasks, the
-simulated and analytic step times, their difference, the term that differs
-most and the simulation's wall time; then the median and worst |difference|
-of the homogeneous plans (one device type, even split) and of the
-heterogeneous ones (mixed pools or uneven splits).  The simulator prices every
-task with the analytic model's own functions (planner/simulate/tasks.py), so
-a difference is a difference of schedule and overlap.
+One row per (model, cluster, runtime, strategy): micro-batches, simulated
+tasks, the simulated and analytic step times, their difference, the term
+that differs most and the simulation's wall time; then the median and worst
+|difference| of the homogeneous plans (one device type, even split), of the
+heterogeneous ones (mixed pools or uneven splits) and of the published
+ZeRO-3 / FSDP runs.  The grid runs under the default runtime profile; the
+published runs (tests/data/published_runs.csv, rebuilt by
+tests/bench/published_runs.py) under their own, whose sharded weights are
+gathered as that framework issues them (collectives per layer, prefetch depth,
+host copies).  The simulator prices every task with the analytic model's own
+functions (planner/simulate/tasks.py), so a difference is a difference of
+schedule and overlap.
 
 Timings are single runs on a shared machine.
 """
@@ -30,7 +35,8 @@ from hardware import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.simulate import simulate, summarize  # noqa: E402
-from planner.strategy import parse_strategy  # noqa: E402
+from planner.strategy import Strategy, parse_strategy  # noqa: E402
+from tests.benches import load_bench  # noqa: E402
 
 HETERO = str(ROOT / "examples" / "clusters" / "hetero-3pool.yaml")
 
@@ -61,36 +67,59 @@ PLANS = [
     ("llama3-70b", HETERO, 256, 4096, "tp=8,pp=4,dp=2,stage_pools=a100/h100/h100/a100,recompute=full", True),
 ]
 
+# published ZeRO-3 / FSDP runs, each under the runtime that ran it (tests/data/published_runs.csv ids):
+# DeepSpeed 0.3.x without prefetch, one collective per weight (217, 218: GPT-3 175B on 384 / 1,536 A100);
+# torchtitan FSDP2, one collective per block, one block of prefetch (205: one node; 212: 64 A100;
+# 66: with tp 8 on 256 H100); FSDP1 under llm-foundry (68: MPT-70B on 64 H100, 4 micro-batches)
+PUBLISHED = ["217", "218", "205", "212", "66", "68"]
+
+
+def _plans(only: str):
+    """(group, model, cluster, job, strategy, spec as printed) of every plan whose names contain `only`."""
+    for model, cluster, batch, seq, spec, hetero in PLANS:
+        name = Path(cluster).stem if cluster.endswith(".yaml") else cluster
+        job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq)
+        if only in model or only in name or only in job.runtime.name:
+            yield ("heterogeneous / uneven" if hetero else "homogeneous"), model, name, job, parse_strategy(spec), spec
+    runs = load_bench("published_runs")
+    rows = {row["id"]: row for row in runs.read_rows("all")}
+    for key in PUBLISHED:
+        case = runs.build_case(rows[key])
+        model = f"row {key} {case.job.model.name}"
+        if only in model or only in case.job.cluster.name or only in case.runtime:
+            cluster = case.job.cluster.name
+            yield "published ZeRO-3 / FSDP", model, cluster, case.job, case.strategy, _short(case.strategy)
+
+
+def _short(strategy: Strategy) -> str:
+    """The strategy's spec without the keys at their defaults (dp always), as the grid writes them."""
+    default = Strategy().spec().split(",")
+    return ",".join(part for part in strategy.spec().split(",") if part not in default or part.startswith("dp="))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="Only plans whose model or cluster contains this text.")
+    parser.add_argument("--only", default="", help="Only plans whose model, cluster or runtime contains this text.")
     args = parser.parse_args()
-    header = (f"{'model':12s} {'cluster':16s} {'strategy':62s} {'m':>4s} {'tasks':>6s} {'sim s':>9s} "
+    header = (f"{'model':22s} {'cluster':16s} {'runtime':16s} {'strategy':62s} {'m':>4s} {'tasks':>6s} {'sim s':>9s} "
               f"{'analytic s':>10s} {'diff %':>7s}  {'largest term (ms)':24s} {'wall s':>6s}")
     print(header)
     print("-" * len(header))
-    diffs: dict[bool, list[float]] = {False: [], True: []}
-    for model, cluster, batch, seq, spec, hetero in PLANS:
-        if args.only and args.only not in model and args.only not in cluster:
-            continue
-        job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq)
+    diffs: dict[str, list[float]] = {}
+    for group, model, cluster, job, strategy, spec in _plans(args.only):
         start = time.perf_counter()
-        result = summarize(simulate(job, parse_strategy(spec)))
+        result = summarize(simulate(job, strategy))
         wall = time.perf_counter() - start
         term = max(result.terms, key=lambda t: abs(t.difference_s))
-        diffs[hetero].append(result.difference)
-        name = Path(cluster).stem if cluster.endswith(".yaml") else cluster
-        print(f"{model:12s} {name:16s} {spec:62s} {result.micro_batches:4d} {result.tasks:6d} "
-              f"{result.simulated_step_s:9.4f} {result.analytic_step_s:10.4f} {100 * result.difference:+7.2f}  "
-              f"{term.term + f' {term.difference_s * 1e3:+.2f}':24s} {wall:6.2f}")
+        diffs.setdefault(group, []).append(result.difference)
+        print(f"{model[:22]:22s} {cluster[:16]:16s} {job.runtime.name:16s} {spec[:62]:62s} {result.micro_batches:4d} "
+              f"{result.tasks:6d} {result.simulated_step_s:9.4f} {result.analytic_step_s:10.4f} "
+              f"{100 * result.difference:+7.2f}  {term.term + f' {term.difference_s * 1e3:+.2f}':24s} {wall:6.2f}")
     print()
-    for hetero, label in ((False, "homogeneous"), (True, "heterogeneous / uneven")):
-        values = [abs(d) for d in diffs[hetero]]
-        if values:
-            print(f"{label:24s} plans {len(values):2d}  median |diff| {100 * statistics.median(values):.2f}%  "
-                  f"worst |diff| {100 * max(values):.2f}%")
-
+    for group, values in diffs.items():
+        values = [abs(d) for d in values]
+        print(f"{group:24s} plans {len(values):2d}  median |diff| {100 * statistics.median(values):.2f}%  "
+              f"worst |diff| {100 * max(values):.2f}%")
 
 if __name__ == "__main__":
     main()
