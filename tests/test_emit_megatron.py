@@ -9,7 +9,6 @@ counts the parameters of its GPTModel on the meta device.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_job
+from launch_plans import MEGATRON_FAMILIES
+from megatron_lm import run_script
 from models.spec import spec_from_data
 from models.zoo import get_entry
 from planner.cost import evaluate
@@ -30,22 +31,7 @@ from planner.strategy import parse_strategy
 
 TESTS = Path(__file__).parent
 
-# zoo family -> (model, cluster, global batch, sequence length, strategy)
-FAMILIES = {
-    "tiny-llama": ("tiny-llama", "cpu:2", 8, 128, "tp=2,pp=2"),
-    "llama3": ("llama3-70b", "dgx-h100:8", 512, 4096, "tp=8,pp=4,zero=1"),
-    "llama3.1": ("llama3-405b", "dgx-h100:32", 512, 8192, "tp=8,pp=16,zero=1"),
-    "llama2": ("llama2-7b", "dgx-h100:1", 64, 4096, "tp=2,zero=1"),
-    "mistral": ("mistral-7b", "dgx-h100:1", 64, 8192, "tp=2,zero=1"),
-    "qwen2": ("qwen2-7b", "dgx-h100:1", 64, 4096, "tp=2,zero=1"),
-    "gpt2": ("gpt2-xl", "dgx-h100:1", 64, 1024, "tp=1,zero=1"),
-    "gpt3": ("gpt3-175b", "dgx-h100:16", 512, 2048, "tp=8,pp=8,zero=1"),
-    "gpt-neox": ("gpt-neox-20b", "dgx-h100:2", 64, 2048, "tp=4,pp=2,zero=1"),
-    "nemotron": ("nemotron-4-340b", "dgx-h100:32", 512, 4096, "tp=8,pp=8,zero=1"),
-    "mixtral": ("mixtral-8x7b", "dgx-h100:4", 256, 4096, "tp=2,pp=4,ep=4,zero=1"),
-    "mixtral-8x22b": ("mixtral-8x22b", "dgx-h100:8", 256, 4096, "tp=4,pp=4,ep=4,zero=1"),
-    "deepseek": ("deepseek-v3", "dgx-h100:32", 1024, 4096, "tp=2,pp=8,ep=16,zero=1"),
-}
+FAMILIES = MEGATRON_FAMILIES
 
 # what the models' own configs say (Hugging Face config.json / NeMo; not the emitter's table):
 # model -> {flag: value}
@@ -225,17 +211,8 @@ def test_launch_script_passes_shellcheck_and_bash_n(tmp_path):
 
 def _run_launch(tmp_path, files, env):
     """bash megatron/launch.sh from the plan folder with a torchrun that prints its arguments, one per line."""
-    plan_dir, bin_dir = tmp_path / "plan", tmp_path / "bin"
-    (plan_dir / "megatron").mkdir(parents=True)
-    bin_dir.mkdir()
-    for name, text in files.items():
-        (plan_dir / "megatron" / name).write_text(text)
-    (bin_dir / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    (bin_dir / "torchrun").chmod(0o755)
-    (plan_dir / "(03+158)").write_text("")  # a file ([0]*3+[1]*58) would glob to
-    base = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "MASTER_ADDR": "node0"}
-    return subprocess.run(["bash", "megatron/launch.sh", "--log-interval", "1"], cwd=plan_dir, env={**base, **env},
-                          capture_output=True, text=True), plan_dir
+    launch = run_script(tmp_path, files, env, "--log-interval", "1")
+    return launch.run, launch.plan_dir
 
 
 def test_launch_script_runs_from_the_plan_folder(mc, tmp_path):

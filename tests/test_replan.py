@@ -243,10 +243,17 @@ def framework_files(tmp_path_factory) -> Path:
 def test_resume_scripts_are_valid_bash(framework_files, tmp_path):
     from planner.replan.convert import megatron_reshard_sh
 
-    tp_change = tmp_path / "reshard-tp.sh"  # the other branch: tp and pp change, the optimizer may not reshard
-    tp_change.write_text(megatron_reshard_sh(parse_strategy("tp=2,pp=2,dp=2"), parse_strategy("tp=4,dp=2")))
-    assert "--no-load-optim --no-load-rng" in tp_change.read_text()
-    scripts = [framework_files / "deepspeed" / "convert.sh", framework_files / "megatron" / "reshard.sh", tp_change]
+    # the other branches: tp and pp change under the distributed optimizer (dp_reshardable state), and a change
+    # from the distributed to the plain optimizer
+    tp_change, zero_change = tmp_path / "reshard-tp.sh", tmp_path / "reshard-zero.sh"
+    tp_change.write_text(megatron_reshard_sh(parse_strategy("tp=2,pp=2,dp=2,zero=1"),
+                                             parse_strategy("tp=4,dp=2,zero=1")))
+    zero_change.write_text(megatron_reshard_sh(parse_strategy("tp=2,pp=2,dp=2,zero=1"),
+                                               parse_strategy("tp=2,pp=2,dp=1")))
+    assert "--no-load-optim --no-load-rng" in tp_change.read_text() and "FULLY_RESHARDABLE" in tp_change.read_text()
+    assert "extra+=(--no-load-optim --no-load-rng)\n" in zero_change.read_text()
+    scripts = [framework_files / "deepspeed" / "convert.sh", framework_files / "megatron" / "reshard.sh", tp_change,
+               zero_change]
     for script in scripts:
         assert script.is_file(), sorted(p.name for p in script.parent.iterdir())
         subprocess.run(["bash", "-n", str(script)], check=True)
@@ -270,13 +277,17 @@ def test_ds_to_universal_accepts_the_written_arguments(framework_files, monkeypa
 
 
 def test_megatron_reshard_names_the_resharding_flags(framework_files):
+    """The flags' meaning is Megatron-LM's own: tests/test_megatron_lm_parser.py parses them with it."""
+    from planner.replan.convert import optimizer_state_reshards
+
     text = (framework_files / "megatron" / "reshard.sh").read_text()
     assert "--ckpt-fully-parallel-load" in text
     args = (framework_files / "megatron" / "args.txt").read_text()
     assert "torch_dist" in args  # the format whose load reshards
     plan = json.loads((framework_files / "plan.json").read_text())
-    if plan["strategy"]["pp"] != 2 or plan["strategy"]["tp"] != 1:
-        assert "--no-load-optim --no-load-rng" in text and "--dist-ckpt-optim-fully-reshardable" in text
+    old = parse_strategy(plan["options"]["replan"]["old_strategy"])
+    new = parse_strategy(plan["strategy_spec"])
+    assert ("--no-load-optim --no-load-rng" in text) == (not optimizer_state_reshards(old, new))
 
 
 def test_the_bench_runs_and_renders_a_small_job():

@@ -11,7 +11,9 @@ message per broken rule, [] when the set is valid.
 Flags: every key must be a `pretrain_gpt.py` flag of Megatron-LM core_v0.16.1
 (`FLAGS`: the flags planner writes, with the type or choices its argparse
 parser gives them; read off `add_megatron_arguments` of that release) and its
-value must parse as that type.
+value must parse as that type.  tests/test_megatron_lm_parser.py checks FLAGS against the actions of
+Megatron-LM's own parser (vendored in tests/data/megatron_lm_core_v0.16.1/) and runs its parse_args and
+validate_args on what the emitter writes.
 
 Rules (Megatron-LM core_v0.16.1; most date from core_r0.12):
 

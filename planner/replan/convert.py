@@ -10,12 +10,19 @@
   {"load_universal": true}`, so `engine.load_checkpoint(CKPT)` loads it under the new layout
   (`deepspeed/convert.sh`, then `deepspeed/launch.sh`).
 * Megatron-LM: its `--ckpt-format torch_dist` checkpoints reshard on load.  The model's weights reshard
-  over any tp, pp and dp; the distributed optimizer's state reshards over dp only, unless the old run
-  saved it with `--dist-ckpt-optim-fully-reshardable`.  `megatron/reshard.sh` runs the new launch.sh with
-  `--ckpt-fully-parallel-load`; when tp, pp, cp or ep changed and the old checkpoint's optimizer state is
-  not fully reshardable (FULLY_RESHARDABLE=0), it adds `--no-load-optim --no-load-rng`: the weights and the
-  iteration resume, Adam's moments start again.  (tools/checkpoint/convert.py converts model weights only,
-  so it buys nothing over the resharding load here.)
+  over any tp, pp and dp.  The optimizer's state, as planner's args.txt saves it (Megatron-LM
+  core_v0.16.1, megatron/training/checkpointing.py): a plain optimizer's state is per parameter and
+  reshards over any layout; the distributed optimizer's is `dp_reshardable` (args.txt does not write
+  `--dist-ckpt-optim-fully-reshardable`, whose save gathers the optimizer state over dp, memory the plan
+  does not hold), which loads over a changed dp only: load_checkpoint raises "(TP, PP) mismatch ... not
+  supported for DistributedOptimizer with sharding type dp_reshardable"; and the two do not load into each
+  other (the distributed optimizer's state is keyed by dp group, and loading into it looks up the
+  checkpoint's distrib_optim_sharding_type, which a plain optimizer's checkpoint lacks).
+  `megatron/reshard.sh` runs the new launch.sh with `--ckpt-fully-parallel-load`, and adds
+  `--no-load-optim --no-load-rng` when the optimizer state cannot reshard (the weights and the iteration
+  resume, Adam's moments start again); FULLY_RESHARDABLE=1 keeps the optimizer state when the old run
+  added `--dist-ckpt-optim-fully-reshardable` itself.
+  (tools/checkpoint/convert.py converts model weights only, so it buys nothing over the resharding load.)
 """
 
 from __future__ import annotations
@@ -66,20 +73,36 @@ def model_parallel_changed(old: Strategy, new: Strategy) -> list[str]:
             if getattr(old, key) != getattr(new, key)]
 
 
+def optimizer_state_reshards(old: Strategy, new: Strategy) -> bool:
+    """Whether Megatron loads the old run's optimizer state, as planner's args.txt saves it, under the new
+    layout (module docstring): both plain optimizers, or both distributed with only dp changed."""
+    if (old.zero >= 1) != (new.zero >= 1):
+        return False
+    return old.zero == 0 or not model_parallel_changed(old, new)
+
+
 def megatron_reshard_sh(old: Strategy, new: Strategy) -> str:
     """megatron/reshard.sh: the new launch.sh with the flags of a resharding load."""
     changed = model_parallel_changed(old, new)
-    if changed:
+    restart = "the weights and the iteration resume, Adam's moments start again (--no-load-optim --no-load-rng)"
+    if optimizer_state_reshards(old, new):
+        why = ("# Only dp changes: torch_dist checkpoints (weights and the distributed optimizer) reshard over dp.\n"
+               if old.zero >= 1 else
+               "# torch_dist checkpoints reshard the weights and the plain optimizer's per-parameter state over\n"
+               "# any layout.\n")
+        fallback = ""
+    elif (old.zero >= 1) != (new.zero >= 1):
+        why = (f"# The optimizer changes (zero {old.zero} -> {new.zero}): the state of a plain optimizer and of "
+               f"Megatron's\n# distributed optimizer do not load into each other, so {restart}.\n")
+        fallback = "extra+=(--no-load-optim --no-load-rng)\n"
+    else:
         why = (f"# The model-parallel layout changes ({', '.join(changed)}): the weights reshard on load; the\n"
-               "# distributed optimizer's state reshards only if the old run saved it with\n"
-               "# --dist-ckpt-optim-fully-reshardable. Set FULLY_RESHARDABLE=0 when it did not: the weights and\n"
-               "# the iteration resume, Adam's moments start again (--no-load-optim --no-load-rng).\n")
-        fallback = ('if [[ "${FULLY_RESHARDABLE:-1}" != 1 ]]; then\n'
+               "# distributed optimizer's state saved by args.txt is dp_reshardable only, so " + restart + ".\n"
+               "# Set FULLY_RESHARDABLE=1 if the old run was started with --dist-ckpt-optim-fully-reshardable\n"
+               "# (not in args.txt): its optimizer state then reshards too.\n")
+        fallback = ('if [[ "${FULLY_RESHARDABLE:-0}" != 1 ]]; then\n'
                     "  extra+=(--no-load-optim --no-load-rng)\n"
                     "fi\n")
-    else:
-        why = "# Only dp changes: torch_dist checkpoints (weights and the distributed optimizer) reshard over dp.\n"
-        fallback = ""
     return f"""#!/usr/bin/env bash
 # Resume the old run's torch_dist checkpoint ({old.spec()})
 # under the new layout ({new.spec()}): Megatron reshards on load.
@@ -103,10 +126,15 @@ def resume_lines(targets: tuple[str, ...], old: Strategy, new: Strategy, inputs:
                      f"latest checkpoint in {folder}), then `bash deepspeed/launch.sh`; its ds_config.json loads "
                      "the universal checkpoint (`checkpoint.load_universal`).")
     if "megatron" in targets:
-        changed = model_parallel_changed(old, new)
-        extra = (" The model-parallel degrees change, so the optimizer state reshards only from a checkpoint "
-                 "saved with `--dist-ckpt-optim-fully-reshardable` (otherwise `FULLY_RESHARDABLE=0`: Adam restarts)."
-                 if changed else " Only dp changes: weights and optimizer state reshard over dp.")
+        if optimizer_state_reshards(old, new):
+            extra = " Weights and optimizer state reshard."
+        elif (old.zero >= 1) != (new.zero >= 1):
+            extra = (" The optimizer changes between plain and distributed, so the optimizer state does not load: "
+                     "weights and iteration resume, Adam restarts (`--no-load-optim`).")
+        else:
+            extra = (" The model-parallel degrees change and the distributed optimizer's state, as args.txt saves "
+                     "it, reshards over dp only: weights and iteration resume, Adam restarts (`--no-load-optim`); "
+                     "`FULLY_RESHARDABLE=1` keeps it when the old run added `--dist-ckpt-optim-fully-reshardable`.")
         lines.append(f"- **megatron**: run `megatron/reshard.sh` (the new launch.sh with `--ckpt-fully-parallel-load`; "
                      f"`--load` is {folder}, `--ckpt-format torch_dist`).{extra}")
     return lines
