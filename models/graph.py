@@ -169,6 +169,15 @@ class Layer(BaseModel):
         """Parameters whose weights each token's computation reads."""
         return self.params if self.active_params is None else self.active_params
 
+    @property
+    def routed_params(self) -> float:
+        """Parameters of the routed experts (MoE layers; 0 otherwise): all experts but the top_k a token
+        visits are untouched, so one expert holds (params - touched) / (num_experts - top_k)."""
+        if self.kind != LayerKind.MOE or self.moe is None:
+            return 0.0
+        per_expert = (self.params - self.touched_params) / max(1, self.moe.num_experts - self.moe.top_k)
+        return per_expert * self.moe.num_experts
+
     def forward_flops(self, micro_batch: int, seq_len: int) -> float:
         """Forward FLOPs for one micro-batch of `micro_batch` sequences of `seq_len` tokens."""
         tokens = micro_batch * seq_len

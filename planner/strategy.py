@@ -28,7 +28,8 @@ class Strategy(BaseModel):
     """How a job is parallelised and where its state lives.
 
     Rank order is Megatron's: tp fastest, then cp, then dp, then pp; expert
-    parallel groups are carved out of consecutive data-parallel ranks.
+    parallel groups are ep consecutive ranks of the dp x cp ranks (cp fastest)
+    with the same tp index (Megatron-Core folds cp into them).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -4,7 +4,11 @@
   hardware/data/runtimes/*.yaml): each per-parameter term (16-bit weights,
   fp32 gradients, master weights, Adam moments...) with the ZeRO stage from
   which the framework shards it; offload moves the optimizer terms (and with
-  ZeRO-3 the weights) to host DRAM or NVMe.
+  ZeRO-3 the weights) to host DRAM or NVMe.  Routed experts (num_experts / ep
+  whole experts per rank, each split over tp) shard over the expert-data-
+  parallel group, dp x cp / ep ranks (`expert_shard_degree`), as Megatron-Core
+  allocates expert buffers over get_expert_data_parallel_group()
+  (megatron/core/distributed/distributed_data_parallel.py).
 * Activations: per-layer saved bytes (Korthikanti et al. 2022) times the
   micro-batches a stage holds in flight: 1F1B stage i of p keeps min(p-i, m);
   interleaved keeps p + (p-1)/v stage-equivalents on the first stage
@@ -21,10 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware import Catalog
-from models.graph import Layer, LayerKind, RecomputeMode
-from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
+from models.graph import Layer, RecomputeMode
+from planner.cost.layout import (StageSite, expert_shard_degree, group_ranks_per_node, shard_degree,
+                                 tp_divisor)
 from planner.cost.sums import StageSums
 from planner.job import Job
+from planner.profile import StateTerm
 from planner.strategy import Strategy
 
 
@@ -76,12 +82,22 @@ def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
     the replicated ones (norms, row-parallel biases, routers); routed experts are also split by ep."""
     tp = tp_divisor(layer, strategy.tp)
     replicated = layer.tp_replicated_params if tp > 1 else 0
-    if layer.kind == LayerKind.MOE and layer.moe is not None:
-        per_expert = (layer.params - layer.touched_params) / max(1, layer.moe.num_experts - layer.moe.top_k)
-        routed = per_expert * layer.moe.num_experts
-        dense = layer.params - routed - replicated
-        return dense / tp + routed / (tp * strategy.ep) + replicated
-    return (layer.params - replicated) / tp + replicated
+    routed = layer.routed_params
+    dense = layer.params - routed - replicated
+    return dense / tp + layer_expert_params_per_rank(layer, strategy) + replicated
+
+
+def layer_expert_params_per_rank(layer: Layer, strategy: Strategy) -> float:
+    """Of `layer_params_per_rank`, the routed experts' parameters: num_experts / ep whole experts, each
+    split over the tensor-parallel group (Megatron's expert tensor parallelism, which planner's launch files
+    set to tp)."""
+    return layer.routed_params / (tp_divisor(layer, strategy.tp) * strategy.ep)
+
+
+def owned_params(sums: StageSums, shard: int, expert_shard: int, scale: float = 1.0) -> float:
+    """`scale` x the parameters whose optimizer state a rank owns under ZeRO >= 1: the dense ones' share of
+    the shard group, the routed experts' share of the expert shard group (pass 1, 1 without ZeRO)."""
+    return scale * (sums.params - sums.expert_params) / shard + scale * sums.expert_params / expert_shard
 
 
 def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -> float:
@@ -134,27 +150,32 @@ def stage_memory(
     params = sums.params
     gpn = site.node.gpus_per_node
     shard = shard_degree(s, gpn)
-    opt_shard = shard if s.zero >= 1 else 1
+    expert_shard = expert_shard_degree(s, gpn)
+    dense = params - sums.expert_params
     terms = runtime.states
 
-    weights = runtime.state_bytes("weights", params, s.zero, shard)
-    grads = runtime.state_bytes("grads", params, s.zero, shard)
-    optimizer = runtime.state_bytes("optimizer", params, s.zero, shard)
+    def held(term: StateTerm) -> float:
+        """One state term's bytes: the dense parameters over the shard group, the routed experts' over theirs."""
+        return term.bytes(dense, s.zero, shard) + term.bytes(sums.expert_params, s.zero, expert_shard)
+
+    weights, grads, optimizer = (sum(held(t) for t in terms if t.kind == kind)
+                                 for kind in ("weights", "grads", "optimizer"))
 
     host = nvme = 0.0
     if s.offloads_optimizer:
         # the offloaded share of the optimizer states and of the terms that live with them; without such a
         # term the CPU optimizer reads an fp32 gradient copy of its own
         share = s.offload_ratio
-        with_optimizer = sum(t.bytes(params, s.zero, shard) for t in terms if t.moves_with == "optimizer")
-        fp32_grads = share * (with_optimizer or params * 4.0 / opt_shard)
+        with_optimizer = sum(held(t) for t in terms if t.moves_with == "optimizer")
+        own_fp32 = owned_params(sums, shard, expert_shard, 4.0) if s.zero >= 1 else params * 4.0
+        fp32_grads = share * (with_optimizer or own_fp32)
         grads -= share * with_optimizer
         moved = share * optimizer
         host, nvme = (moved + fp32_grads, 0.0) if s.offload_device == "cpu" else (fp32_grads, moved)
         optimizer -= moved
     if s.offloads_params:
         # the weights at rest, and the gradient shards that FSDP offloads with them
-        with_params = sum(t.bytes(params, s.zero, shard) for t in terms if t.moves_with == "params")
+        with_params = sum(held(t) for t in terms if t.moves_with == "params")
         parked = weights + with_params
         if s.offload_device == "cpu":
             host += parked

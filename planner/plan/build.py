@@ -124,7 +124,9 @@ def _layout(strategy: Strategy) -> RankLayout:
             "cp": "cp ranks with the same pp, dp and tp index (stride tp)",
             "dp": "dp ranks with the same pp, cp and tp index (stride tp * cp); gradients reduce over dp x cp",
             "pp": "pp ranks with the same dp, cp and tp index (stride tp * cp * dp)",
-            "ep": "ep consecutive data-parallel indices with the same pp, cp and tp index",
+            "ep": "ep consecutive ranks with the same pp and tp index (stride tp) counted over dp x cp, cp fastest: "
+                  "Megatron-Core folds cp into the expert groups; routed-expert state shards over the ranks "
+                  "with the same ep index (expert data parallel, dp * cp / ep)",
             "zero": "ZeRO/FSDP shards over the dp group (shard=full) or its ranks inside one node (shard=node)",
         },
     )

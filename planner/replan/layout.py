@@ -2,34 +2,55 @@
 each rank holds.
 
 A layer's state (per state term: 16-bit weights, fp32 master weights, Adam moments, as the runtime profile
-lists them) is modelled as the flat range [0, P) of its P parameters, laid out by the strategy:
+lists them) is modelled as the flat range [0, P) of its P parameters: its dense part [0, D) first, then
+the routed experts of a MoE layer [D, P) (X = P - D parameters, E experts of X / E each, in expert order;
+`Layer.routed_params`).  The dense part (attention, MLP, and a MoE layer's router, norm and shared
+experts) is laid out by the strategy:
 
 * pipeline: stage i holds the layers of its blocks (its chunks with vpp > 1: Megatron's interleaved
   layout), the layers before the first block on the first stage and those after the last on the last;
-* tensor parallel: a tp-splittable layer's split part [0, P - R) is cut into tp contiguous shares, rank t
-  taking share t; its R replicated parameters (norms, row-parallel biases: `tp_replicated_params`)
-  [P - R, P) are held whole by every tp rank; a layer that does not split is held whole by every tp rank;
+* tensor parallel: a tp-splittable layer's split part [0, D - R) is cut into tp contiguous shares, rank t
+  taking share t; its R replicated parameters (norms, routers, row-parallel biases:
+  `tp_replicated_params`) [D - R, D) are held whole by every tp rank; a layer that does not split is
+  held whole by every tp rank;
 * ZeRO / FSDP: a term sharded at the strategy's ZeRO stage (its `sharded_from_zero`) is cut again: the
   shard group's k-th rank keeps the k-th contiguous share of its tp piece (the split share followed by
   the replicated part); shard=full shards over dp x cp, shard=node over the dp ranks inside one node
   (x cp); a term not sharded is held whole by every data-parallel replica.
 
+The routed experts follow expert parallelism as Megatron-Core runs it (megatron/core/parallel_state.py,
+expert rank order tp-ep-dp-pp: cp folds into the expert groups):
+
+* expert parallel: within a stage, with f = dp index x cp + cp index, a rank's ep index is f mod ep and
+  it holds the E / ep whole experts [j E / ep, (j + 1) E / ep) of ep index j (ep = 1: all of them);
+* tensor parallel within an expert (expert tensor parallel = tp, what the launch files set): rank t holds
+  the t-th contiguous share of each of its experts (none split when the layer does not split);
+* ZeRO: a sharded term is cut over the expert-data-parallel group, the ranks of the stage with the same
+  tp and ep index (dp x cp / ep of them; with shard=node, those inside the node's shard group:
+  planner.cost.layout.expert_group): its k-th rank, k = (f div ep) mod that size, keeps the k-th
+  contiguous share of its local experts' shares laid end to end (Megatron's distributed optimizer over
+  the expert buffer).
+
+`Segment.classes` names who holds a range: (tp index, shard index) for the dense part, (tp index, expert
+shard index, ep index) for the routed experts.
+
 What this approximates: frameworks cut each tensor (FSDP2 and DTensor by rows or columns, DeepSpeed and
 Megatron's distributed optimizer over a flat buffer of the stage), not the layer's flattened state, so
 the bytes each rank holds are exact up to padding, but which old rank holds which bytes of a new rank's
-share is the contiguous-range picture, not the framework's.  Routed experts are laid out as dense
-parameters (expert parallelism is not modelled); offloaded state counts as held by its rank (it sits in
-the host memory of the rank's node).  Gradients are not state: they are rebuilt by the next step.
+share is the contiguous-range picture, not the framework's.  Offloaded state counts as held by its rank
+(it sits in the host memory of the rank's node).  Gradients are not state: they are rebuilt by the next
+step.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import lru_cache
 
 from models.graph import ModelGraph
-from planner.cost.layout import split_blocks
+from planner.cost.layout import expert_group, split_blocks
 from planner.plan.build import rank_location, stage_chunks, stage_spans
 from planner.plan.schema import Plan, RankSpan
 from planner.profile import RuntimeProfile
@@ -73,11 +94,12 @@ class RankSite:
 
 @dataclass(frozen=True)
 class Segment:
-    """A contiguous parameter range of one layer and the (tp index, shard index) classes holding it."""
+    """A contiguous parameter range of one layer and the classes holding it: (tp index, shard index) in the
+    dense part, (tp index, expert shard index, ep index) in the routed experts."""
 
     lo: float
     hi: float
-    classes: tuple[tuple[int, int], ...]
+    classes: tuple[tuple[int, ...], ...]
 
 
 @dataclass
@@ -89,14 +111,21 @@ class StateLayout:
     layer_stage: tuple[int, ...]  # stage holding model.layers[i]
     layer_shape: tuple[tuple[int, int, bool], ...]  # (params, tp-replicated params, tp-splittable) per layer
     stage_gpus_per_node: tuple[int, ...]  # GPUs per node of each stage's pool (shard=node groups)
-    # (stage, sharded) -> (tp index, shard index) -> the ranks with those indices, in rank order
+    # (routed-expert params X, routed experts E) per layer, (0, 0) for a layer without; () for a model without
+    layer_experts: tuple[tuple[float, int], ...] = ()
+    # (stage, sharded) -> class -> the ranks of that class, in rank order; a class is (tp index, shard index)
+    # for the dense part and (tp index, expert shard index, ep index) for the routed experts
     _holders: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        experts = any(x for x, _ in self.layer_experts)
         for site in self.ranks:
             for sharded in (False, True):
                 table = self._holders.setdefault((site.stage, sharded), {})
                 table.setdefault((site.tp, self.shard_class(site, sharded)), []).append(site)
+                if experts:
+                    key = (site.tp, self.expert_shard_class(site, sharded), self.ep_index(site))
+                    table.setdefault(key, []).append(site)
 
     # -------------------------------------------------------------- sharding
 
@@ -116,38 +145,69 @@ class StateLayout:
         per_dp = self.shard_group(site.stage) // s.cp
         return (site.dp % per_dp) * s.cp + site.cp
 
+    def ep_index(self, site: RankSite) -> int:
+        """The rank's expert-parallel index: ep consecutive ranks of the stage's dp x cp ranks (cp fastest)."""
+        return (site.dp * self.strategy.cp + site.cp) % self.strategy.ep
+
+    def expert_shard_group(self, stage: int) -> int:
+        """Ranks one shard group of routed-expert state spans on `stage` (planner.cost.layout.expert_group)."""
+        return expert_group(self.shard_group(stage), self.strategy.ep)
+
+    def expert_shard_class(self, site: RankSite, sharded: bool) -> int:
+        """The rank's index in its routed-expert shard group (0 when the term is not sharded)."""
+        if not sharded:
+            return 0
+        s = self.strategy
+        return ((site.dp * s.cp + site.cp) // s.ep) % self.expert_shard_group(site.stage)
+
     def tp_class(self, site: RankSite, layer: int) -> int:
         """The rank's tensor-parallel share of `layer` (0 when the layer is held whole by every tp rank)."""
         _, _, splittable = self.layer_shape[layer]
         return site.tp if splittable and self.strategy.tp > 1 else 0
 
+    def _tp(self, layer: int) -> int:
+        """Ways tensor parallelism splits `layer` (1: every tp rank holds it whole)."""
+        return self.strategy.tp if self.layer_shape[layer][2] and self.strategy.tp > 1 else 1
+
+    def _experts(self, layer: int) -> tuple[float, int]:
+        return self.layer_experts[layer] if self.layer_experts else (0.0, 0)
+
     def pieces(self, site: RankSite, layer: int, sharded: bool) -> tuple[tuple[float, float], ...]:
         """The parameter ranges of `layer` the rank holds of a term (sharded or not)."""
-        params, replicated, splittable = self.layer_shape[layer]
-        tp = self.strategy.tp if splittable and self.strategy.tp > 1 else 1
+        params, replicated, _ = self.layer_shape[layer]
+        routed, experts = self._experts(layer)
+        tp = self._tp(layer)
         group = self.shard_group(site.stage) if sharded else 1
-        return _piece(params, replicated if tp > 1 else 0, tp, self.tp_class(site, layer), group,
-                      self.shard_class(site, sharded))
+        out = _piece(params - routed, replicated if tp > 1 else 0, tp, self.tp_class(site, layer), group,
+                     self.shard_class(site, sharded))
+        if routed:
+            egroup = self.expert_shard_group(site.stage) if sharded else 1
+            out += _expert_piece(params - routed, routed, experts, self.strategy.ep, tp, self.ep_index(site),
+                                 self.tp_class(site, layer), egroup, self.expert_shard_class(site, sharded))
+        return out
 
     def segments(self, layer: int, sharded: bool) -> tuple[Segment, ...]:
         """[0, P) of `layer` cut where the holders change, each piece with the classes that hold it."""
-        params, replicated, splittable = self.layer_shape[layer]
-        tp = self.strategy.tp if splittable and self.strategy.tp > 1 else 1
-        group = self.shard_group(self.layer_stage[layer]) if sharded else 1
-        return _segments(params, replicated if tp > 1 else 0, tp, group)
+        params, replicated, _ = self.layer_shape[layer]
+        routed, experts = self._experts(layer)
+        tp = self._tp(layer)
+        stage = self.layer_stage[layer]
+        out = _segments(params - routed, replicated if tp > 1 else 0, tp, self.shard_group(stage) if sharded else 1)
+        if routed:
+            egroup = self.expert_shard_group(stage) if sharded else 1
+            out += _expert_segments(params - routed, routed, experts, self.strategy.ep, tp, egroup)
+        return out
 
-    def holders(self, stage: int, sharded: bool, classes: tuple[tuple[int, int], ...],
+    def holders(self, stage: int, sharded: bool, classes: tuple[tuple[int, ...], ...],
                 layer: int) -> list[RankSite]:
         """Ranks of `stage` holding any of `classes` of `layer`, in rank order."""
         table = self._holders[(stage, sharded)]
-        whole = not (self.layer_shape[layer][2] and self.strategy.tp > 1)
+        whole = self._tp(layer) == 1
         out: list[RankSite] = []
-        for tp_class, shard in classes:
-            if whole:  # every tp rank holds the layer whole: all tp indices qualify
-                for t in range(self.strategy.tp):
-                    out.extend(table.get((t, shard), ()))
-            else:
-                out.extend(table.get((tp_class, shard), ()))
+        for tp_class, *rest in classes:
+            # a layer held whole by every tp rank: all tp indices qualify
+            for t in (range(self.strategy.tp) if whole else (tp_class,)):
+                out.extend(table.get((t, *rest), ()))
         return sorted(set(out), key=lambda s: s.rank)
 
     def stage_layers(self, stage: int) -> list[int]:
@@ -165,7 +225,7 @@ class StateLayout:
 
 
 @lru_cache(maxsize=4096)
-def _piece(params: int, replicated: int, tp: int, t: int, group: int, k: int) -> tuple[tuple[float, float], ...]:
+def _piece(params: float, replicated: int, tp: int, t: int, group: int, k: int) -> tuple[tuple[float, float], ...]:
     split = params - replicated
     share = split / tp
     length = share + replicated  # the tp piece: split share t, then the replicated part
@@ -179,7 +239,7 @@ def _piece(params: int, replicated: int, tp: int, t: int, group: int, k: int) ->
 
 
 @lru_cache(maxsize=4096)
-def _segments(params: int, replicated: int, tp: int, group: int) -> tuple[Segment, ...]:
+def _segments(params: float, replicated: int, tp: int, group: int) -> tuple[Segment, ...]:
     split = params - replicated
     holders: dict[tuple[float, float], list[tuple[int, int]]] = {}
     for t in range(tp):
@@ -189,6 +249,36 @@ def _segments(params: int, replicated: int, tp: int, group: int) -> tuple[Segmen
     out = [Segment(lo, hi, tuple(sorted(classes))) for (lo, hi), classes in holders.items()]
     out.sort(key=lambda seg: (seg.lo, seg.hi))
     assert not out or (out[0].lo == 0 and abs(out[-1].hi - params) <= 1e-9 * max(1, params)), (params, split)
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _expert_piece(base: float, routed: float, experts: int, ep: int, tp: int, j: int, t: int, group: int,
+                  k: int) -> tuple[tuple[float, float], ...]:
+    """Ranges of [base, base + routed) that ep index j, tp index t, expert shard k holds (module docstring).
+    Exact arithmetic, so that neighbouring classes meet at the same float."""
+    local = experts // ep  # experts per ep index
+    share = Fraction(routed) / (experts * tp)  # one expert's tp share
+    length = local * share  # the rank's shares laid end to end
+    lo, hi = k * length / group, (k + 1) * length / group
+    out = []
+    for i in range(int(lo // share), min(local, -(-hi // share))):
+        a, b = max(lo, i * share), min(hi, (i + 1) * share)
+        if b > a:
+            # expert j * local + i, its share t, less the share's offset among the rank's shares
+            start = Fraction(base) + ((j * local + i) * tp + t) * share - i * share
+            out.append((float(start + a), float(start + b)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def _expert_segments(base: float, routed: float, experts: int, ep: int, tp: int, group: int) -> tuple[Segment, ...]:
+    """The routed experts' ranges, each with the one class that holds it (every parameter has one class)."""
+    out = [Segment(lo, hi, ((t, k, j),))
+           for j in range(ep) for t in range(tp) for k in range(group)
+           for lo, hi in _expert_piece(base, routed, experts, ep, tp, j, t, group, k)]
+    out.sort(key=lambda seg: (seg.lo, seg.hi))
+    assert out[0].lo == float(base) and out[-1].hi == float(Fraction(base) + Fraction(routed)), (base, routed)
     return tuple(out)
 
 
@@ -212,6 +302,13 @@ def overlapping(segments: tuple[Segment, ...], lo: float, hi: float) -> list[tup
 def _layer_shapes(model: ModelGraph) -> tuple[tuple[int, int, bool], ...]:
     return tuple((layer.params, layer.tp_replicated_params if layer.tp_splittable else 0, layer.tp_splittable)
                  for layer in model.layers)
+
+
+def _layer_experts(model: ModelGraph) -> tuple[tuple[float, int], ...]:
+    """(routed-expert params, routed experts) per layer; () when no layer has routed experts."""
+    out = tuple((layer.routed_params, layer.moe.num_experts) if layer.routed_params else (0.0, 0)
+                for layer in model.layers)
+    return out if any(x for x, _ in out) else ()
 
 
 def _layer_stages(model: ModelGraph, pp: int, chunks: list[list[list[int]]]) -> tuple[int, ...]:
@@ -247,7 +344,8 @@ def plan_layout(plan: Plan, model: ModelGraph) -> StateLayout:
     chunks = [stage.chunks for stage in plan.stages]
     return StateLayout(strategy=strategy, ranks=_sites(strategy, spans),
                        layer_stage=_layer_stages(model, strategy.pp, chunks), layer_shape=_layer_shapes(model),
-                       stage_gpus_per_node=tuple(stage.ranks.spans[0].gpus_per_node for stage in plan.stages))
+                       stage_gpus_per_node=tuple(stage.ranks.spans[0].gpus_per_node for stage in plan.stages),
+                       layer_experts=_layer_experts(model))
 
 
 def strategy_layout(model: ModelGraph, cluster: Cluster, strategy: Strategy) -> StateLayout:
@@ -257,4 +355,5 @@ def strategy_layout(model: ModelGraph, cluster: Cluster, strategy: Strategy) -> 
     chunks = [stage_chunks(strategy, i, [b[0], b[-1]] if b else []) for i, b in enumerate(blocks)]
     return StateLayout(strategy=strategy, ranks=_sites(strategy, spans),
                        layer_stage=_layer_stages(model, strategy.pp, chunks), layer_shape=_layer_shapes(model),
-                       stage_gpus_per_node=tuple(s[0].gpus_per_node for s in spans))
+                       stage_gpus_per_node=tuple(s[0].gpus_per_node for s in spans),
+                       layer_experts=_layer_experts(model))
