@@ -196,16 +196,21 @@ def _respects(strategy: Strategy, fixed: dict[str, int | str]) -> bool:
 
 def _keeps_degrees(job: Job, options: CompileOptions, old: Strategy,
                    surcharge: MigrationSurcharge | None) -> Strategy | None:
-    """The best plan with the old tp, pp and cp, by step time (+ the amortised migration with a surcharge);
-    None when the new cluster has none that fits."""
-    fixed = {"tp": old.tp, "pp": old.pp, "cp": old.cp}
-    if any(options.space.fixed.get(key, value) != value for key, value in fixed.items()):
+    """The best plan with the old tp, pp and cp (and ep, where the new cluster allows it: experts stay on their
+    ranks), by step time (+ the amortised migration with a surcharge); None when the new cluster has none that
+    fits."""
+    degrees = {"tp": old.tp, "pp": old.pp, "cp": old.cp}
+    if any(options.space.fixed.get(key, value) != value for key, value in degrees.items()):
         return None  # --fix asks for other degrees
-    space = options.space.model_copy(update={"fixed": {**options.space.fixed, **fixed}})
-    try:
-        return _compile(job, options.model_copy(update={"space": space, "runners_up": 0}), None, surcharge).strategy
-    except InfeasibleError:
-        return None
+    tries = [{**degrees, "ep": old.ep}, degrees] if old.ep > 1 and "ep" not in options.space.fixed else [degrees]
+    for fixed in tries:
+        space = options.space.model_copy(update={"fixed": {**options.space.fixed, **fixed}})
+        try:
+            return _compile(job, options.model_copy(update={"space": space, "runners_up": 0}), None,
+                            surcharge).strategy
+        except InfeasibleError:
+            continue
+    return None
 
 
 def _keeps_layout(job: Job, old: Strategy) -> tuple[Job, Strategy] | None:
