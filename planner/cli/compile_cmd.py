@@ -120,7 +120,7 @@ def _progress(enabled: bool | None):
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
+             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
              offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
@@ -146,7 +146,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     if out_dir is not None:
         check_output_dir(out_dir, force)  # before the search, not after it
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, memory_margin=margin_or_default(memory_margin))
+              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
+              memory_margin=margin_or_default(memory_margin))
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
         run_embedding_compile(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,

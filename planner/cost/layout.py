@@ -142,7 +142,8 @@ class StageGroups:
     dp: CommGroup  # gradient reduction group (dp x cp ranks, Megatron reduces over both)
     dp_shard: CommGroup  # ZeRO/FSDP sharding group (dp, or its intra-node part for shard=node)
     dp_replicate: CommGroup  # HSDP replica group across nodes (size 1 when shard=full)
-    ep: CommGroup
+    ep: CommGroup  # the expert-parallel all-to-all group
+    etp: CommGroup  # the ranks one routed expert is split over
     pp: CommGroup  # to the next stage
 
 
@@ -155,7 +156,7 @@ def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
 
 
 # what `stage_groups` reads of the strategy (with the site's pools): its cache key (strategy_key)
-GROUPS_READS = ("tp", "cp", "dp", "ep", "pipelined", "shard")
+GROUPS_READS = ("tp", "cp", "dp", "ep", "etp", "pipelined", "shard")
 
 
 def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
@@ -170,7 +171,10 @@ def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
         dp=comm_group(cluster, pools, reduce_size, s.tp),
         dp_shard=comm_group(cluster, pools, shard, s.tp),
         dp_replicate=comm_group(cluster, pools, reduce_size // shard, s.tp * shard),
-        ep=comm_group(cluster, pools, s.ep, s.tp * s.cp),
+        # Megatron-Core folds expert groups over a stage's tp x cp x dp ranks in the order etp, ep, edp
+        # (parallel_state's expert RankGenerator, order "tp-ep-dp-pp"): an ep group's members are etp apart
+        ep=comm_group(cluster, pools, s.ep, s.expert_tp),
+        etp=comm_group(cluster, pools, s.expert_tp, 1),
         pp=comm_group(cluster, pools, 2 if s.pp > 1 else 1, s.tp * s.cp * s.dp),
     )
 

@@ -71,17 +71,38 @@ class RankMemory:
         return self.fits_hbm and self.fits_host
 
 
+def routed_expert_params(layer: Layer) -> float:
+    """Parameters of a MoE layer's routed experts (all of them; 0 for other layers)."""
+    if layer.kind != LayerKind.MOE or layer.moe is None:
+        return 0.0
+    per_expert = (layer.params - layer.touched_params) / max(1, layer.moe.num_experts - layer.moe.top_k)
+    return per_expert * layer.moe.num_experts
+
+
+def expert_params_per_rank(layer: Layer, strategy: Strategy) -> float:
+    """Routed-expert parameters of `layer` one rank holds: the experts spread over ep ranks, each split etp ways."""
+    if layer.moe is None or not layer.tp_splittable:
+        return 0.0
+    return routed_expert_params(layer) / (strategy.expert_tp * strategy.ep)
+
+
 def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
     """Parameters of `layer` one rank holds before ZeRO sharding: tensor parallelism splits all but
-    the replicated ones (norms, row-parallel biases, routers); routed experts are also split by ep."""
+    the replicated ones (norms, row-parallel biases, routers); routed experts are split over etp x ep."""
     tp = tp_divisor(layer, strategy.tp)
     replicated = layer.tp_replicated_params if tp > 1 else 0
     if layer.kind == LayerKind.MOE and layer.moe is not None:
-        per_expert = (layer.params - layer.touched_params) / max(1, layer.moe.num_experts - layer.moe.top_k)
-        routed = per_expert * layer.moe.num_experts
+        routed = routed_expert_params(layer)
         dense = layer.params - routed - replicated
-        return dense / tp + routed / (tp * strategy.ep) + replicated
+        return dense / tp + expert_params_per_rank(layer, strategy) + replicated
     return (layer.params - replicated) / tp + replicated
+
+
+def expert_shard_degree(strategy: Strategy, shard: int) -> int:
+    """Ranks the routed experts' ZeRO-sharded states spread over: the expert data-parallel ranks inside the
+    sharding group (Megatron's distributed optimizer shards expert parameters over the expert-data-parallel
+    group, tp x cp x dp / (etp x ep) ranks)."""
+    return max(1, shard * strategy.tp // (strategy.expert_tp * strategy.ep))
 
 
 def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -> float:
@@ -136,17 +157,23 @@ def stage_memory(
     shard = shard_degree(s, gpn)
     opt_shard = shard if s.zero >= 1 else 1
     terms = runtime.states
+    dense, expert, expert_shard = params - sums.expert_params, sums.expert_params, expert_shard_degree(s, shard)
 
-    weights = runtime.state_bytes("weights", params, s.zero, shard)
-    grads = runtime.state_bytes("grads", params, s.zero, shard)
-    optimizer = runtime.state_bytes("optimizer", params, s.zero, shard)
+    def term_bytes(term) -> float:
+        """One state term of the stage: dense parameters sharded over the group, routed experts over theirs."""
+        return term.bytes(dense, s.zero, shard) + (term.bytes(expert, s.zero, expert_shard) if expert else 0.0)
+
+    def state(kind: str) -> float:
+        return sum(term_bytes(t) for t in terms if t.kind == kind)
+
+    weights, grads, optimizer = state("weights"), state("grads"), state("optimizer")
 
     host = nvme = 0.0
     if s.offloads_optimizer:
         # the offloaded share of the optimizer states and of the terms that live with them; without such a
         # term the CPU optimizer reads an fp32 gradient copy of its own
         share = s.offload_ratio
-        with_optimizer = sum(t.bytes(params, s.zero, shard) for t in terms if t.moves_with == "optimizer")
+        with_optimizer = sum(term_bytes(t) for t in terms if t.moves_with == "optimizer")
         fp32_grads = share * (with_optimizer or params * 4.0 / opt_shard)
         grads -= share * with_optimizer
         moved = share * optimizer
@@ -154,7 +181,7 @@ def stage_memory(
         optimizer -= moved
     if s.offloads_params:
         # the weights at rest, and the gradient shards that FSDP offloads with them
-        with_params = sum(t.bytes(params, s.zero, shard) for t in terms if t.moves_with == "params")
+        with_params = sum(term_bytes(t) for t in terms if t.moves_with == "params")
         parked = weights + with_params
         if s.offload_device == "cpu":
             host += parked

@@ -16,7 +16,8 @@ from models.graph import Layer, RecomputeMode
 from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
-from planner.cost.memory import WEIGHT_BYTES, RankMemory, layer_params_per_rank, saved_bytes, stage_memory
+from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank, saved_bytes,
+                                 stage_memory)
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
@@ -34,7 +35,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     regather = calls.regather_for_recompute and mode == "full"
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
-        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params,
+        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy),
         kept_activations=saved_bytes(layer, job, strategy, mode),
         working_set=saved_bytes(layer, job, strategy, "none") if mode == "full" else 0.0,
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
@@ -49,7 +50,7 @@ def _layer_key(layer: Layer, mode: str) -> tuple:
 
 
 # what `sum_layers` reads of the strategy (with the layers, their modes and the site's pools): its cache key
-LAYER_SUMS_READS = ("tp", "cp", "ep", "mbs", "sequence_parallel", "tp_overlap", "pipelined")
+LAYER_SUMS_READS = ("tp", "cp", "ep", "etp", "ep_overlap", "mbs", "sequence_parallel", "tp_overlap", "pipelined")
 # what `compose_stage` adds to the sums' reads (through memory, data-parallel sync, optimizer and offload)
 COMPOSE_READS = ("dp", "zero", "shard", "regather", "offload", "offload_device", "offload_ratio", "vpp", "recompute")
 

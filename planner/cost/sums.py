@@ -20,6 +20,7 @@ class StageSums:
     cp: float = 0.0  # exposed context-parallel seconds
     ep: float = 0.0  # expert all-to-all seconds
     params: float = 0.0  # parameters held before ZeRO sharding
+    expert_params: float = 0.0  # the routed experts' share of params (sharded over the expert data-parallel group)
     kept_activations: float = 0.0  # saved bytes per micro-batch in flight
     working_set: float = 0.0  # largest full-mode layer's un-recomputed bytes (max)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
@@ -35,6 +36,7 @@ class StageSums:
             forward=self.forward + other.forward, compute=self.compute + other.compute,
             recompute=self.recompute + other.recompute, tp=self.tp + other.tp, cp=self.cp + other.cp,
             ep=self.ep + other.ep, params=self.params + other.params,
+            expert_params=self.expert_params + other.expert_params,
             kept_activations=self.kept_activations + other.kept_activations,
             working_set=max(self.working_set, other.working_set),
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
@@ -51,6 +53,7 @@ class StageSums:
         return StageSums(
             forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
             tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
+            expert_params=self.expert_params * count,
             kept_activations=self.kept_activations * count, working_set=self.working_set,
             largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
             gather_calls=self.gather_calls * count, reduce_calls=self.reduce_calls * count,

@@ -174,8 +174,11 @@ def _parallel_args(plan: Plan, moe: bool) -> tuple[dict[str, Any], list[str]]:
         "expert-model-parallel-size": s.ep,
     }
     notes: list[str] = []
-    if moe:  # the cost model splits every expert over the tensor-parallel group too
-        args["expert-tensor-parallel-size"] = s.tp
+    if moe:  # each expert is split over etp ranks (default: the tensor-parallel group)
+        args["expert-tensor-parallel-size"] = s.expert_tp
+        if s.ep_overlap and s.ep > 1:  # a2a of one micro-batch behind another's compute (core_v0.14+)
+            args["overlap-moe-expert-parallel-comm"] = True
+            args["delay-wgrad-compute"] = True
         if s.ep > 1 and s.tp > 1 and not s.sequence_parallel:
             notes.append("Expert and tensor parallelism without sequence parallelism: megatron-core warns that "
                          "MoE training needs --sequence-parallel here.")
@@ -272,6 +275,7 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     offload = "optimizer" if args.get("optimizer-cpu-offload") else "none"
     values = {
         "tp": tp, "pp": pp, "cp": cp, "dp": world_size // (tp * pp * cp), "ep": int(args["expert-model-parallel-size"]),
+        "etp": _expert_tp(args, tp), "ep_overlap": bool(args.get("overlap-moe-expert-parallel-comm")),
         "mbs": int(args["micro-batch-size"]), "vpp": vpp, "sp": bool(args.get("sequence-parallel")),
         "zero": 1 if args.get("use-distributed-optimizer") else 0,
         "shard": "node" if args.get("num-distributed-optimizer-instances") else "full",
@@ -285,6 +289,12 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"the Megatron arguments have no planner strategy: {message}") from None
+
+
+def _expert_tp(args: dict[str, Any], tp: int) -> int | None:
+    """--expert-tensor-parallel-size as a strategy's etp: None when it is tp (the strategy's default)."""
+    etp = args.get("expert-tensor-parallel-size")
+    return None if etp is None or int(etp) == tp else int(etp)
 
 
 def written_strategy(plan: Plan, job: Job) -> Strategy:
