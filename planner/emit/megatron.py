@@ -246,6 +246,11 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     vocab, vocab_notes = vocab_args(cfg.vocab, plan.strategy.tp, cfg.hidden, cfg.tied_embeddings)
     args.update({**model, **vocab, **_kernel_args(job), **_recipe_args()})
     notes += model_notes + vocab_notes
+    if cfg.moe is not None and job.moe_routing == "balanced":
+        notes.append("The plan was costed with balanced routing (--moe-routing balanced), as published MoE "
+                     "benchmarks force it; args.txt trains with the learned router and its balancing loss, whose "
+                     "busiest expert rank the cost model charges moe_routing_imbalance times the mean work (add "
+                     "--moe-router-force-load-balancing only to reproduce a benchmark).")
     if job.model.family == "encoder":
         notes.append(f"{job.model.name} is an encoder: run Megatron's pretrain_bert.py with the same flags "
                      "(launch.sh names pretrain_gpt.py); its post-norm layout has no pretrain_gpt.py flag.")
