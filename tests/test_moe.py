@@ -209,3 +209,23 @@ def test_compile_matches_exhaustive_with_expert_parallelism():
     assert result.estimate.step_time_s == pytest.approx(evaluate(job, result.strategy).step_time_s, rel=1e-12)
     assert abs(result.certificate.objective - best_time) / best_time <= 0.005
     assert result.strategy.ep == best.ep == 2
+
+
+def test_the_search_folds_whole_experts_over_tensor_parallel_ranks():
+    # with tp=2 on 4 ranks and 4 experts, whole experts (etp=1) may spread over ep=4 (tp x dp = 4 ranks); split
+    # experts (etp=tp) only over ep <= dp = 2; the compiler's optimum over both is the exhaustive one
+    from models.transformer import MoEConfig, llama
+    from planner.search.compile import compile_job
+    from planner.search.exhaustive import exhaustive_optimum
+    from planner.search.result import CompileOptions
+    from planner.search.space import SpaceOptions, global_configs
+
+    model = build_transformer(llama(name="tiny-moe", num_layers=4, hidden=256, heads=4, kv_heads=2, ffn=512,
+                                    vocab=256, moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=512)))
+    job = make_job(model, "cpu:1", batch=8, seq=256)
+    space = SpaceOptions(max_mbs=1, max_vpp=1, max_cp=1, zero_stages=(1,), fixed={"tp": 2, "pp": 1})
+    layouts = {(s.expert_tp, s.ep) for s in global_configs(job, space)}
+    assert layouts == {(2, 1), (2, 2), (1, 2), (1, 4)}
+    best, best_time = exhaustive_optimum(job, space)
+    result = compile_job(job, CompileOptions(space=space))
+    assert result.estimate.step_time_s == pytest.approx(best_time, rel=1e-6), (result.strategy.spec(), best.spec())

@@ -40,7 +40,7 @@ from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions, narrow_to_runtime
 
-_FIXABLE = ("tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "shard")
+_FIXABLE = ("tp", "pp", "dp", "cp", "ep", "etp", "mbs", "vpp", "zero", "shard")
 
 
 def _parse_fixed(spec: str) -> dict[str, int | str]:
@@ -103,7 +103,8 @@ def _progress(enabled: bool | None):
                 "(torch, slurm and k8s run planner's runtime), else planner's runtime")
 @memory_margin_option(None)
 @click.option("--fix", "fixed", default="", metavar="SPEC",
-              help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
+              help="Global choices the search must keep, e.g. 'tp=2,pp=2' "
+                   "(keys: tp pp dp cp ep etp mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
