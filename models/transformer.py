@@ -96,6 +96,12 @@ class TransformerConfig(BaseModel):
     causal: bool = Field(True, description="Causal decoder; False builds a bidirectional encoder.")
     moe: MoEConfig | None = Field(None, description="Mixture-of-experts feed-forward; None: dense.")
     mla: MLAConfig | None = Field(None, description="Multi-head latent attention; None: standard MHA/GQA.")
+    mtp_layers: LayerCount = Field(
+        0, ge=0,
+        description="Multi-token-prediction modules trained beside the model (DeepSeek-V3 Sec. 2.2, Megatron "
+        "--mtp-num-layers): each adds a projection of [norm(h); norm(embedding)] to h, one more block and a "
+        "pass through the shared output head, all on the last pipeline stage.",
+    )
     type_vocab: VocabSize = Field(0, ge=0, description="Token-type (segment) embeddings (BERT: 2).")
     encoder_heads: bool = Field(
         False,
@@ -303,6 +309,25 @@ def _head(cfg: TransformerConfig) -> Layer:
     )
 
 
+def _mtp(cfg: TransformerConfig, j: int) -> list[Layer]:
+    """Multi-token-prediction module j (DeepSeek-V3, arXiv 2412.19437 Sec. 2.2): two RMSNorms and a 2h -> h
+    projection, a transformer block like the last one, and the output head again (its weights are the main
+    head's, so it holds no parameters of its own).  The layers carry no block index: they sit after the
+    blocks, on the last pipeline stage, and are never recomputed."""
+    h, last = cfg.hidden, cfg.num_layers - 1
+    # the last stage keeps its own copy of the (vocab-parallel) word embedding for the shifted tokens
+    proj = Layer(
+        name=f"mtp.{j}.proj", kind=LayerKind.NORM, params=2 * _norm_params(cfg) + 2 * h * h, hidden=h,
+        tp_replicated_params=2 * _norm_params(cfg), tied_params=cfg.vocab * h, tp_splittable=True,
+        flops_per_token=2.0 * 2 * h * h, act_replicated=float(2 * 2 * h + 2 * 2 * h),  # norm inputs, proj input
+    )
+    block = [layer.model_copy(update={"name": f"mtp.{j}.{layer.kind.value}", "block": None})
+             for layer in (_attention(cfg, last), _moe(cfg, last) if cfg.is_moe_block(last) else _mlp(cfg, last))]
+    head = _head(cfg)
+    head = head.model_copy(update={"name": f"mtp.{j}.head", "params": 0, "tied_params": 0})
+    return [proj, *block, head]
+
+
 def build_transformer(cfg: TransformerConfig) -> ModelGraph:
     """Lay out the layers of `cfg` in execution order (see the module docstring)."""
     layers = [_embedding(cfg)]
@@ -310,6 +335,8 @@ def build_transformer(cfg: TransformerConfig) -> ModelGraph:
         layers.append(_attention(cfg, i))
         layers.append(_moe(cfg, i) if cfg.is_moe_block(i) else _mlp(cfg, i))
     layers += [_final_norm(cfg), _head(cfg)]
+    for j in range(cfg.mtp_layers):
+        layers += _mtp(cfg, j)
     return ModelGraph(
         name=cfg.name, family="decoder" if cfg.causal else "encoder", layers=layers,
         hidden=cfg.hidden, num_blocks=cfg.num_layers, heads=cfg.heads, kv_heads=cfg.kv_heads,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from hardware import Cluster
+from hardware import Catalog, Cluster
 from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
 
@@ -32,6 +32,13 @@ class Job(BaseModel):
         True,
         description="Element-wise work may run in fused kernels (Megatron/Transformer Engine fusions or "
         "torch.compile) where the runtime has them; False forces eager PyTorch's unfused kernels.",
+    )
+    moe_routing: Literal["learned", "balanced"] = Field(
+        "learned",
+        description="How MoE tokens spread over the expert-parallel ranks: learned (the router's own choice, "
+        "the busiest rank getting constants.yaml's moe_routing_imbalance times the mean) or balanced (evenly: "
+        "Megatron --moe-router-force-load-balancing, NeMo AutoModel's fake balanced gate, or tokens padded "
+        "and dropped to a capacity factor of 1, as published MoE benchmarks run).",
     )
     memory_margin: float = Field(
         0.0, ge=0.0, lt=1.0,
@@ -87,6 +94,10 @@ class Job(BaseModel):
     def tokens_per_step(self) -> int:
         """Tokens (or samples) processed per optimizer step."""
         return self.global_batch * self.seq_len
+
+    def moe_imbalance(self, catalog: Catalog) -> float:
+        """Tokens of the busiest expert-parallel rank over the mean (1 when routing is balanced)."""
+        return 1.0 if self.moe_routing == "balanced" else catalog.constant("moe_routing_imbalance")
 
     @property
     def compute_dtype(self) -> str:

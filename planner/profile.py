@@ -203,6 +203,8 @@ class RuntimeProfile(BaseModel):
             (s.cp > 1 and sp.context_parallel and sp.context_parallel_needs_flash and not flash_attention,
              "context parallelism without fused attention"),
             (s.ep > 1 and not sp.expert_parallel, f"expert parallelism (ep={s.ep})"),
+            (s.expert_tp != s.tp and not sp.expert_parallel, f"expert tensor parallelism (etp={s.etp}) apart from tp"),
+            (s.ep_overlap and s.ep > 1 and not sp.expert_parallel, "ep_overlap"),
             (s.pp == 1 and s.zero not in sp.zero_stages, f"zero={s.zero}"),
             (s.pp > 1 and s.zero not in sp.zero_stages_pipelined, f"zero={s.zero} with pipeline parallelism"),
             (s.zero > 0 and s.shard not in sp.shard_scopes, f"shard={s.shard}"),

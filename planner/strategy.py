@@ -28,8 +28,7 @@ class Strategy(BaseModel):
     """How a job is parallelised and where its state lives.
 
     Rank order is Megatron's: tp fastest, then cp, then dp, then pp; expert
-    parallel groups are ep consecutive ranks of the dp x cp ranks (cp fastest)
-    with the same tp index (Megatron-Core folds cp into them).
+    groups fold over a stage's tp x cp x dp ranks (etp fastest, then ep).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,7 +36,18 @@ class Strategy(BaseModel):
     pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
     dp: int | None = Field(None, gt=0, description="Data-parallel degree; derived from the GPU count when omitted.")
     cp: int = Field(1, gt=0, description="Context-parallel degree (sequence split for attention).")
-    ep: int = Field(1, gt=0, description="Expert-parallel degree (MoE), within the data-parallel group.")
+    ep: int = Field(1, gt=0, description="Expert-parallel degree (MoE): ranks the routed experts are spread over.")
+    etp: int | None = Field(
+        None, gt=0,
+        description="Expert tensor-parallel degree: ways each routed expert's GEMMs are split (Megatron "
+        "--expert-tensor-parallel-size).  Expert groups of etp x ep ranks are folded over the tp x cp x dp ranks "
+        "of a stage, consecutive ranks first (MoE parallel folding, arXiv 2504.14960).  Default: tp.",
+    )
+    ep_overlap: bool = Field(
+        False,
+        description="Hide the expert all-to-alls behind another micro-batch's compute (Megatron "
+        "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute).",
+    )
     mbs: int = Field(1, gt=0, description="Micro-batch size in sequences.")
     vpp: int = Field(1, gt=0, description="Virtual pipeline chunks per stage (interleaved schedule).")
     sp: bool | None = Field(None, description="Sequence parallelism with tp; default on when tp > 1.")
@@ -119,6 +129,13 @@ class Strategy(BaseModel):
             raise ValueError("vpp > 1 needs pp > 1")
         if self.sp and self.tp == 1:
             raise ValueError("sp=on needs tp > 1")
+        if self.ep_overlap:  # Megatron-Core's TransformerConfig asserts these for the all-to-all overlap
+            if self.ep == 1:
+                raise ValueError("ep_overlap=on needs ep > 1")
+            if self.recompute == "full":
+                raise ValueError("ep_overlap=on needs recompute other than full (Megatron's all-to-all overlap)")
+            if self.pp > 1 and self.vpp == 1:
+                raise ValueError("ep_overlap=on with pp > 1 needs vpp > 1 (Megatron's all-to-all overlap)")
         if self.regather == "host" and (self.zero != 3 or self.shard != "full"):
             raise ValueError("regather=host needs zero=3 and shard=full (it caches what the full group gathers)")
         if self.offload_ratio < 1.0 and not (self.offloads_optimizer and self.zero == 3
@@ -192,6 +209,17 @@ class Strategy(BaseModel):
         return self.tp > 1 if self.sp is None else self.sp
 
     @property
+    def expert_tp(self) -> int:
+        """Resolved expert tensor-parallel degree (etp, default tp)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks of a stage that hold the same expert shard (the expert data-parallel group, which shards its
+        optimizer states and reduces its gradients): tp x cp x dp / (etp x ep), at least 1."""
+        return max(1, self.tp * self.cp * (self.dp or 1) // (self.expert_tp * self.ep))
+
+    @property
     def pipeline_schedule(self) -> Schedule:
         """Resolved schedule."""
         if self.schedule is not None:
@@ -257,7 +285,7 @@ class Strategy(BaseModel):
         """The canonical SPEC string of this strategy (round-trips through parse_strategy)."""
         parts = [
             f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}" if self.dp else None, f"cp={self.cp}",
-            f"ep={self.ep}", f"mbs={self.mbs}", f"vpp={self.vpp}",
+            f"ep={self.ep}", f"etp={self.etp}" if self.etp is not None else None, f"mbs={self.mbs}", f"vpp={self.vpp}",
             f"sp={'on' if self.sequence_parallel else 'off'}", f"zero={self.zero}", f"shard={self.shard}",
             f"recompute={self.recompute}",
             self._placement_spec("regather", "network"),
@@ -265,6 +293,7 @@ class Strategy(BaseModel):
             self._placement_spec("offload", None), self._placement_spec("offload_device", None),
             self._placement_spec("offload_ratio", 1.0),
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
+            "ep_overlap=on" if self.ep_overlap else None,
             f"split={'/'.join(map(str, self.split))}" if self.split else None,
             f"stage_pools={'/'.join(self.stage_pools)}" if self.stage_pools else None,
         ]
@@ -281,9 +310,9 @@ class Strategy(BaseModel):
         return f"{key}={'/'.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)}"
 
 
-_INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero"}
+_INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "etp", "mbs", "vpp", "zero"}
 _INT_LIST_KEYS = {"split", "recompute_layers"}
-_BOOL_KEYS = {"sp", "tp_overlap"}
+_BOOL_KEYS = {"sp", "tp_overlap", "ep_overlap"}
 _ALIASES = {"zero": {"fsdp": "3", "ddp": "0"}}
 
 

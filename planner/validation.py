@@ -49,8 +49,13 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
             problems.append(f"ep({s.ep}) > 1 but the model has no experts")
         elif model.num_experts % s.ep:
             problems.append(f"experts({model.num_experts}) % ep({s.ep}) != 0")
-        if s.dp * s.cp % s.ep:
-            problems.append(f"dp({s.dp}) * cp({s.cp}) % ep({s.ep}) != 0 (expert groups live inside data parallel)")
+    if s.ep > 1 or s.etp is not None:
+        if not model.num_experts:
+            if s.ep == 1:
+                problems.append(f"etp({s.etp}) set but the model has no experts")
+        elif s.tp * s.cp * s.dp % (s.expert_tp * s.ep):
+            problems.append(f"tp({s.tp}) * cp({s.cp}) * dp({s.dp}) % (etp({s.expert_tp}) * ep({s.ep})) != 0 "
+                            "(expert groups fold over a stage's ranks)")
     if s.pipeline_schedule == "interleaved":
         micro = job.global_batch // max(1, replicas_batch)
         if micro % s.pp:

@@ -50,7 +50,8 @@ SAME = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-p
         "moe-shared-expert-intermediate-size", "moe-token-dispatcher-type", "moe-grouped-gemm",
         "moe-router-dtype", "moe-router-load-balancing-type", "moe-aux-loss-coeff", "moe-router-score-function",
         "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor", "moe-router-num-groups",
-        "moe-router-group-topk", "moe-router-pre-softmax", "recompute-granularity", "recompute-method",
+        "moe-router-group-topk", "moe-router-pre-softmax", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
+        "recompute-granularity", "recompute-method",
         "recompute-num-layers", "bf16", "fp16")
 # flag -> field under another name (argparse dest differs, or core_transformer_config_from_args renames)
 RENAMED = {"norm-epsilon": "layernorm_epsilon", "num-experts": "num_moe_experts",

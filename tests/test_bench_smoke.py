@@ -22,6 +22,11 @@ def published_runs():
     return load_bench("published_runs")
 
 
+@pytest.fixture(scope="module")
+def published_compile():
+    return load_bench("published_compile")
+
+
 def test_solve_time_scenarios_are_the_issue_targets(solve_time):
     targets = {s.key: s.target_s for s in solve_time.SCENARIOS}
     assert targets == {"a": 10.0, "b": 3.0, "c": 30.0, "d": 30.0}
@@ -54,24 +59,24 @@ def test_solve_time_error_is_a_row(solve_time):
     assert not row.within_target
 
 
-def test_compiled_plans_match_or_beat_published_strategies(published_runs):
+def test_compiled_plans_match_or_beat_published_strategies(published_runs, published_compile):
     # small rows whose published strategy lies inside the compiler's space
     cases = [c for c in published_runs.load_cases("A") if c.row["id"] in ("63", "11")]
     assert len(cases) == 2
-    rows = published_runs.compile_rows(cases, time_limit=60)
+    rows = published_compile.compile_rows(cases, time_limit=60)
     for row in rows:
         assert row.error is None, row.error
         assert row.compiled.memory.fits
         assert row.ratio >= 0.999, (row.case.row["id"], row.ratio, row.result.strategy.spec())
     out = io.StringIO()
-    published_runs.print_compile_table(rows, out=out)
+    published_compile.print_compile_table(rows, out=out)
     assert out.getvalue().rstrip().splitlines()[-1].startswith("compiled >= published on every row: yes")
 
 
-def test_compiled_plan_matches_published_mbs6_row(published_runs):
+def test_compiled_plan_matches_published_mbs6_row(published_runs, published_compile):
     # row 72 publishes mbs=6 (batch 48 over dp 8): the space tries every micro-batch size dividing the batch
     cases = [c for c in published_runs.load_cases("A") if c.row["id"] == "72"]
-    (row,) = published_runs.compile_rows(cases, time_limit=60)
+    (row,) = published_compile.compile_rows(cases, time_limit=60)
     assert row.error is None and row.compiled.memory.fits
     assert row.ratio >= 0.999, (row.ratio, row.result.strategy.spec())
 
@@ -110,11 +115,11 @@ def test_published_runs_pipelined_fsdp_row(published_runs):
     assert case.job.runtime.gathering.policy(s.zero, s.pipelined) == "step"
 
 
-def test_recompute_labels_normalise(published_runs):
+def test_recompute_labels_normalise(published_runs, published_compile):
     from planner.strategy import Strategy
 
     case = next(c for c in published_runs.load_cases("A") if c.row["id"] == "63")  # 32 blocks, pp 1
-    label = lambda **kw: published_runs._recompute_label(case.job, Strategy(tp=1, dp=8, **kw))  # noqa: E731
+    label = lambda **kw: published_compile._recompute_label(case.job, Strategy(tp=1, dp=8, **kw))  # noqa: E731
     assert label(recompute="none") == "none"
     assert label(recompute="full") == "full"
     assert label(recompute="full", recompute_layers=(32,)) == "full"

@@ -156,6 +156,24 @@ def test_moe_plans_carry_the_dispatcher_grouped_gemm_and_balancing(mc, family):
     assert config.moe_router_load_balancing_type == ("seq_aux_loss" if family == "deepseek" else "aux_loss")
 
 
+def test_folded_experts_and_the_all_to_all_overlap_reach_megatron(mc):
+    # etp=1 under tp=2 (expert groups folded over tp x dp) and ep_overlap: megatron-core's own config checks
+    # (vpp with pp > 1, no full recompute, an all-to-all dispatcher) run on the written flags
+    job = make_job("mixtral-8x7b", "dgx-h100:4", 256, 4096, moe_routing="balanced")
+    plan = plan_of(job, "tp=2,pp=2,vpp=2,ep=8,etp=1,ep_overlap=on,zero=1,recompute=selective")
+    files = emitter("megatron")(plan, job)
+    assert "costed with balanced routing" in files["README.md"]  # the run itself routes by the learned router
+    args = mc.parse_args_txt(files["args.txt"])
+    assert check_megatron_args(args, plan.job.num_gpus) == []
+    config = mc.core_config(args)
+    assert (config.expert_tensor_parallel_size, config.expert_model_parallel_size) == (1, 8)
+    assert config.overlap_moe_expert_parallel_comm and config.delay_wgrad_compute
+    from planner.emit.megatron import written_strategy
+
+    written = written_strategy(plan, job)  # what Megatron runs, read back from the flags
+    assert (written.etp, written.ep_overlap, written.ep) == (1, True, 8)
+
+
 def _overlap(mc, spec: str, **job_fields) -> dict:
     job = make_job("llama3-8b", "dgx-h100:2", 64, 4096, **job_fields)
     return mc.parse_args_txt(emitter("megatron")(plan_of(job, spec), job)["args.txt"])
@@ -289,6 +307,10 @@ GOOD = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 1, "con
     ({"moe-layer-freq": "([0]*1+[1]*2)"}, "moe-layer-freq lists 3 layers, num-layers is 4"),
     ({"moe-layer-freq": "__import__('os')"}, "is not an int or a layer list expression"),
     ({"expert-model-parallel-size": 4, "expert-tensor-parallel-size": 2}, "world size (4) is not divisible by expert"),
+    ({"overlap-moe-expert-parallel-comm": True, "recompute-granularity": "full"}, "excludes --recompute-granularity"),
+    ({"overlap-moe-expert-parallel-comm": True, "pipeline-model-parallel-size": 2, "tensor-model-parallel-size": 1},
+     "needs --num-layers-per-virtual-pipeline-stage"),
+    ({"overlap-moe-expert-parallel-comm": True, "expert-model-parallel-size": 1}, "needs expert-model-parallel-size > 1"),
 ])
 def test_megatron_check_rules_of_the_full_argument_set(change, message):
     assert check_megatron_args(GOOD, 4) == []

@@ -29,6 +29,7 @@ VARIATIONS: dict[str, list] = {
     "zero": [0, 2, 3], "shard": ["node"], "recompute": ["selective", "full"], "recompute_layers": [(1, 1)],
     "regather": ["host"], "offload": ["optimizer", "all"], "offload_device": ["nvme"], "offload_ratio": [0.5],
     "schedule": ["gpipe", "interleaved"], "tp_overlap": [True], "split": [(6, 10)],
+    "etp": [1], "ep_overlap": [True],  # MoE fields: refused (etp) or inert (ep_overlap) on this dense model
 }
 
 

@@ -221,8 +221,9 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
 @click.argument("cluster")
 @job_options
 @click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
-              help="Comma-separated key=value: tp, pp, dp, cp, ep, mbs, vpp, sp, zero, shard, recompute, "
-                   "recompute_layers, offload, offload_device, offload_ratio, regather, schedule, tp_overlap, split, "
+              help="Comma-separated key=value: tp, pp, dp, cp, ep, etp, mbs, vpp, sp, zero, shard, recompute, "
+                   "recompute_layers, offload, offload_device, offload_ratio, regather, schedule, tp_overlap, "
+                   "ep_overlap, split, "
                    "stage_pools (offload, offload_device, offload_ratio and regather also one value per stage: a/b/...). "
                    "Omitted keys take their defaults; dp is derived from the GPU count.")
 @click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -233,6 +234,7 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+             moe_routing: str,
              spec: str, sharding_file: Path | None, runtime: str | None, memory_margin: float, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
@@ -253,7 +255,8 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, memory_margin=memory_margin)
+              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
+              memory_margin=memory_margin)
     if job.model.family == "recsys":
         _estimate_embedding(job, spec, sharding_file, as_json)
         return

@@ -124,6 +124,7 @@ def _legend(rows: list[CompareRow]) -> str:
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+             moe_routing: str,
              only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None, plot_path: Path | None,
              runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
@@ -153,7 +154,8 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         if path is not None:
             check_file_target(path)  # before minutes of solving, not after
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, memory_margin=margin_or_default(memory_margin))
+              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
+              memory_margin=margin_or_default(memory_margin))
     if job.model.family != "recsys":  # recommendation models have the embedding cost model, no runtime profile
         name, note = (runtime, None) if runtime else primary_runtime((), bool(job.model.num_experts))
         if note:

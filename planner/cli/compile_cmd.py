@@ -40,7 +40,7 @@ from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions, narrow_to_runtime
 
-_FIXABLE = ("tp", "pp", "dp", "cp", "ep", "mbs", "vpp", "zero", "shard")
+_FIXABLE = ("tp", "pp", "dp", "cp", "ep", "etp", "mbs", "vpp", "zero", "shard")
 
 
 def _parse_fixed(spec: str) -> dict[str, int | str]:
@@ -103,7 +103,8 @@ def _progress(enabled: bool | None):
                 "(torch, slurm and k8s run planner's runtime), else planner's runtime")
 @memory_margin_option(None)
 @click.option("--fix", "fixed", default="", metavar="SPEC",
-              help="Global choices the search must keep, e.g. 'tp=2,pp=2' (keys: tp pp dp cp ep mbs vpp zero shard).")
+              help="Global choices the search must keep, e.g. 'tp=2,pp=2' "
+                   "(keys: tp pp dp cp ep etp mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
 @click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
@@ -120,7 +121,7 @@ def _progress(enabled: bool | None):
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
+             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
              offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
@@ -146,7 +147,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     if out_dir is not None:
         check_output_dir(out_dir, force)  # before the search, not after it
     job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, memory_margin=margin_or_default(memory_margin))
+              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
+              memory_margin=margin_or_default(memory_margin))
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
         run_embedding_compile(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,

@@ -80,7 +80,7 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The job's batch, sequence length, precision and attention kernel (estimate, compile)."""
+    """The job's batch, sequence length, precision, attention kernel and MoE routing (estimate, compile, compare)."""
     decorators = [
         click.option("--batch", "-b", type=click.IntRange(min=1), required=True,
                      help="Global batch in sequences (samples for recsys models) per optimizer step."),
@@ -90,6 +90,10 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."),
         click.option("--flash-attention/--no-flash-attention", default=True, show_default=True,
                      help="Fused flash attention (no s^2 score tensors); off for 2021-22 era kernels."),
+        click.option("--moe-routing", type=click.Choice(["learned", "balanced"]), default="learned",
+                     show_default=True,
+                     help="Mixture-of-experts models: learned routing (the busiest expert rank waits on "
+                     "moe_routing_imbalance x the mean) or balanced (forced, as published MoE benchmarks run)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)

@@ -8,7 +8,12 @@
 * CP (ring attention / Megatron CP): each attention layer all-gathers K and V
   forward and reduce-scatters their gradients backward, hidden behind the
   attention core as far as it lasts.
-* EP: two all-to-alls (dispatch, combine) of the routed tokens each way.
+* EP: two all-to-alls (dispatch, combine) of the routed tokens each way, over
+  the expert-parallel group (etp apart: Megatron folds expert groups over a
+  stage's ranks); every rank waits for the busiest one (`Job.moe_imbalance`).
+  With ep_overlap they hide behind another micro-batch's compute.  Experts
+  split over etp > 1 ranks all-gather the routed tokens there and
+  reduce-scatter the outputs; shared experts run tensor-parallel like an MLP.
 * PP: one boundary activation each way per micro-batch (v per micro-batch
   with interleaving).
 * DP: DDP all-reduce; ZeRO-1/2 reduce-scatter + all-gather; sharded weights
@@ -69,7 +74,10 @@ def layer_comm(
             count = 2
         else:
             count = 0
-        tp_s = count * coll.all_reduce(volume, groups.tp, catalog)
+        if layer.moe is not None:
+            tp_s = count * moe_tensor_parallel_seconds(layer, volume, groups, catalog)
+        else:
+            tp_s = count * coll.all_reduce(volume, groups.tp, catalog)
         if s.tp_overlap:
             tp_s *= 1.0 - catalog.constant("tp_overlap_hidden_fraction")
 
@@ -81,13 +89,37 @@ def layer_comm(
 
     ep_s = 0.0
     if s.ep > 1 and layer.moe is not None:
-        routed = tokens * layer.moe.top_k * layer.hidden * ACT_BYTES
-        if s.sequence_parallel:
-            routed /= s.tp  # each TP rank dispatches its own sequence shard
-        ep_s = 4 * coll.all_to_all(routed, groups.ep, catalog)
-        if recompute == "full":
-            ep_s += 2 * coll.all_to_all(routed, groups.ep, catalog)
+        ep_s = expert_all_to_all_seconds(layer, job, s, groups, time, catalog, recompute)
     return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
+
+
+def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageGroups, catalog: Catalog) -> float:
+    """One all-reduce-equivalent of a MoE layer's tensor-parallel traffic (`volume`: the layer's b*s*h bytes on
+    a rank): shared experts are a tensor-parallel MLP; experts split over etp > 1 ranks all-gather the routed
+    tokens (top_k per token) before their GEMMs and reduce-scatter the outputs (Megatron-Core's all-to-all
+    dispatcher, gather_from_sequence_parallel_region over the expert tensor-parallel group)."""
+    seconds = coll.all_reduce(volume, groups.tp, catalog) if layer.moe.shared_experts else 0.0
+    return seconds + coll.all_reduce(volume * layer.moe.top_k, groups.etp, catalog)
+
+
+def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime,
+                              catalog: Catalog, recompute: RecomputeMode) -> float:
+    """Exposed expert-parallel seconds of one MoE layer per micro-batch: dispatch and combine forward, their
+    gradients backward, the forward pair again under full recompute.  Each rank sends its top_k copies of
+    its tokens (its sequence shard under sequence parallelism); the busiest rank receives `moe_imbalance`
+    times the mean and every rank waits for it.  With ep_overlap (Megatron's 1F1B all-to-all overlap) they
+    hide behind the layer's compute of the micro-batch scheduled beside it, as far as it lasts."""
+    s = strategy
+    tokens = s.mbs * job.seq_len / s.cp
+    routed = tokens * layer.moe.top_k * layer.hidden * ACT_BYTES
+    if s.sequence_parallel:
+        routed /= s.tp  # each TP rank dispatches its own sequence shard
+    count = 4 + (2 if recompute == "full" else 0)
+    seconds = count * coll.all_to_all(routed, groups.ep, catalog) * job.moe_imbalance(catalog)
+    if s.ep_overlap:
+        window = time.forward + time.backward + time.recompute
+        seconds = max(0.0, seconds - catalog.constant("comm_overlap_efficiency") * window)
+    return seconds
 
 
 def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime,

@@ -4,7 +4,12 @@ Three parts, each bounded by a different resource of the device:
 
 * GEMMs: FLOPs / (peak x achieved efficiency for that GEMM size), the
   Calculon-style step curve of the device catalog; FP8 runs speed GEMMs up by
-  the realised FP8/BF16 ratio, capped (`fp8_gemm_speedup_cap`).
+  the realised FP8/BF16 ratio, capped (`fp8_gemm_speedup_cap`).  A MoE
+  layer's routed experts run as grouped GEMMs of one expert's tokens each
+  (tokens x top_k x etp x ep / (experts x tp) rows), so their efficiency is
+  the curve's at one expert's GEMM, and the busiest expert-parallel rank
+  does `Job.moe_imbalance` times the mean work; the router and shared
+  experts are ordinary GEMMs over all the rank's tokens.
 * the attention core (QK^T, softmax, AV): under flash attention a fused kernel
   at `attention_relative_efficiency` of the GEMM efficiency; without it
   batched GEMMs plus score traffic counted with the element-wise work.
@@ -69,7 +74,10 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     tp = tp_divisor(layer, strategy.tp)
     gemm_flops = tokens * layer.flops_per_token / tp
     attn_flops = tokens * layer.flops_per_token_per_seq * job.seq_len / tp
-    gemm_s = gemm_flops / gemm_rate(device, job, gemm_flops / GEMMS_PER_LAYER, catalog) if gemm_flops else 0.0
+    if layer.moe is not None:
+        gemm_s = moe_gemm_seconds(layer, job, strategy, device, catalog)
+    else:
+        gemm_s = gemm_flops / gemm_rate(device, job, gemm_flops / GEMMS_PER_LAYER, catalog) if gemm_flops else 0.0
 
     attn_s = 0.0
     if attn_flops:
@@ -107,6 +115,33 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     return LayerTime(forward=forward, backward=backward_seconds(gemm_s, attn_s, elementwise_s, job.flash, catalog),
                      recompute=recompute_s, attention_forward=attn_s,
                      attention_backward=backward_seconds(0.0, attn_s, 0.0, job.flash, catalog))
+
+
+def expert_flops_per_token(layer: Layer) -> float:
+    """Forward FLOPs per token of one expert of a MoE layer (its flops_per_token is 2 x (the top_k routed and
+    the shared experts' weights + the router's hidden x experts))."""
+    moe = layer.moe
+    router = 2.0 * layer.hidden * moe.num_experts
+    return (layer.flops_per_token - router) / (moe.top_k + moe.shared_experts)
+
+
+def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog) -> float:
+    """Forward GEMM seconds of a MoE layer on the busiest rank for one micro-batch.
+
+    Routed experts: a rank computes top_k expert passes for each of its tokens (its sequence shard under
+    tensor parallelism; the same FLOPs when each expert is instead split over etp ranks), as grouped GEMMs
+    whose rows are one expert's tokens: tokens x top_k x etp x ep / (experts x tp), the same for any etp.
+    The router and the shared experts run over all the rank's tokens."""
+    moe, tokens, tp = layer.moe, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
+    per_expert = expert_flops_per_token(layer)
+    routed_flops = tokens * moe.top_k * per_expert / tp * job.moe_imbalance(catalog)
+    expert_tokens = tokens * moe.top_k * strategy.expert_tp * strategy.ep / (moe.num_experts * tp)
+    one_gemm = expert_tokens * per_expert / strategy.expert_tp / GEMMS_PER_LAYER
+    seconds = routed_flops / gemm_rate(device, job, one_gemm, catalog)
+    dense_flops = tokens * (layer.flops_per_token - moe.top_k * per_expert) / tp
+    if dense_flops:
+        seconds += dense_flops / gemm_rate(device, job, dense_flops / GEMMS_PER_LAYER, catalog)
+    return seconds
 
 
 def backward_seconds(gemm_s: float, attn_s: float, elementwise_s: float, flash: bool, catalog: Catalog) -> float:

@@ -36,6 +36,10 @@ class Coverage(BaseModel):
     max_cp: int = Field(description="Largest context-parallel degree of a validating row.")
     max_ep: int = Field(description="Largest expert-parallel degree of a validating row.")
     moe: bool = Field(description="Whether a validating row trains a mixture-of-experts model.")
+    moe_routings: list[str] = Field(
+        default_factory=list,
+        description="Job.moe_routing of the validating mixture-of-experts rows (balanced: forced or capacity-padded "
+        "routing; learned: the routing imbalance constant is in play).")
     max_zero3_group: int = Field(description="Largest ZeRO-3/FSDP sharding group (dp x cp) of a validating row.")
 
 
@@ -74,9 +78,14 @@ def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage 
     if s.cp > c.max_cp:
         reasons.append(f"context parallelism cp={s.cp}: validated runs reach cp={c.max_cp} (ring steps, small-chunk "
                        "attention unvalidated)")
-    if s.ep > c.max_ep or (job.model.num_experts and not c.moe):
+    if job.model.num_experts and not c.moe:
         reasons.append(f"mixture of experts (ep={s.ep}): no validated MoE run (all-to-all, routing imbalance and "
                        "grouped GEMMs unvalidated)")
+    elif s.ep > c.max_ep:
+        reasons.append(f"expert parallelism ep={s.ep}: validated MoE runs reach ep={c.max_ep}")
+    if job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
+        reasons.append(f"mixture of experts with {job.moe_routing} routing: validated MoE runs use "
+                       f"{', '.join(c.moe_routings)} routing (moe_routing_imbalance is an estimate no run checks)")
     gpus = s.tp * s.cp * (s.dp or 1) * s.pp
     if gpus > c.max_gpus:
         reasons.append(f"{gpus} GPUs: validated runs reach {c.max_gpus}")

@@ -142,7 +142,8 @@ class StageGroups:
     dp: CommGroup  # gradient reduction group (dp x cp ranks, Megatron reduces over both)
     dp_shard: CommGroup  # ZeRO/FSDP sharding group (dp, or its intra-node part for shard=node)
     dp_replicate: CommGroup  # HSDP replica group across nodes (size 1 when shard=full)
-    ep: CommGroup
+    ep: CommGroup  # the expert-parallel all-to-all group
+    etp: CommGroup  # the ranks one routed expert is split over
     pp: CommGroup  # to the next stage
 
 
@@ -154,22 +155,8 @@ def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
     return max(1, min(strategy.dp, in_node)) * strategy.cp
 
 
-def expert_group(shard: int, ep: int) -> int:
-    """Members of a ZeRO/FSDP shard group of `shard` ranks with the same expert-parallel index: the group
-    over which routed-expert state shards (an expert group is ep consecutive ranks of the dp x cp ranks, so
-    a shard group of whole expert groups holds shard / ep of each index; one that splits an expert group
-    holds each index once; a shard group of another size is taken as unsharded, which over-counts)."""
-    return shard // ep if shard % ep == 0 else 1
-
-
-def expert_shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
-    """Ranks a ZeRO/FSDP shard group of routed-expert parameters spans: the expert-data-parallel group
-    (dp x cp / ep, Megatron-Core's get_expert_data_parallel_group()), or its part inside the shard=node group."""
-    return expert_group(shard_degree(strategy, gpus_per_node), strategy.ep)
-
-
 # what `stage_groups` reads of the strategy (with the site's pools): its cache key (strategy_key)
-GROUPS_READS = ("tp", "cp", "dp", "ep", "pipelined", "shard")
+GROUPS_READS = ("tp", "cp", "dp", "ep", "etp", "pipelined", "shard")
 
 
 def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
@@ -184,7 +171,10 @@ def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
         dp=comm_group(cluster, pools, reduce_size, s.tp),
         dp_shard=comm_group(cluster, pools, shard, s.tp),
         dp_replicate=comm_group(cluster, pools, reduce_size // shard, s.tp * shard),
-        ep=comm_group(cluster, pools, s.ep, s.tp),  # ep consecutive ranks of dp x cp (cp folded in)
+        # Megatron-Core folds expert groups over a stage's tp x cp x dp ranks in the order etp, ep, edp
+        # (parallel_state's expert RankGenerator, order "tp-ep-dp-pp"): an ep group's members are etp apart
+        ep=comm_group(cluster, pools, s.ep, s.expert_tp),
+        etp=comm_group(cluster, pools, s.expert_tp, 1),
         pp=comm_group(cluster, pools, 2 if s.pp > 1 else 1, s.tp * s.cp * s.dp),
     )
 

@@ -4,11 +4,7 @@
   hardware/data/runtimes/*.yaml): each per-parameter term (16-bit weights,
   fp32 gradients, master weights, Adam moments...) with the ZeRO stage from
   which the framework shards it; offload moves the optimizer terms (and with
-  ZeRO-3 the weights) to host DRAM or NVMe.  Routed experts (num_experts / ep
-  whole experts per rank, each split over tp) shard over the expert-data-
-  parallel group, dp x cp / ep ranks (`expert_shard_degree`), as Megatron-Core
-  allocates expert buffers over get_expert_data_parallel_group()
-  (megatron/core/distributed/distributed_data_parallel.py).
+  ZeRO-3 the weights) to host DRAM or NVMe.
 * Activations: per-layer saved bytes (Korthikanti et al. 2022) times the
   micro-batches a stage holds in flight: 1F1B stage i of p keeps min(p-i, m);
   interleaved keeps p + (p-1)/v stage-equivalents on the first stage
@@ -25,12 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware import Catalog
-from models.graph import Layer, RecomputeMode
-from planner.cost.layout import (StageSite, expert_shard_degree, group_ranks_per_node, shard_degree,
-                                 tp_divisor)
+from models.graph import Layer, LayerKind, RecomputeMode
+from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
 from planner.job import Job
-from planner.profile import StateTerm
 from planner.strategy import Strategy
 
 
@@ -77,27 +71,38 @@ class RankMemory:
         return self.fits_hbm and self.fits_host
 
 
+def routed_expert_params(layer: Layer) -> float:
+    """Parameters of a MoE layer's routed experts (all of them; 0 for other layers)."""
+    if layer.kind != LayerKind.MOE or layer.moe is None:
+        return 0.0
+    per_expert = (layer.params - layer.touched_params) / max(1, layer.moe.num_experts - layer.moe.top_k)
+    return per_expert * layer.moe.num_experts
+
+
+def expert_params_per_rank(layer: Layer, strategy: Strategy) -> float:
+    """Routed-expert parameters of `layer` one rank holds: the experts spread over ep ranks, each split etp ways."""
+    if layer.moe is None or not layer.tp_splittable:
+        return 0.0
+    return routed_expert_params(layer) / (strategy.expert_tp * strategy.ep)
+
+
 def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
     """Parameters of `layer` one rank holds before ZeRO sharding: tensor parallelism splits all but
-    the replicated ones (norms, row-parallel biases, routers); routed experts are also split by ep."""
+    the replicated ones (norms, row-parallel biases, routers); routed experts are split over etp x ep."""
     tp = tp_divisor(layer, strategy.tp)
     replicated = layer.tp_replicated_params if tp > 1 else 0
-    routed = layer.routed_params
-    dense = layer.params - routed - replicated
-    return dense / tp + layer_expert_params_per_rank(layer, strategy) + replicated
+    if layer.kind == LayerKind.MOE and layer.moe is not None:
+        routed = routed_expert_params(layer)
+        dense = layer.params - routed - replicated
+        return dense / tp + expert_params_per_rank(layer, strategy) + replicated
+    return (layer.params - replicated) / tp + replicated
 
 
-def layer_expert_params_per_rank(layer: Layer, strategy: Strategy) -> float:
-    """Of `layer_params_per_rank`, the routed experts' parameters: num_experts / ep whole experts, each
-    split over the tensor-parallel group (Megatron's expert tensor parallelism, which planner's launch files
-    set to tp)."""
-    return layer.routed_params / (tp_divisor(layer, strategy.tp) * strategy.ep)
-
-
-def owned_params(sums: StageSums, shard: int, expert_shard: int, scale: float = 1.0) -> float:
-    """`scale` x the parameters whose optimizer state a rank owns under ZeRO >= 1: the dense ones' share of
-    the shard group, the routed experts' share of the expert shard group (pass 1, 1 without ZeRO)."""
-    return scale * (sums.params - sums.expert_params) / shard + scale * sums.expert_params / expert_shard
+def expert_shard_degree(strategy: Strategy, shard: int) -> int:
+    """Ranks the routed experts' ZeRO-sharded states spread over: the expert data-parallel ranks inside the
+    sharding group (Megatron's distributed optimizer shards expert parameters over the expert-data-parallel
+    group, tp x cp x dp / (etp x ep) ranks)."""
+    return max(1, shard * strategy.tp // (strategy.expert_tp * strategy.ep))
 
 
 def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -> float:
@@ -150,32 +155,33 @@ def stage_memory(
     params = sums.params
     gpn = site.node.gpus_per_node
     shard = shard_degree(s, gpn)
-    expert_shard = expert_shard_degree(s, gpn)
-    dense = params - sums.expert_params
+    opt_shard = shard if s.zero >= 1 else 1
     terms = runtime.states
+    dense, expert, expert_shard = params - sums.expert_params, sums.expert_params, expert_shard_degree(s, shard)
 
-    def held(term: StateTerm) -> float:
-        """One state term's bytes: the dense parameters over the shard group, the routed experts' over theirs."""
-        return term.bytes(dense, s.zero, shard) + term.bytes(sums.expert_params, s.zero, expert_shard)
+    def term_bytes(term) -> float:
+        """One state term of the stage: dense parameters sharded over the group, routed experts over theirs."""
+        return term.bytes(dense, s.zero, shard) + (term.bytes(expert, s.zero, expert_shard) if expert else 0.0)
 
-    weights, grads, optimizer = (sum(held(t) for t in terms if t.kind == kind)
-                                 for kind in ("weights", "grads", "optimizer"))
+    def state(kind: str) -> float:
+        return sum(term_bytes(t) for t in terms if t.kind == kind)
+
+    weights, grads, optimizer = state("weights"), state("grads"), state("optimizer")
 
     host = nvme = 0.0
     if s.offloads_optimizer:
         # the offloaded share of the optimizer states and of the terms that live with them; without such a
         # term the CPU optimizer reads an fp32 gradient copy of its own
         share = s.offload_ratio
-        with_optimizer = sum(held(t) for t in terms if t.moves_with == "optimizer")
-        own_fp32 = owned_params(sums, shard, expert_shard, 4.0) if s.zero >= 1 else params * 4.0
-        fp32_grads = share * (with_optimizer or own_fp32)
+        with_optimizer = sum(term_bytes(t) for t in terms if t.moves_with == "optimizer")
+        fp32_grads = share * (with_optimizer or params * 4.0 / opt_shard)
         grads -= share * with_optimizer
         moved = share * optimizer
         host, nvme = (moved + fp32_grads, 0.0) if s.offload_device == "cpu" else (fp32_grads, moved)
         optimizer -= moved
     if s.offloads_params:
         # the weights at rest, and the gradient shards that FSDP offloads with them
-        with_params = sum(held(t) for t in terms if t.moves_with == "params")
+        with_params = sum(term_bytes(t) for t in terms if t.moves_with == "params")
         parked = weights + with_params
         if s.offload_device == "cpu":
             host += parked

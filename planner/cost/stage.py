@@ -15,9 +15,9 @@ from hardware import Catalog
 from models.graph import Layer, RecomputeMode
 from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
 from planner.cost.compute import layer_time
-from planner.cost.layout import StageGroups, StageSite, expert_group
-from planner.cost.memory import (WEIGHT_BYTES, RankMemory, layer_expert_params_per_rank, layer_params_per_rank,
-                                 owned_params, saved_bytes, stage_memory)
+from planner.cost.layout import StageGroups, StageSite
+from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank, saved_bytes,
+                                 stage_memory)
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
@@ -35,8 +35,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     regather = calls.regather_for_recompute and mode == "full"
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
-        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params,
-        expert_params=layer_expert_params_per_rank(layer, strategy),
+        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy),
         kept_activations=saved_bytes(layer, job, strategy, mode),
         working_set=saved_bytes(layer, job, strategy, "none") if mode == "full" else 0.0,
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
@@ -51,7 +50,7 @@ def _layer_key(layer: Layer, mode: str) -> tuple:
 
 
 # what `sum_layers` reads of the strategy (with the layers, their modes and the site's pools): its cache key
-LAYER_SUMS_READS = ("tp", "cp", "ep", "mbs", "sequence_parallel", "tp_overlap", "pipelined")
+LAYER_SUMS_READS = ("tp", "cp", "ep", "etp", "ep_overlap", "mbs", "sequence_parallel", "tp_overlap", "pipelined")
 # what `compose_stage` adds to the sums' reads (through memory, data-parallel sync, optimizer and offload)
 COMPOSE_READS = ("dp", "zero", "shard", "regather", "offload", "offload_device", "offload_ratio", "vpp", "recompute")
 
@@ -103,21 +102,14 @@ def host_rate(site: StageSite, catalog: Catalog) -> float:
     return node.host_bandwidth_per_gpu(node.gpus_per_node) * catalog.constant("pcie_efficiency")
 
 
-def _owned(strategy: Strategy, sums: StageSums, shard: int, scale: float) -> float:
-    """`scale` x the parameters whose optimizer state a rank owns (all of its parameters without ZeRO)."""
-    if strategy.zero >= 1:
-        return owned_params(sums, shard, expert_group(shard, strategy.ep), scale)
-    return scale * sums.params
-
-
 def _offload_seconds(memory: RankMemory, job: Job, strategy: Strategy, site: StageSite, catalog: Catalog,
-                     sums: StageSums, shard: int) -> float:
+                     shard: int) -> float:
     """Per-step seconds of optimizer offload (PCIe transfers, CPU Adam, NVMe swap)."""
     if not strategy.offloads_optimizer:
         return 0.0
     node = site.node
     pcie = host_rate(site, catalog)
-    owned = _owned(strategy, sums, shard, strategy.offload_ratio)
+    owned = strategy.offload_ratio * memory.params / (shard if strategy.zero >= 1 else 1)
     transfer = owned * (grad_reduce_bytes(job) + WEIGHT_BYTES) / pcie
     cpu_adam = owned * node.gpus_per_node / catalog.constant("cpu_adam_params_per_second")
     swap = 0.0
@@ -181,7 +173,7 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     on_gpu = 1.0 - strategy.offload_ratio if strategy.offloads_optimizer else 1.0
     if on_gpu > 0.0:
         # the share of the optimizer states that stays in HBM is updated there
-        owned = _owned(strategy, sums, groups.dp_shard.size, on_gpu)
+        owned = on_gpu * sums.params / (groups.dp_shard.size if strategy.zero >= 1 else 1)
         hbm = site.device.hbm_bandwidth * catalog.constant("hbm_efficiency")
         optimizer = owned * catalog.constant("optimizer_traffic_per_param") / hbm
     return StageCost(
@@ -189,7 +181,6 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
                                   boundary_crossings(strategy, site.index, site.node.gpus_per_node,
                                                      len(job.cluster.pools) > 1)),
         dp_exposed_microbatch=dp_micro, dp_exposed_end=dp_end, dp_total=dp.total,
-        optimizer=optimizer,
-        offload=_offload_seconds(memory, job, strategy, site, catalog, sums, groups.dp_shard.size),
+        optimizer=optimizer, offload=_offload_seconds(memory, job, strategy, site, catalog, groups.dp_shard.size),
         memory=memory,
     )

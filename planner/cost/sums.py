@@ -20,7 +20,7 @@ class StageSums:
     cp: float = 0.0  # exposed context-parallel seconds
     ep: float = 0.0  # expert all-to-all seconds
     params: float = 0.0  # parameters held before ZeRO sharding
-    expert_params: float = 0.0  # of them, routed-expert parameters (sharded over the expert-data-parallel group)
+    expert_params: float = 0.0  # the routed experts' share of params (sharded over the expert data-parallel group)
     kept_activations: float = 0.0  # saved bytes per micro-batch in flight
     working_set: float = 0.0  # largest full-mode layer's un-recomputed bytes (max)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)

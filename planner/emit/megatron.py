@@ -174,8 +174,11 @@ def _parallel_args(plan: Plan, moe: bool) -> tuple[dict[str, Any], list[str]]:
         "expert-model-parallel-size": s.ep,
     }
     notes: list[str] = []
-    if moe:  # the cost model splits every expert over the tensor-parallel group too
-        args["expert-tensor-parallel-size"] = s.tp
+    if moe:  # each expert is split over etp ranks (default: the tensor-parallel group)
+        args["expert-tensor-parallel-size"] = s.expert_tp
+        if s.ep_overlap and s.ep > 1:  # a2a of one micro-batch behind another's compute (core_v0.14+)
+            args["overlap-moe-expert-parallel-comm"] = True
+            args["delay-wgrad-compute"] = True
         if s.ep > 1 and s.tp > 1 and not s.sequence_parallel:
             notes.append("Expert and tensor parallelism without sequence parallelism: megatron-core warns that "
                          "MoE training needs --sequence-parallel here.")
@@ -243,6 +246,11 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     vocab, vocab_notes = vocab_args(cfg.vocab, plan.strategy.tp, cfg.hidden, cfg.tied_embeddings)
     args.update({**model, **vocab, **_kernel_args(job), **_recipe_args()})
     notes += model_notes + vocab_notes
+    if cfg.moe is not None and job.moe_routing == "balanced":
+        notes.append("The plan was costed with balanced routing (--moe-routing balanced), as published MoE "
+                     "benchmarks force it; args.txt trains with the learned router and its balancing loss, whose "
+                     "busiest expert rank the cost model charges moe_routing_imbalance times the mean work (add "
+                     "--moe-router-force-load-balancing only to reproduce a benchmark).")
     if job.model.family == "encoder":
         notes.append(f"{job.model.name} is an encoder: run Megatron's pretrain_bert.py with the same flags "
                      "(launch.sh names pretrain_gpt.py); its post-norm layout has no pretrain_gpt.py flag.")
@@ -272,6 +280,7 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     offload = "optimizer" if args.get("optimizer-cpu-offload") else "none"
     values = {
         "tp": tp, "pp": pp, "cp": cp, "dp": world_size // (tp * pp * cp), "ep": int(args["expert-model-parallel-size"]),
+        "etp": _expert_tp(args, tp), "ep_overlap": bool(args.get("overlap-moe-expert-parallel-comm")),
         "mbs": int(args["micro-batch-size"]), "vpp": vpp, "sp": bool(args.get("sequence-parallel")),
         "zero": 1 if args.get("use-distributed-optimizer") else 0,
         "shard": "node" if args.get("num-distributed-optimizer-instances") else "full",
@@ -285,6 +294,12 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"the Megatron arguments have no planner strategy: {message}") from None
+
+
+def _expert_tp(args: dict[str, Any], tp: int) -> int | None:
+    """--expert-tensor-parallel-size as a strategy's etp: None when it is tp (the strategy's default)."""
+    etp = args.get("expert-tensor-parallel-size")
+    return None if etp is None or int(etp) == tp else int(etp)
 
 
 def written_strategy(plan: Plan, job: Job) -> Strategy:

@@ -45,6 +45,9 @@ Rules (Megatron-LM core_v0.16.1; most date from core_r0.12):
   softmax router needs --moe-router-pre-softmax; the expert bias needs the
   sigmoid score; --moe-router-group-topk needs --moe-router-num-groups;
   --moe-layer-freq lists one entry per layer.
+* --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__): ep > 1,
+  no full recompute, --num-layers-per-virtual-pipeline-stage with pp > 1, and
+  with it --delay-wgrad-compute as the MoE README pairs them.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ _INT = ("context-parallel-size", "decoder-first-pipeline-num-layers", "decoder-l
 _FLOAT = ("adam-beta1", "adam-beta2", "adam-eps", "attention-dropout", "clip-grad", "hidden-dropout",
           "init-method-std", "lr", "min-lr", "moe-aux-loss-coeff", "moe-router-topk-scaling-factor", "norm-epsilon",
           "optimizer-offload-fraction", "rotary-percent", "weight-decay")
-_TRUE = ("add-qkv-bias", "apply-layernorm-1p", "bf16", "disable-bias-linear", "fp16", "group-query-attention",
+_TRUE = ("add-qkv-bias", "apply-layernorm-1p", "bf16", "delay-wgrad-compute", "disable-bias-linear", "fp16",
+         "group-query-attention", "overlap-moe-expert-parallel-comm",
          "moe-grouped-gemm", "moe-router-enable-expert-bias", "moe-router-pre-softmax", "multi-latent-attention",
          "no-bias-dropout-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion", "no-masked-softmax-fusion",
          "no-rope-fusion", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather", "qk-layernorm",
@@ -281,6 +285,14 @@ def _moe_errors(args: dict[str, Any], world_size: int, pp: int) -> list[str]:
         errors.append("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid")
     if args.get("moe-router-group-topk") is not None and args.get("moe-router-num-groups") is None:
         errors.append("--moe-router-group-topk needs --moe-router-num-groups")
+    if args.get("overlap-moe-expert-parallel-comm"):
+        if ep == 1:
+            errors.append("--overlap-moe-expert-parallel-comm needs expert-model-parallel-size > 1")
+        if args.get("recompute-granularity") == "full":
+            errors.append("--overlap-moe-expert-parallel-comm excludes --recompute-granularity full")
+        if pp > 1 and args.get("num-layers-per-virtual-pipeline-stage") is None:
+            errors.append("--overlap-moe-expert-parallel-comm with pipeline parallelism needs "
+                          "--num-layers-per-virtual-pipeline-stage")
     pattern, layers = layer_pattern(args.get("moe-layer-freq", 1)), _int(args, "num-layers", None)
     if isinstance(pattern, list) and layers is not None and len(pattern) != layers:
         errors.append(f"moe-layer-freq lists {len(pattern)} layers, num-layers is {layers}")

@@ -36,6 +36,7 @@ def inputs_digest(job: Job, options: BaseModel | dict) -> str:
             "global_batch": job.global_batch, "seq_len": job.seq_len, "precision": job.precision,
             "optimizer": job.optimizer, "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
             **({"memory_margin": job.memory_margin} if job.memory_margin else {}),
+            **({"moe_routing": job.moe_routing} if job.moe_routing != "learned" else {}),
         },
         "runtime": job.runtime.model_dump(mode="json"),
         "options": options.model_dump(mode="json") if isinstance(options, BaseModel) else options,
@@ -220,7 +221,7 @@ def plan_job(job: Job, num_gpus: int) -> PlanJob:
         cluster=job.cluster.name, cluster_description=job.cluster.describe(), cluster_gpus=job.cluster.num_gpus,
         num_gpus=num_gpus, global_batch=job.global_batch, seq_len=job.seq_len, tokens_per_step=job.tokens_per_step,
         precision=job.precision, flash_attention=job.flash_attention, fused_kernels=job.fused_kernels,
-        runtime=job.runtime.name, memory_margin=job.memory_margin,
+        runtime=job.runtime.name, memory_margin=job.memory_margin, moe_routing=job.moe_routing,
     )
 
 

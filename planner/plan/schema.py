@@ -58,6 +58,8 @@ class PlanJob(BaseModel):
     fused_kernels: bool = Field(description="Fused element-wise kernels assumed.")
     memory_margin: float = Field(0.0, description="Share of each GPU's HBM the plan leaves free (stage capacities "
                                  "are the HBM less it).")
+    moe_routing: Literal["learned", "balanced"] = Field(
+        "learned", description="Mixture-of-experts routing the plan was costed with (Job.moe_routing).")
     runtime: str = Field("reference", description="Runtime profile the plan was searched and costed under "
                          "(hardware/data/runtimes/<runtime>.yaml).")
 

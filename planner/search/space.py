@@ -2,8 +2,9 @@
 
 A *global configuration* fixes everything but the per-stage decisions (the
 layer split, the blocks each stage recomputes, the pool each stage runs on):
-tp, pp, cp, ep, dp, micro-batch size, schedule and virtual stages, ZeRO stage
-and scope, offload.  `global_configs` lists them, with the divisibility rules
+tp, pp, cp, ep (and for MoE models with tp > 1 whole experts, etp=1, folded
+over the stage's ranks beside experts split over tp), dp, micro-batch size,
+schedule and virtual stages, ZeRO stage and scope, offload.  `global_configs` lists them, with the divisibility rules
 of `planner.validation` applied up front.  Options dominated under the cost
 model are left out and say so where they are skipped:
 
@@ -87,6 +88,9 @@ class SpaceOptions(BaseModel):
         "grain / (dp x mbs) be a multiple of pp), so a strategy stays legal on any multiple of the grain."
     )
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
+    expert_folding: bool = Field(
+        True, description="With tp > 1, also try whole experts (etp=1) folded over the stage's tp x cp x dp ranks "
+        "(Megatron's MoE parallel folding) beside experts split over the tensor-parallel group (etp=tp).")
     fixed: dict[str, int | str] = Field(
         default_factory=dict, description="Global keys forced to a value (tp, pp, dp, cp, ep, mbs, vpp, zero, ...)."
     )
@@ -152,12 +156,19 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
 
 def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, experts: int,
            blocks: int) -> Iterator[Strategy]:
-    eps = [e for e in _divisors(experts) if (dp * cp) % e == 0 and e <= (options.max_ep or e)] if experts else [1]
+    # expert groups (etp x ep ranks) tile the stage's tp x cp x dp ranks; etp=None is etp=tp, and whole
+    # experts (etp=1) are only worth trying when they are also spread (ep > 1)
+    etps = [None, 1] if experts and tp > 1 and options.expert_folding else [None]
+    etps = [etp for etp in etps if (etp or tp) == options.fixed.get("etp", etp or tp)]  # --fix etp=N, N = tp too
+    layouts = [(etp, e) for etp in etps for e in (_divisors(experts) if experts else [1])
+               if (tp * cp * dp) % ((etp or tp) * e) == 0 and e <= (options.max_ep or e) and (etp is None or e > 1)]
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"
     recomputes = ["none"] if job.flash or not options.selective_recompute else ["none", "selective"]
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in range(1, options.max_mbs + 1) if job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
-    for ep in _allowed(options, "ep", eps):
+    for etp, ep in layouts:
+        if ep not in _allowed(options, "ep", [ep]):
+            continue
         for mbs in _allowed(options, "mbs", mbss):
             micro = job.global_batch // (dp * mbs)
             vpps = [1]
@@ -178,7 +189,7 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                         regathers = _allowed(options, "regather", ["network"] + _fcdp(job, options, tp, cp, dp,
                                                                                       zero, shard))
                         for recompute in recomputes if regathers else []:
-                            yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, vpp=vpp, zero=zero,
+                            yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, mbs=mbs, vpp=vpp, zero=zero,
                                            shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
                                            recompute=recompute, regather=regathers[0])
 
@@ -249,6 +260,7 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
         update["max_cp"] = 1
     if not space.expert_parallel:
         update["max_ep"] = 1
+        update["expert_folding"] = False
     update["split_shape"] = _stricter(options.split_shape, space.split, ("any", "ends", "even"))
     return options.model_copy(update=update)
 

@@ -42,6 +42,7 @@ def coverage(results: list[bench.Result]) -> dict:
     out["max_cp"] = max(s.cp for _, s in strategies)
     out["max_ep"] = max(s.ep for _, s in strategies)
     out["moe"] = any(r.case.job.model.num_experts for r in good)
+    out["moe_routings"] = sorted({r.case.job.moe_routing for r in good if r.case.job.model.num_experts})
     out["max_zero3_group"] = max((s.dp * s.cp for _, s in strategies if s.zero == 3), default=1)
     return out
 

@@ -26,6 +26,16 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   family from the model name (case-insensitive): GPT (Megatron: learned
   positions, GeLU 4h, biases, tied), Llama (SwiGLU, RMSNorm, RoPE), Nemotron
   (squared-ReLU), MPT (GeLU, no biases, ALiBi so no position table, tied);
+* mixture-of-experts rows (`moe_config`, `MOE_FORMAT`): "E<experts> top<k>" plus optional "shared<n>"
+  (always-active experts), "ffn<width>" (one expert's width; default the row's ffn), "dense<n>" (leading
+  dense blocks of width ffn) and "mtp<n>" (DeepSeek-V3 multi-token-prediction modules); Qwen3 heads are
+  128 wide whatever hidden / heads is; DeepSeek-V3 and Kimi K2 rows use DeepSeek-V3's multi-head latent
+  attention (the zoo's deepseek-v3 MLA sizes); Grok-1 is the Llama layout with experts;
+* MoE details a row's notes state: "ETP=<n>" (expert tensor parallelism, folded over tp x dp), "A2A overlap
+  on" (Megatron's expert all-to-all overlap), "balanced routing" (force-balanced or capacity-padded tokens:
+  Job.moe_routing balanced; otherwise learned, with constants.yaml's moe_routing_imbalance) and "Decoder
+  first/last stage blocks <f>/<l>" (Megatron --decoder-first/last-pipeline-num-layers; the other stages
+  share the rest evenly);
 * dropout as the model code trains by default, per runtime (`DROPOUT`):
   Megatron-LM's GPT of 2021-22 (megatron-2021 and its torch-DDP variant,
   and deepspeed-2021, which runs the same model code) keeps
@@ -52,7 +62,7 @@ only.  tests/bench/fit_constants.py fits the calibrated constants this way and
 validates them leaving one source out; `source_key`, `device_family` and
 `parallel_family` are the groupings it and --groups print.
 
-With --compile, every row's job (same model, cluster, batch, seq_len,
+With --compile (tests/bench/published_compile.py), every row's job (same model, cluster, batch, seq_len,
 precision and runtime profile) is also given to `compile_job`, whose space
 the runtime narrows to what the framework can express
 (CompileOptions(time_limit=60, space=SpaceOptions(tp_overlap=<the published
@@ -77,7 +87,6 @@ import csv
 import re
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,14 +95,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from hardware import Catalog, Cluster, NodeSpec, Pool, load_catalog, load_cluster  # noqa: E402
-from models.transformer import build_transformer  # noqa: E402
+from models.transformer import MoEConfig, build_transformer  # noqa: E402
 from models.transformer import gpt, llama  # noqa: E402
+from models.zoo import get_entry  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
-from planner.search.compile import compile_job  # noqa: E402
-from planner.search.result import CompileOptions, CompileResult  # noqa: E402
-from planner.search.space import SpaceOptions  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
 CSV_PATH = ROOT / "tests" / "data" / "published_runs.csv"
@@ -153,6 +160,25 @@ def _int(value: str, default: int) -> int:
     return int(float(value)) if value else default
 
 
+# moe_config: "E<experts> top<k>" then any of "shared<n>", "ffn<width>", "dense<n>", "mtp<n>", space separated
+MOE_FORMAT = re.compile(r"E(?P<experts>\d+) top(?P<top_k>\d+)((?: (?:shared|ffn|dense|mtp)\d+)*)$")
+
+
+def _moe(row: dict) -> tuple[MoEConfig | None, int]:
+    """(the experts of a row's moe_config, its MTP module count); (None, 0) for a dense row."""
+    text = (row.get("moe_config") or "").strip()
+    if not text:
+        return None, 0
+    match = MOE_FORMAT.match(text)
+    if match is None:
+        raise ValueError(f"row {row['id']}: moe_config {text!r} does not read as {MOE_FORMAT.pattern}")
+    extra = {key: int(value) for key, value in re.findall(r"(shared|ffn|dense|mtp)(\d+)", match.group(3))}
+    moe = MoEConfig(num_experts=int(match["experts"]), top_k=int(match["top_k"]),
+                    shared_experts=extra.get("shared", 0), expert_ffn=extra.get("ffn", _int(row["ffn"], 0)),
+                    first_dense_layers=extra.get("dense", 0))
+    return moe, extra.get("mtp", 0)
+
+
 def _model(row: dict, runtime: str):
     name = row["model"]
     lower = name.lower()
@@ -160,6 +186,14 @@ def _model(row: dict, runtime: str):
     sizes = dict(name=name, num_layers=layers, hidden=hidden, heads=heads,
                  kv_heads=_int(row["kv_heads"], heads), ffn=_int(row["ffn"], 4 * hidden),
                  vocab=int(row["vocab"]), max_positions=int(row["seq_len"]))
+    moe, mtp = _moe(row)
+    if moe is not None:
+        sizes.update(moe=moe, mtp_layers=mtp)
+        if "qwen3" in lower:  # Qwen3 heads are 128 wide (config.json head_dim), not hidden / heads
+            sizes["head_dim"] = 128
+        if "deepseek" in lower or "kimi" in lower:  # DeepSeek-V3's multi-head latent attention
+            sizes["mla"] = get_entry("deepseek-v3").config.mla
+        return build_transformer(llama(**sizes))
     if "llama" in lower:
         return build_transformer(llama(**sizes))
     if "nemotron" in lower:
@@ -210,8 +244,10 @@ def _base_strategy(row: dict) -> dict:
     sp = sp_text.split()[0] if sp_text else ""  # "yes (assumed, ...)" is yes
     pp = _int(row["pp"], 1)
     vpp = vpp if "interleaved" in schedule_text and pp > 1 else 1
+    etp = re.search(r"\bETP=(\d+)", row["notes"])
     return dict(
         tp=tp, pp=pp, dp=_int(row["dp"], 1), cp=_int(row["cp"], 1), ep=_int(row["ep"], 1),
+        etp=int(etp.group(1)) if etp and int(etp.group(1)) != tp else None, ep_overlap="a2a overlap on" in notes,
         mbs=_int(row["micro_batch"], 1), vpp=vpp,
         schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
         sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,
@@ -231,6 +267,16 @@ def _interleaved_split(blocks: int, pp: int, vpp: int) -> tuple[int, ...] | None
     return tuple(sum(sizes[stage + v * pp] for v in range(vpp)) for stage in range(pp))
 
 
+def _megatron_split(row: dict, blocks: int, pp: int) -> tuple[int, ...] | None:
+    """Blocks per stage of a row whose notes give Megatron's first/last-stage block counts, None otherwise."""
+    match = re.search(r"first/last stage blocks (\d+)/(\d+)", row["notes"])
+    if match is None or pp < 3:
+        return None
+    first, last = int(match.group(1)), int(match.group(2))
+    middle = (blocks - first - last) // (pp - 2)
+    return (first, *([middle] * (pp - 2)), last)
+
+
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
@@ -248,10 +294,14 @@ def build_case(row: dict) -> Case:
     runtime = load_runtime(row["runtime"])
     model = _model(row, runtime.name)
     # the job allows flash attention and fused kernels; the runtime profile says whether the framework has them
+    routing = "balanced" if "balanced routing" in row["notes"].lower() else "learned"
     job = Job(model=model, cluster=_cluster(row), global_batch=int(row["global_batch_seqs"]),
-              seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime)
+              seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime, moe_routing=routing)
     base = _base_strategy(row)
-    base["split"] = _interleaved_split(model.num_blocks, base["pp"], base["vpp"]) if base["vpp"] > 1 else None
+    if base["vpp"] > 1:
+        base["split"] = _interleaved_split(model.num_blocks, base["pp"], base["vpp"])
+    else:
+        base["split"] = _megatron_split(row, model.num_blocks, base["pp"])
     blocks_per_chunk = max(1, model.num_blocks // (base["pp"] * base["vpp"]))
     strategy = None
     for option in _recompute_options(row, blocks_per_chunk):
@@ -465,133 +515,6 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
         print_groups(results, "memory", out)
 
 
-# ----------------------------------------------------------------------------- --compile
-
-COMPARED_KEYS = ("tp", "pp", "dp", "cp", "mbs", "vpp", "zero", "recompute")
-_TERMS = ("compute_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s",
-          "optimizer_s", "offload_s")
-
-
-@dataclass(frozen=True)
-class CompileRow:
-    """A published row's strategy against the plan the compiler picks for the same job."""
-
-    case: Case
-    published: Estimate  # evaluate() of the published strategy: the reference
-    result: CompileResult | None
-    wall_s: float
-    error: str | None = None
-
-    @property
-    def compiled(self) -> Estimate | None:
-        return self.result.estimate if self.result is not None else None
-
-    @property
-    def ratio(self) -> float | None:
-        """Compiled over published-strategy predicted tokens/s per GPU."""
-        if self.compiled is None:
-            return None
-        return self.compiled.tokens_per_s_per_gpu / self.published.tokens_per_s_per_gpu
-
-    @property
-    def changes(self) -> list[tuple[str, str, str]]:
-        """(key, published, compiled) for every compared key that differs."""
-        if self.result is None:
-            return []
-        old, new = _compared(self.case.job, self.case.strategy), _compared(self.case.job, self.result.strategy)
-        return [(k, old[k], new[k]) for k in COMPARED_KEYS if old[k] != new[k]]
-
-    @property
-    def differs(self) -> bool:
-        return bool(self.changes)
-
-    def why(self) -> str:
-        """Machine-derived reason: the changed keys and the two breakdown terms that moved most."""
-        keys = ", ".join(f"{k} {a}->{b}" for k, a, b in self.changes)
-        old, new = self.published.breakdown, self.compiled.breakdown
-        moved = sorted(_TERMS, key=lambda t: (-abs(getattr(new, t) - getattr(old, t)), t))[:2]
-        moved = [t for t in moved if abs(getattr(new, t) - getattr(old, t)) > 1e-6 * self.published.step_time_s]
-        terms = ", ".join(f"{t.removesuffix('_s')} {getattr(old, t):.3g}s -> {getattr(new, t):.3g}s"
-                          for t in moved) or "breakdown unchanged"
-        step = f"step {self.published.step_time_s:.4g}s -> {self.compiled.step_time_s:.4g}s"
-        return f"{keys}: {terms} ({step})"
-
-
-def _recompute_label(job: Job, strategy: Strategy) -> str:
-    """none, selective, full (every block) or full:k1/k2/.. blocks per stage (per chunk)."""
-    if strategy.recompute != "full" or strategy.recompute_layers is None:
-        return strategy.recompute
-    chunk = job.model.num_blocks // (strategy.pp * strategy.vpp)
-    split = strategy.split or (None,) * strategy.pp
-    counts = []
-    for stage in range(strategy.pp):
-        per_chunk = (split[stage] // strategy.vpp) if split[stage] is not None else chunk
-        counts.append(min(strategy.stage_recompute_count(stage), per_chunk))
-        if counts[-1] < per_chunk:
-            continue
-        counts[-1] = -1  # every block of this stage
-    if all(c == -1 for c in counts):
-        return "full"
-    if all(c == 0 for c in counts):
-        return "none"
-    if len(set(counts)) == 1:
-        return f"full:{counts[0]}"
-    return "full:" + "/".join("all" if c == -1 else str(c) for c in counts)
-
-
-def _compared(job: Job, strategy: Strategy) -> dict[str, str]:
-    resolved = strategy.with_dp(job.cluster.num_gpus) if strategy.dp is None else strategy
-    values = {k: str(getattr(resolved, k)) for k in COMPARED_KEYS if k != "recompute"}
-    values["recompute"] = _recompute_label(job, resolved)
-    return values
-
-
-def compile_rows(cases: list[Case], time_limit: float = 60.0, progress=None) -> list[CompileRow]:
-    """Compile every case's job; a failing compile is kept as a row with its error."""
-    rows = []
-    for case in cases:
-        published = evaluate(case.job, case.strategy)
-        options = CompileOptions(time_limit=time_limit, space=SpaceOptions(tp_overlap=case.strategy.tp_overlap))
-        if progress is not None:
-            progress(f"compiling row {case.row['id']} ({case.row['model'][:40]}) ...")
-        start = time.perf_counter()
-        try:
-            result, error = compile_job(case.job, options), None
-        except Exception as err:  # a bench row, not a crash
-            result, error = None, f"{type(err).__name__}: {err}".splitlines()[0]
-        rows.append(CompileRow(case, published, result, time.perf_counter() - start, error))
-    return rows
-
-
-def print_compile_table(rows: list[CompileRow], out=sys.stdout) -> None:
-    header = (f"{'id':>3} {'model':<44} {'published*':>10} {'compiled':>9} {'ratio':>6} fits {'status':<8} "
-              f"{'gap':>6} {'wall s':>6} differs")
-    print(header, file=out)
-    print("-" * len(header), file=out)
-    for r in rows:
-        head = f"{r.case.row['id']:>3} {r.case.row['model'][:44]:<44} {r.published.tokens_per_s_per_gpu:>10.1f}"
-        if r.result is None:
-            print(f"{head} {'-':>9} {'-':>6} {'-':<4} ERROR {r.error}", file=out)
-            continue
-        cert = r.result.certificate
-        differs = ("yes: " + " ".join(k for k, _, _ in r.changes)) if r.differs else "no"
-        print(f"{head} {r.compiled.tokens_per_s_per_gpu:>9.1f} {r.ratio:>6.3f} "
-              f"{'yes ' if r.compiled.memory.fits else 'NO  '} {cert.status:<8} {cert.gap:>6.2%} {r.wall_s:>6.1f} "
-              f"{differs}", file=out)
-    print("\n* published = the cost model's estimate of the published strategy (the reference), "
-          "not the published throughput", file=out)
-    different = [r for r in rows if r.result is not None and r.differs]
-    if different:
-        print("\nwhere the compiled strategy differs (published -> compiled):", file=out)
-        for r in different:
-            print(f"{r.case.row['id']:>3} {r.why()}", file=out)
-    ratios = [r.ratio for r in rows if r.ratio is not None]
-    every = bool(rows) and len(ratios) == len(rows) and all(x >= 1 - 1e-9 for x in ratios)
-    worst = min(ratios) if ratios else float("nan")
-    print(f"\ncompiled >= published on every row: {'yes' if every else 'no'}  (min ratio {worst:.3f}, "
-          f"total solve {sum(r.wall_s for r in rows):.0f} s)", file=out)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", default="A", help="row tier: A (default), B, or all")
@@ -616,6 +539,8 @@ def main() -> None:
     if args.compile:
         print()
         progress = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+        from published_compile import compile_rows, print_compile_table  # the compiler's half of the bench
+
         print_compile_table(compile_rows([r.case for r in results], args.time_limit, progress))
     if args.csv:
         with args.csv.open("w", newline="") as handle:
