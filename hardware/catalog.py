@@ -12,7 +12,7 @@ from importlib import resources
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hardware.errors import HardwareInputError
 from hardware.yamlio import UniqueKeyLoader
@@ -28,6 +28,15 @@ class EfficiencyStep(BaseModel):
     model_config = _FIELD
     min_flops: float = Field(ge=0, description="Applies to matmuls of at least this many FLOPs.")
     efficiency: float = Field(gt=0, le=1, description="Fraction of dense peak achieved.")
+
+
+class PowerStep(BaseModel):
+    """Sustained tensor throughput of a device at one board power limit (a point of its power curve)."""
+
+    model_config = _FIELD
+    watts: float = Field(gt=0, description="Board power limit in watts.")
+    throughput: float = Field(gt=0, le=1, description="Tensor-core throughput at that limit, as a fraction of the "
+                              "device's peak_flops (which are quoted at its tdp_watts).")
 
 
 class DeviceSpec(BaseModel):
@@ -47,7 +56,31 @@ class DeviceSpec(BaseModel):
         "step whose min_flops <= the matmul's FLOPs applies.",
     )
     price_per_hour: float = Field(ge=0, description="Default on-demand price, USD per GPU-hour.")
+    tdp_watts: float | None = Field(
+        None, gt=0, description="Board power (W) at which peak_flops are quoted: the default power limit.")
+    power_curve: list[PowerStep] = Field(
+        default_factory=list,
+        description="Tensor throughput under lower board power limits, ascending watts, ending at tdp_watts with "
+        "throughput 1; linear between points.  Empty: no published derating, so a limit below tdp_watts is refused.")
+    boost_clock_mhz: float | None = Field(
+        None, gt=0, description="Tensor-core clock (MHz) peak_flops assume; a clock limit scales tensor throughput "
+        "by limit / boost (work per clock is fixed).  None: a clock limit is refused.")
+    throughput_scale: float = Field(
+        1.0, gt=0, le=1, description="Fraction of peak_flops the device sustains under its node's power or clock "
+        "limit (1: uncapped).  Set by Catalog.node_device from the node's limits, never in devices.yaml.")
     sources: list[str] = Field(min_length=1, description="Where each figure comes from.")
+
+    @model_validator(mode="after")
+    def _curve_ends_at_tdp(self) -> "DeviceSpec":
+        if not self.power_curve:
+            return self
+        watts = [step.watts for step in self.power_curve]
+        if watts != sorted(set(watts)):
+            raise ValueError("power_curve: steps must be in ascending watts order")
+        last = self.power_curve[-1]
+        if self.tdp_watts is None or last.watts != self.tdp_watts or last.throughput != 1.0:
+            raise ValueError("power_curve: the last step must be tdp_watts with throughput 1")
+        return self
 
     @field_validator("matmul_efficiency")
     @classmethod
@@ -66,6 +99,47 @@ class DeviceSpec(BaseModel):
         if dtype in ("bf16", "fp16") and "fp16" in self.peak_flops:
             return self.peak_flops["fp16"]
         raise HardwareInputError(f"device {self.name} has no {dtype} peak")
+
+    def sustained_peak(self, dtype: Dtype) -> float:
+        """Peak FLOP/s for `dtype` under the device's power or clock limit (what compute time divides by;
+        MFU stays against the nominal `peak`, the published convention)."""
+        return self.peak(dtype) * self.throughput_scale
+
+    def power_throughput(self, watts: float) -> float:
+        """Fraction of peak tensor throughput sustained under a board power limit of `watts` (ValueError when
+        the device publishes nothing for that limit)."""
+        if self.tdp_watts is None:
+            raise ValueError(f"device {self.name} has no tdp_watts, so no power limit applies to it")
+        if watts >= self.tdp_watts:
+            if watts > self.tdp_watts:
+                raise ValueError(f"{watts:g} W is above the {self.name}'s board power of {self.tdp_watts:g} W")
+            return 1.0
+        curve = self.power_curve
+        if not curve or watts < curve[0].watts:
+            lowest = f"{curve[0].watts:g}" if curve else f"{self.tdp_watts:g}"
+            raise ValueError(f"{watts:g} W is below the lowest power limit the {self.name} publishes a throughput "
+                             f"for ({lowest} W)")
+        for low, high in zip(curve, curve[1:]):
+            if low.watts <= watts <= high.watts:
+                share = (watts - low.watts) / (high.watts - low.watts)
+                return low.throughput + share * (high.throughput - low.throughput)
+        return 1.0  # unreachable: the curve ends at tdp_watts
+
+    def clock_throughput(self, mhz: float) -> float:
+        """Fraction of peak tensor throughput under an SM clock limit of `mhz` (a limit above the boost clock
+        does not bind)."""
+        if self.boost_clock_mhz is None:
+            raise ValueError(f"device {self.name} has no boost_clock_mhz, so no clock limit applies to it")
+        return min(1.0, mhz / self.boost_clock_mhz)
+
+    def capped(self, power_watts: float | None = None, clock_mhz: float | None = None) -> "DeviceSpec":
+        """This device under a board power limit and/or a clock limit (whichever binds harder)."""
+        scale = 1.0
+        if power_watts is not None:
+            scale = min(scale, self.power_throughput(power_watts))
+        if clock_mhz is not None:
+            scale = min(scale, self.clock_throughput(clock_mhz))
+        return self if scale == 1.0 else self.model_copy(update={"throughput_scale": scale})
 
     def efficiency(self, matmul_flops: float) -> float:
         """Achieved fraction of peak for one matmul of `matmul_flops` FLOPs."""
@@ -99,6 +173,12 @@ class NodeSpec(BaseModel):
     nvme_bytes: float = Field(ge=0, description="Local NVMe capacity per node.")
     nvme_bandwidth: float = Field(ge=0, description="Aggregate NVMe read bandwidth per node, bytes/s.")
     pcie_bandwidth: float = Field(gt=0, description="Host-to-GPU bandwidth per GPU per direction, bytes/s.")
+    gpu_power_limit: float | None = Field(
+        None, gt=0, description="Board power limit (W) the node's GPUs run under (nvidia-smi --power-limit); "
+        "None: the device's tdp_watts.  Lowers tensor throughput along the device's power_curve.")
+    gpu_clock_limit: float | None = Field(
+        None, gt=0, description="SM clock limit (MHz) the node's GPUs run under (nvidia-smi --lock-gpu-clocks); "
+        "None: the boost clock.")
     host_link_bandwidth: float | None = Field(
         None, gt=0,
         description="Host-side bytes/s per direction the node's GPUs share when they stream from host memory "
@@ -148,6 +228,11 @@ class Catalog(BaseModel):
                 f"unknown device {name!r}; known: {', '.join(sorted(self.devices))}"
             ) from None
 
+    def node_device(self, node: NodeSpec) -> DeviceSpec:
+        """The GPU of `node` as it runs there: the catalog device under the node's power or clock limit
+        (ValueError naming the limit when the device publishes nothing for it)."""
+        return self.device(node.device).capped(node.gpu_power_limit, node.gpu_clock_limit)
+
     def node(self, name: str) -> NodeSpec:
         """Look up a node preset by key."""
         try:
@@ -172,4 +257,10 @@ def load_catalog() -> Catalog:
     for node in nodes.values():
         if node.device not in devices:
             raise HardwareInputError(f"nodes.yaml: {node.name}.device: unknown device {node.device!r}")
-    return Catalog(devices=devices, nodes=nodes, constants=constants)
+    catalog = Catalog(devices=devices, nodes=nodes, constants=constants)
+    for node in nodes.values():
+        try:
+            catalog.node_device(node)
+        except ValueError as exc:
+            raise HardwareInputError(f"nodes.yaml: {node.name}: {exc}") from None
+    return catalog

@@ -15,6 +15,9 @@ once (NICs are shared).  Formulas (Thakur et al. 2005; NCCL docs "Performance"):
 * all-to-all: each rank sends (n-1)/n * S, the share to ranks on other nodes
   over the NICs, the rest over the intra-node link, both at once.
 
+Every collective call also pays a fixed cost beyond its ring steps (`collective_launch_seconds`: NCCL's
+base latency, src/graph/tuning.cc), once per call; a point-to-point send pays only its link latency.
+
 Efficiencies and the link-kind mapping come from `constants.yaml`.
 """
 
@@ -77,8 +80,13 @@ def _ring(volume_factor: float, size_bytes: float, steps: int, group: CommGroup,
     return volume_factor * size_bytes / rate + steps * alpha
 
 
-def all_reduce(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
-    """Seconds to all-reduce `size_bytes` over the group (best of ring and hierarchical)."""
+def _launch(catalog: Catalog) -> float:
+    """Fixed seconds of one collective call beyond its ring steps (NCCL's base latency)."""
+    return catalog.constant("collective_launch_seconds")
+
+
+def _all_reduce_steps(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """All-reduce seconds without the call's fixed cost: best of ring and hierarchical."""
     n = group.size
     if n == 1 or size_bytes <= 0:
         return 0.0
@@ -90,19 +98,30 @@ def all_reduce(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
     intra_group = group.model_copy(update={"size": k, "ranks_per_node": k})
     inter_group = group.model_copy(update={"size": nodes, "ranks_per_node": 1})
     hierarchical = (
-        reduce_scatter(size_bytes, intra_group, catalog)
-        + all_reduce(size_bytes / k, inter_group, catalog)
-        + all_gather(size_bytes, intra_group, catalog)
+        _reduce_scatter_steps(size_bytes, intra_group, catalog)
+        + _all_reduce_steps(size_bytes / k, inter_group, catalog)
+        + _reduce_scatter_steps(size_bytes, intra_group, catalog)  # the all-gather moves the same
     )
     return min(ring, hierarchical)
 
 
-def reduce_scatter(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
-    """Seconds to reduce-scatter `size_bytes` (the unsharded size) over the group."""
+def _reduce_scatter_steps(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
     n = group.size
     if n == 1 or size_bytes <= 0:
         return 0.0
     return _ring((n - 1) / n, size_bytes, n - 1, group, catalog)
+
+
+def all_reduce(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds to all-reduce `size_bytes` over the group (best of ring and hierarchical, one call)."""
+    steps = _all_reduce_steps(size_bytes, group, catalog)
+    return steps + _launch(catalog) if steps else 0.0
+
+
+def reduce_scatter(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
+    """Seconds to reduce-scatter `size_bytes` (the unsharded size) over the group."""
+    steps = _reduce_scatter_steps(size_bytes, group, catalog)
+    return steps + _launch(catalog) if steps else 0.0
 
 
 def all_gather(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
@@ -120,7 +139,7 @@ def all_to_all(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
     intra_time = (k - 1) / n * size_bytes / intra
     inter_time = (n - k) / n * size_bytes / inter if group.spans_nodes else 0.0
     alpha = group.inter_latency if group.spans_nodes else group.intra.latency
-    return max(intra_time, inter_time) + (n - 1) * alpha
+    return max(intra_time, inter_time) + (n - 1) * alpha + _launch(catalog)
 
 
 def point_to_point(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:

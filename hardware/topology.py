@@ -16,6 +16,10 @@ different node types) joined by one `Fabric`.  `load_cluster` reads either
         preset: dgx-a100-80g          # a node preset from hardware/data/nodes.yaml
         nodes: 16
         overrides: {host_dram_bytes: 1.0e+12}   # optional: replace NodeSpec fields
+      - name: b200-capped
+        preset: dgx-b200
+        nodes: 4
+        overrides: {gpu_power_limit: 750.0}     # W: tensor throughput follows the device's power_curve
       - name: custom
         nodes: 2
         node:                         # ... or an inline node: all NodeSpec fields
@@ -88,8 +92,8 @@ class Pool(BaseModel):
         return self.count * self.node.gpus_per_node
 
     def device_spec(self) -> DeviceSpec:
-        """The catalog entry of this pool's GPUs."""
-        return load_catalog().device(self.node.device)
+        """This pool's GPU as it runs there: the catalog entry under the node's power or clock limit."""
+        return load_catalog().node_device(self.node)
 
 
 class Cluster(BaseModel):
@@ -146,10 +150,18 @@ class Cluster(BaseModel):
     def describe(self) -> str:
         """One line: name, totals and each pool."""
         parts = [
-            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device})" for p in self.pools
+            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device}{_limits(p.node)})" for p in self.pools
         ]
         nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
         return f"{self.name}: {nodes}, {self.num_gpus} GPUs [{'; '.join(parts)}]"
+
+
+def _limits(node: NodeSpec) -> str:
+    """' at 750 W, 1500 MHz': the power and clock limits a node's GPUs run under, if any."""
+    limits = [f"{node.gpu_power_limit:g} W" if node.gpu_power_limit else "",
+              f"{node.gpu_clock_limit:g} MHz" if node.gpu_clock_limit else ""]
+    text = ", ".join(filter(None, limits))
+    return f" at {text}" if text else ""
 
 
 # ---------------------------------------------------------------- file schema
@@ -237,7 +249,21 @@ def _build_node(entry: PoolEntry, index: int, label: str) -> NodeSpec:
         known = ", ".join(sorted(catalog.devices))
         field = _loc(blame(("device",)) + ("device",))
         raise HardwareInputError(f"{label}: {field}: unknown device {node.device!r}; known: {known}")
+    _check_limits(node, catalog.devices[node.device], lambda key: f"{label}: {_loc(blame((key,)) + (key,))}")
     return node
+
+
+def _check_limits(node: NodeSpec, device: DeviceSpec, where: Callable[[str], str]) -> None:
+    """A power or clock limit the node's device publishes no throughput for is an error naming the field."""
+    for key, throughput in (("gpu_power_limit", device.power_throughput),
+                            ("gpu_clock_limit", device.clock_throughput)):
+        value = getattr(node, key)
+        if value is None:
+            continue
+        try:
+            throughput(value)
+        except ValueError as exc:
+            raise HardwareInputError(f"{where(key)}: {exc}") from None
 
 
 def _load_file(path: Path, label: str) -> Cluster:

@@ -138,6 +138,10 @@ class Kernels(BaseModel):
     fp8_gemm_speedup: float | None = Field(
         None, ge=1.0, description="Realised FP8 over BF16 GEMM speedup of the framework's FP8 recipe (casts and "
         "scaling included); null: constants.yaml's fp8_gemm_speedup_cap.")
+    cuda_graphs: bool = Field(
+        False, description="The step's kernels are replayed from captured CUDA graphs (Megatron's "
+        "--cuda-graph-impl, torch.compile mode='reduce-overhead'), so each costs constants.yaml's "
+        "graph_kernel_launch_seconds instead of kernel_launch_seconds (planner.cost.launches).")
     source: str = Field(description="Which kernels the framework runs.")
 
 

@@ -150,14 +150,16 @@ def old_plan(tmp_path_factory) -> Path:
     return out / "plan.json"
 
 
-def _choice(old_plan: Path, steps: int) -> dict:
-    result = _run("replan", old_plan, "cpu:1", "--steps-left", steps, "--json")
+def _choice(old_plan: Path, steps: int, *fix: str) -> dict:
+    result = _run("replan", old_plan, "cpu:1", "--steps-left", steps, *fix, "--json")
     assert result.exit_code == 0, result.output
     return json.loads(result.output)["choice"]
 
 
 def test_few_steps_left_choose_the_plan_that_moves_least_many_the_fastest(old_plan):
-    few, many = _choice(old_plan, 1), _choice(old_plan, 1_000_000)
+    # ZeRO-0 fixed: a sharded optimizer moves as little as the old layout (each new rank loads its shard), and is
+    # the fastest here once every kernel's launch is priced, so only replicated state makes the two choices differ
+    few, many = _choice(old_plan, 1, "--fix", "zero=0"), _choice(old_plan, 1_000_000, "--fix", "zero=0")
     least = min(few["candidates"], key=lambda c: c["migration_s"])
     chosen_few = next(c for c in few["candidates"] if c["strategy_spec"] == few["chosen"])
     chosen_many = next(c for c in many["candidates"] if c["strategy_spec"] == many["chosen"])

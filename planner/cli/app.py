@@ -199,7 +199,7 @@ def show(target: str, seq_len: int, as_json: bool) -> None:
         if as_json:
             _emit_json(node.model_dump(mode="json"))
         else:
-            click.echo(render.node_summary(node, catalog.device(node.device)))
+            click.echo(render.node_summary(node, catalog.node_device(node)))
     elif isinstance(resolved, Cluster):
         if as_json:
             _emit_json({**resolved.model_dump(mode="json"), "total_nodes": resolved.num_nodes,

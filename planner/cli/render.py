@@ -78,6 +78,15 @@ def _peak(device: DeviceSpec, dtype: str = "bf16") -> str:
     return f"{flops / 1e12:.0f}" if flops else "-"
 
 
+def _limit(node: NodeSpec, device: DeviceSpec) -> str:
+    """' (x0.82 at 750 W)': the share of the peak a node's power or clock limit leaves its GPUs, if any."""
+    if device.throughput_scale == 1.0:
+        return ""
+    limits = [f"{node.gpu_power_limit:g} W" if node.gpu_power_limit else "",
+              f"{node.gpu_clock_limit:g} MHz" if node.gpu_clock_limit else ""]
+    return f" (x{device.throughput_scale:.2f} at {', '.join(filter(None, limits))})"
+
+
 def hardware_tables(catalog: Catalog) -> str:
     """`list hardware`: the device catalog and the node presets."""
     devices = [
@@ -161,12 +170,12 @@ def cluster_summary(cluster: Cluster, catalog: Catalog) -> str:
     peak = hbm = 0.0
     for pool in cluster.pools:
         node = pool.node
-        device = catalog.device(node.device)
+        device = catalog.node_device(node)
         peak += pool.gpus * _peak_flops(device)
         hbm += pool.gpus * device.hbm_bytes
         rows.append([
             pool.name, pool.count, node.name, f"{device.name} x {node.gpus_per_node}", pool.gpus,
-            _peak(device), f"{device.hbm_bytes / GB:.0f}",
+            _peak(device) + _limit(node, device), f"{device.hbm_bytes / GB:.0f}",
             f"{node.intra_link.kind} {node.intra_link.bandwidth / GB:.0f}",
             f"{node.nic_count} x {node.nic_bandwidth * 8 / GB:.0f} Gb/s",
             f"{cluster.inter_node_bandwidth_per_gpu(pool) / GB:.1f}", f"{node.host_dram_bytes / GB:.0f}",

@@ -110,7 +110,11 @@ def megatron_pool(job: Job) -> Pool | None:
     None on a one-pool cluster."""
     if len(job.cluster.pools) < 2:
         return None
-    return max(job.cluster.pools, key=lambda p: (p.device_spec().peak_flops.get("bf16", 0.0), p.gpus))
+    def peak(pool: Pool) -> float:  # as the pool's power or clock limit lets its GPUs run
+        device = pool.device_spec()
+        return device.peak_flops.get("bf16", 0.0) * device.throughput_scale
+
+    return max(job.cluster.pools, key=lambda p: (peak(p), p.gpus))
 
 
 def _expert_parallel(job: Job, dp: int) -> int:

@@ -23,6 +23,10 @@ weight gradient per forward GEMM), the flash attention core
 `flash_attention_backward_ratio` (FlashAttention-2's backward FLOPs), the
 unfused attention core as GEMMs, and element-wise kernels
 `backward_elementwise_ratio` of their forward traffic.
+
+Every kernel the layer launches adds a fixed overhead, forward and backward (planner.cost.launches: the
+kernels counted per layer kind, eager or fused, times the seconds one costs, less under CUDA graphs); a
+fully recomputed layer pays its forward's kernels again.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 
 from hardware import Catalog, DeviceSpec
 from models.graph import Layer, RecomputeMode
+from planner.cost.launches import launch_overhead
 from planner.cost.layout import tp_divisor
 from planner.job import Job
 from planner.strategy import Strategy
@@ -53,7 +58,7 @@ class LayerTime:
 
 def gemm_rate(device: DeviceSpec, job: Job, flops: float, catalog: Catalog) -> float:
     """Achieved FLOP/s of a GEMM of `flops` FLOPs in the job's precision."""
-    base = device.peak(job.compute_dtype) * device.efficiency(flops)
+    base = device.sustained_peak(job.compute_dtype) * device.efficiency(flops)
     if job.precision == "fp8" and "fp8" in device.peak_flops:
         ratio = device.peak("fp8") / device.peak(job.compute_dtype)
         realised = job.runtime.kernels.fp8_gemm_speedup or catalog.constant("fp8_gemm_speedup_cap")
@@ -83,7 +88,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     if attn_flops:
         # under context parallelism the core runs as cp ring steps, one block of the local queries against one
         # rank's keys each: the efficiency is that of a block, so short chunks fall down the device's curve
-        plain_rate = device.peak(job.compute_dtype) * device.efficiency(attn_flops / 2 / strategy.cp)
+        plain_rate = device.sustained_peak(job.compute_dtype) * device.efficiency(attn_flops / 2 / strategy.cp)
         if job.flash:
             plain_rate *= catalog.constant("attention_relative_efficiency")
         if strategy.cp > 1:
@@ -105,14 +110,16 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     if not job.flash and layer.act_attn_scores:
         scores = traffic * tokens * layer.act_attn_scores * job.seq_len / tp / hbm_rate
 
-    forward = gemm_s + attn_s + elementwise_s
+    launch_forward, launch_backward = launch_overhead(layer, job, catalog)
+    forward = gemm_s + attn_s + elementwise_s + launch_forward
     if recompute == "full":
         recompute_s = forward
     elif recompute == "selective":
         recompute_s = attn_s + scores
     else:
         recompute_s = 0.0
-    return LayerTime(forward=forward, backward=backward_seconds(gemm_s, attn_s, elementwise_s, job.flash, catalog),
+    backward = backward_seconds(gemm_s, attn_s, elementwise_s, job.flash, catalog) + launch_backward
+    return LayerTime(forward=forward, backward=backward,
                      recompute=recompute_s, attention_forward=attn_s,
                      attention_backward=backward_seconds(0.0, attn_s, 0.0, job.flash, catalog))
 

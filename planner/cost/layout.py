@@ -22,20 +22,17 @@ class StageSite:
 
     index: int  # stage index (the schedule's in-flight count depends on it)
     pools: tuple[Pool, ...]  # pools its ranks touch (one on homogeneous clusters)
-    device: DeviceSpec  # the slowest device of the stage (bounds its compute)
+    device: DeviceSpec  # the slowest device of the stage (bounds its compute), under its node's power/clock limit
     hbm_bytes: float  # the smallest HBM among its devices
-    node: NodeSpec = field(init=False, compare=False)  # the node type of the stage's slowest device
-
-    def __post_init__(self) -> None:
-        # looked up once: the cost model asks for it in every memory and time term
-        object.__setattr__(self, "node", next(p.node for p in self.pools if p.node.device == self.device.name))
+    node: NodeSpec = field(compare=False)  # the node type of the stage's slowest device
 
 
 def make_site(index: int, pools: tuple[Pool, ...], catalog: Catalog) -> StageSite:
-    """A site on `pools`: slowest device, smallest HBM."""
-    devices = [catalog.device(p.node.device) for p in pools]
-    return StageSite(index=index, pools=pools, device=min(devices, key=lambda d: d.peak("bf16")),
-                     hbm_bytes=min(d.hbm_bytes for d in devices))
+    """A site on `pools`: slowest device (as its node's limits let it run), smallest HBM."""
+    devices = [catalog.node_device(p.node) for p in pools]
+    slowest = min(range(len(pools)), key=lambda i: devices[i].sustained_peak("bf16"))
+    return StageSite(index=index, pools=pools, device=devices[slowest], hbm_bytes=min(d.hbm_bytes for d in devices),
+                     node=pools[slowest].node)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ class JobSites:
 
     def device(self, pool: int) -> DeviceSpec:
         """The GPU of pool index `pool`."""
-        return self.catalog.device(self.node_spec(pool).device)
+        return self.catalog.node_device(self.node_spec(pool))
 
     @cached_property
     def node_ranks(self) -> list[list[int]]:

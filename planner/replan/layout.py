@@ -21,17 +21,19 @@ experts) is laid out by the strategy:
 The routed experts follow expert parallelism as Megatron-Core runs it (megatron/core/parallel_state.py,
 expert rank order tp-ep-dp-pp: cp folds into the expert groups):
 
-* expert parallel: within a stage, with f = dp index x cp + cp index, a rank's ep index is f mod ep and
-  it holds the E / ep whole experts [j E / ep, (j + 1) E / ep) of ep index j (ep = 1: all of them);
-* tensor parallel within an expert (expert tensor parallel = tp, what the launch files set): rank t holds
-  the t-th contiguous share of each of its experts (none split when the layer does not split);
+* the fold: within a stage, with f = (dp index x cp + cp index) x tp + tp index, a rank's etp index is
+  f mod etp, its ep index j = (f div etp) mod ep and its expert-dp index f div (etp x ep) (with etp = tp,
+  the default: ep consecutive ranks of the dp x cp ranks with the same tp index);
+* expert parallel: ep index j holds the E / ep whole experts [j E / ep, (j + 1) E / ep) (ep = 1: all);
+* expert tensor parallel: etp index t holds the t-th contiguous share of each of its experts (none split
+  with etp = 1 or when the layer does not split);
 * ZeRO: a sharded term is cut over the expert-data-parallel group, the ranks of the stage with the same
-  tp and ep index (dp x cp / ep of them; with shard=node, those inside the node's shard group:
-  planner.cost.layout.expert_group): its k-th rank, k = (f div ep) mod that size, keeps the k-th
-  contiguous share of its local experts' shares laid end to end (Megatron's distributed optimizer over
-  the expert buffer).
+  etp and ep index (tp x cp x dp / (etp x ep) of them; with shard=node, those inside the node's shard
+  group: planner.cost.memory.expert_shard_degree): its k-th rank, k = (expert-dp index) mod that size,
+  keeps the k-th contiguous share of its local experts' shares laid end to end (Megatron's distributed
+  optimizer over the expert buffer).
 
-`Segment.classes` names who holds a range: (tp index, shard index) for the dense part, (tp index, expert
+`Segment.classes` names who holds a range: (tp index, shard index) for the dense part, (etp index, expert
 shard index, ep index) for the routed experts.
 
 What this approximates: frameworks cut each tensor (FSDP2 and DTensor by rows or columns, DeepSpeed and
@@ -50,7 +52,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 from models.graph import ModelGraph
-from planner.cost.layout import expert_group, split_blocks
+from planner.cost.layout import split_blocks
+from planner.cost.memory import expert_shard_degree
 from planner.plan.build import rank_location, stage_chunks, stage_spans
 from planner.plan.schema import Plan, RankSpan
 from planner.profile import RuntimeProfile
@@ -124,7 +127,7 @@ class StateLayout:
                 table = self._holders.setdefault((site.stage, sharded), {})
                 table.setdefault((site.tp, self.shard_class(site, sharded)), []).append(site)
                 if experts:
-                    key = (site.tp, self.expert_shard_class(site, sharded), self.ep_index(site))
+                    key = (self._expert_fold(site)[0], self.expert_shard_class(site, sharded), self.ep_index(site))
                     table.setdefault(key, []).append(site)
 
     # -------------------------------------------------------------- sharding
@@ -145,20 +148,34 @@ class StateLayout:
         per_dp = self.shard_group(site.stage) // s.cp
         return (site.dp % per_dp) * s.cp + site.cp
 
+    def _expert_fold(self, site: RankSite) -> tuple[int, int, int]:
+        """(etp, ep, expert-dp) index of the rank: Megatron-Core folds a stage's tp x cp x dp ranks (tp fastest,
+        then cp, then dp) into etp, then ep, then expert data parallelism."""
+        s = self.strategy
+        flat = (site.dp * s.cp + site.cp) * s.tp + site.tp
+        return flat % s.expert_tp, (flat // s.expert_tp) % s.ep, flat // (s.expert_tp * s.ep)
+
     def ep_index(self, site: RankSite) -> int:
-        """The rank's expert-parallel index: ep consecutive ranks of the stage's dp x cp ranks (cp fastest)."""
-        return (site.dp * self.strategy.cp + site.cp) % self.strategy.ep
+        """The rank's expert-parallel index (with etp = tp: ep consecutive ranks of the stage's dp x cp ranks)."""
+        return self._expert_fold(site)[1]
 
     def expert_shard_group(self, stage: int) -> int:
-        """Ranks one shard group of routed-expert state spans on `stage` (planner.cost.layout.expert_group)."""
-        return expert_group(self.shard_group(stage), self.strategy.ep)
+        """Ranks one shard group of routed-expert state spans on `stage` (planner.cost.memory.expert_shard_degree)."""
+        return expert_shard_degree(self.strategy, self.shard_group(stage))
 
     def expert_shard_class(self, site: RankSite, sharded: bool) -> int:
         """The rank's index in its routed-expert shard group (0 when the term is not sharded)."""
         if not sharded:
             return 0
-        s = self.strategy
-        return ((site.dp * s.cp + site.cp) // s.ep) % self.expert_shard_group(site.stage)
+        return self._expert_fold(site)[2] % self.expert_shard_group(site.stage)
+
+    def _etp(self, layer: int) -> int:
+        """Ways expert tensor parallelism splits each routed expert of `layer`."""
+        return self.strategy.expert_tp if self.layer_shape[layer][2] and self.strategy.expert_tp > 1 else 1
+
+    def etp_class(self, site: RankSite, layer: int) -> int:
+        """The rank's share of each of its routed experts (0 when they are held whole)."""
+        return self._expert_fold(site)[0] if self._etp(layer) > 1 else 0
 
     def tp_class(self, site: RankSite, layer: int) -> int:
         """The rank's tensor-parallel share of `layer` (0 when the layer is held whole by every tp rank)."""
@@ -182,8 +199,9 @@ class StateLayout:
                      self.shard_class(site, sharded))
         if routed:
             egroup = self.expert_shard_group(site.stage) if sharded else 1
-            out += _expert_piece(params - routed, routed, experts, self.strategy.ep, tp, self.ep_index(site),
-                                 self.tp_class(site, layer), egroup, self.expert_shard_class(site, sharded))
+            out += _expert_piece(params - routed, routed, experts, self.strategy.ep, self._etp(layer),
+                                 self.ep_index(site), self.etp_class(site, layer), egroup,
+                                 self.expert_shard_class(site, sharded))
         return out
 
     def segments(self, layer: int, sharded: bool) -> tuple[Segment, ...]:
@@ -195,7 +213,7 @@ class StateLayout:
         out = _segments(params - routed, replicated if tp > 1 else 0, tp, self.shard_group(stage) if sharded else 1)
         if routed:
             egroup = self.expert_shard_group(stage) if sharded else 1
-            out += _expert_segments(params - routed, routed, experts, self.strategy.ep, tp, egroup)
+            out += _expert_segments(params - routed, routed, experts, self.strategy.ep, self._etp(layer), egroup)
         return out
 
     def holders(self, stage: int, sharded: bool, classes: tuple[tuple[int, ...], ...],

@@ -38,6 +38,7 @@ from models.graph import EmbeddingTable
 from models.recsys import DLRMConfig
 from models.zoo import get_entry
 from planner.embedding.sharding_plan import ParameterSharding, ShardingPlanFile, table_names
+from planner.runtime.dlrm_layers import dot_interaction, mlp
 from planner.runtime.shutdown import run_then_finish
 
 
@@ -56,16 +57,6 @@ def synthetic_batch(step: int, cfg: DLRMConfig, batch: int, seed: int = 0
     ids = [torch.randint(t.rows, (batch, max(1, round(t.pooling_factor))), generator=gen) for t in cfg.tables]
     labels = (dense[:, 0] + 0.5 * (ids[0][:, 0] % 2) > 0.25).float()
     return dense, ids, labels
-
-
-def _mlp(widths: list[int], fan_in: int, last_relu: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, out in enumerate(widths):
-        layers.append(nn.Linear(fan_in, out))
-        if last_relu or i < len(widths) - 1:
-            layers.append(nn.ReLU())
-        fan_in = out
-    return nn.Sequential(*layers)
 
 
 def _placement_rank(placement: str) -> int:
@@ -134,16 +125,14 @@ class DLRM(nn.Module):
         if cfg.interaction != "dot":
             raise ValueError("the runtime implements the dot interaction")
         torch.manual_seed(seed)
-        self.bottom = _mlp(cfg.bottom_mlp, cfg.dense_features, last_relu=True)
-        self.top = _mlp(cfg.top_mlp, cfg.interaction_width, last_relu=False)
+        self.bottom = mlp(cfg.bottom_mlp, cfg.dense_features, last_relu=True)
+        self.top = mlp(cfg.top_mlp, cfg.interaction_width, last_relu=False)
         self.tables = ShardedTables(cfg, names, plan, rank, seed)
 
     def forward(self, dense, local_ids, global_ids, local_slice) -> torch.Tensor:
         x = self.bottom(dense)
-        vectors = torch.stack([x, *self.tables(local_ids, global_ids, local_slice)], dim=1)
-        products = vectors @ vectors.transpose(1, 2)
-        rows, cols = torch.triu_indices(vectors.shape[1], vectors.shape[1], offset=1)
-        return self.top(torch.cat([products[:, rows, cols], x], dim=1)).squeeze(1)
+        return self.top(dot_interaction(x, self.tables(local_ids, global_ids, local_slice))).squeeze(1)
+
 
 
 def _gather_ids(ids: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -53,7 +53,10 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   attention, so it would not describe what torchtitan does;
 * "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on;
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
-  many GPUs.
+  many GPUs;
+* a gpu_type saying "power limited to N W" runs the preset's GPUs under that
+  board power limit (NodeSpec.gpu_power_limit: the device's power curve
+  derates its tensor throughput).
 
 --constants NAME=VALUE,... costs every row with those constants in place of
 constants.yaml's (`with_constants`); the cases, and so the recompute setting
@@ -111,9 +114,13 @@ _GPU_PRESETS = [  # (substring of gpu_type, node preset), first match wins
     ("96GB HBM2e", "h100-96g-8"),
     ("A100-SXM4-40GB", "dgx-a100-40g"),
     ("A100", "dgx-a100-80g"),
+    ("B200", "dgx-b200"),
+    ("H200", "hgx-h200"),
     ("H100", "dgx-h100"),
     ("MI300X", "mi300x-8"),
 ]
+# "power limited to 750 W" in a row's gpu_type: the GPUs ran under that board power limit (NodeSpec.gpu_power_limit)
+_POWER_LIMIT = re.compile(r"power[- ]limit(?:ed)?(?: to)? (\d+(?:\.\d+)?) ?W", re.IGNORECASE)
 
 # Dropout as the model code a runtime's rows ran trains by default (GPT family only; the Llama, Nemotron and
 # MPT recipes train without):
@@ -215,21 +222,26 @@ def _precision(row: dict) -> str:
 def _cluster(row: dict) -> Cluster:
     preset = next(p for key, p in _GPU_PRESETS if key in row["gpu_type"])
     node = load_catalog().nodes[preset]
+    limit = _POWER_LIMIT.search(row["gpu_type"])
+    if limit:
+        node = node.model_copy(update={"gpu_power_limit": float(limit.group(1))})
     gpus, per_node = int(row["num_gpus"]), _int(row["gpus_per_node"], node.gpus_per_node)
-    if gpus >= node.gpus_per_node:
+    if gpus >= node.gpus_per_node and not limit:
         return load_cluster(f"{preset}:{max(1, gpus // per_node)}")
     # fewer GPUs than the preset's node has (a 1-GPU run): nodes of the row's size, one NIC per GPU at most
     size = min(per_node, gpus)
     fields = node.model_dump()
     fields.update(gpus_per_node=size, nic_count=min(node.nic_count, size))
-    return Cluster(name=f"{preset}:{gpus}gpu", pools=[Pool(name=preset, node=NodeSpec.model_validate(fields),
-                                                             count=gpus // size)])
+    name = f"{preset}:{gpus}gpu" + (f"@{limit.group(1)}W" if limit else "")
+    return Cluster(name=name, pools=[Pool(name=preset, node=NodeSpec.model_validate(fields), count=gpus // size)])
 
 
 def _zero(row: dict) -> int:
     text = row["zero_fsdp"].lower()
     if "fsdp" in text or "zero-3" in text:
         return 3
+    if "zero-2" in text:
+        return 2
     if "dist. optimizer" in text or "distributed optimizer" in text or "zero-1" in text:
         return 1
     return 0
@@ -397,7 +409,7 @@ def source_key(row: dict) -> str:
     return text.split(";")[0].split()[0] if text else "?"
 
 
-_DEVICE_FAMILIES = ("MI300X", "H100", "A100", "L4")
+_DEVICE_FAMILIES = ("MI300X", "B200", "H200", "H100", "A100", "L4")
 
 
 def device_family(row: dict) -> str:
