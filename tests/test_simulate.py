@@ -141,13 +141,15 @@ def test_deepspeed_2021_zero3_agrees_and_no_gather_runs_beside_compute():
 
 def test_deepspeed_2021_each_gather_call_pays_its_ring_latency_and_host_copies():
     # two more all-gathers per attention layer: per block 2 more in the forward, 2 in the recomputed forward and
-    # 2 in the backward, none hidden; each pays n - 1 fabric latencies and n per-rank copies (n = 384)
+    # 2 in the backward, none hidden; each pays n - 1 fabric latencies, n per-rank copies (n = 384) and one launch
     base = simulate(_sc21_job(load_runtime("deepspeed-2021")), parse_strategy(SC21_ZERO3))
     gathers = load_runtime("deepspeed-2021").gathering.calls.gathers
     more = simulate(_sc21_job(_with_calls("deepspeed-2021", gathers={**gathers, "attention": 4})),
                     parse_strategy(SC21_ZERO3))
+    catalog = load_catalog()
     per_call = (383 * load_cluster("dgx-a100-80g:48").fabric.latency
-                + 384 * load_catalog().constant("collective_per_rank_copy_seconds"))
+                + 384 * catalog.constant("collective_per_rank_copy_seconds")
+                + catalog.constant("collective_launch_seconds"))
     assert more.step_time - base.step_time == pytest.approx(6 * 96 * per_call, rel=1e-6)
 
 
