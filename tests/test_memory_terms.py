@@ -66,9 +66,10 @@ def test_the_eager_loss_adds_its_gradients_of_the_logits_to_the_peak():
 
 @pytest.mark.parametrize(("schedule", "vpp", "held"), [("interleaved", 2, 1), ("gpipe", 1, 4), ("1f1b", 1, 1)])
 def test_the_last_stage_keeps_the_losses_of_the_micro_batches_between_their_forward_and_backward(schedule, vpp, held):
-    # llama3-8b, pp=2 x dp=4, 4 micro-batches of 1 x 4096 tokens: the last (virtual) stage runs each micro-batch's backward
-    # right after its forward under 1F1B and interleaving, so it keeps one micro-batch's fp32 log-probabilities
-    # (4 bytes per logit) even where interleaving keeps 1.5 stages of block activations; GPipe keeps all four
+    # llama3-8b, pp=2 x dp=4, 4 micro-batches of 1 x 4096 tokens: the last (virtual) stage runs each micro-batch's
+    # backward right after its forward under 1F1B and interleaving, so it keeps one micro-batch's fp32
+    # log-probabilities (4 bytes per logit) even where interleaving keeps 1.5 stages of block activations; GPipe
+    # keeps all four
     job = make_job("llama3-8b", "dgx-h100:1", batch=16, seq=4096).on(load_runtime("reference"))
     strategy = Strategy(pp=2, dp=4, vpp=vpp, schedule=schedule)
     none = job.on(_without_loss_terms(job.runtime, whole_vocab=LossBytes(saved=0.0, peak=0.0)))

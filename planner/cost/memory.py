@@ -31,7 +31,8 @@ from planner.strategy import Strategy
 
 WEIGHT_BYTES = 2.0  # 16-bit weights and activations on the wire (bf16/fp16; fp8 runs keep bf16 weights)
 GRAD_BYTES = 2.0  # 16-bit gradients (embedding tables' dense gradients)
-MATMUL_KINDS = (LayerKind.ATTENTION, LayerKind.MLP, LayerKind.MOE, LayerKind.HEAD, LayerKind.DENSE)  # weights feed matmuls
+# layers whose weights feed matmuls (what native AMP casts)
+MATMUL_KINDS = (LayerKind.ATTENTION, LayerKind.MLP, LayerKind.MOE, LayerKind.HEAD, LayerKind.DENSE)
 GRAPH_LOGIT_BYTES = 4.0  # the model graph's head counts its logits as fp32 saved bytes (act_tp_split = 4 x vocab)
 
 
