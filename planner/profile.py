@@ -100,11 +100,22 @@ class Gathering(BaseModel):
     bytes_per_param: float = Field(2.0, gt=0, description="Bytes per parameter of the gathered copy (bf16: 2).")
     grad_bytes_per_param: float = Field(
         2.0, ge=0, description="Bytes per parameter of unsharded gradients held before they are reduce-scattered.")
+    accumulated_grad_bytes_per_param: float | None = Field(
+        None, ge=0, description="Bytes per parameter of the unsharded gradients a `step` policy accumulates over "
+        "the micro-batches before its one reduce-scatter (FSDP2 upcasts them to its reduce dtype while gradient "
+        "sync is off); null: grad_bytes_per_param.")
     held: dict[int, Gather] = Field(description="What stays gathered, per ZeRO stage whose weights are gathered.")
     held_pipelined: dict[int, Gather] = Field(
         default_factory=dict, description="Overrides of `held` when pp > 1 (torchtitan: no reshard after forward).")
     calls: GatherCalls = Field(default_factory=GatherCalls, description="How the gathers and reductions are issued.")
     source: str = Field(description="Where the framework decides it.")
+
+    @property
+    def accumulated_grad_bytes(self) -> float:
+        """Bytes per parameter of the unsharded gradients held for a whole step."""
+        if self.accumulated_grad_bytes_per_param is None:
+            return self.grad_bytes_per_param
+        return self.accumulated_grad_bytes_per_param
 
     def policy(self, zero: int, pipelined: bool) -> Gather | None:
         """What stays gathered under `zero` (None: weights are not sharded at rest)."""
@@ -135,6 +146,10 @@ class Kernels(BaseModel):
     flash_attention: bool = Field(description="Fused flash attention (no s^2 score tensors).")
     fused_elementwise: bool = Field(description="Element-wise work in fused kernels (Transformer Engine, apex "
                                     "fusions or torch.compile); False: eager PyTorch kernels.")
+    autocast_weight_copy_bytes: float = Field(
+        0.0, ge=0, description="Bytes per parameter of the 16-bit copies native AMP (torch.autocast) casts from "
+        "fp32 weights for each matmul and autograd saves for its backward, per micro-batch in flight; 0 where the "
+        "weights are already held in the compute dtype (FSDP's gathered copies, Megatron's 16-bit weights).")
     fp8_gemm_speedup: float | None = Field(
         None, ge=1.0, description="Realised FP8 over BF16 GEMM speedup of the framework's FP8 recipe (casts and "
         "scaling included); null: constants.yaml's fp8_gemm_speedup_cap.")
@@ -143,6 +158,45 @@ class Kernels(BaseModel):
         "--cuda-graph-impl, torch.compile mode='reduce-overhead'), so each costs constants.yaml's "
         "graph_kernel_launch_seconds instead of kernel_launch_seconds (planner.cost.launches).")
     source: str = Field(description="Which kernels the framework runs.")
+
+
+class LossBytes(BaseModel):
+    """Bytes per logit (token x vocabulary entry of one micro-batch on one rank) of a loss implementation."""
+
+    model_config = _FIELD
+    saved: float = Field(ge=0, description="Bytes per logit kept from the loss's forward until its backward.")
+    peak: float = Field(ge=0, description="Bytes per logit alive at the loss's peak, in its forward or its backward "
+                        "(the logits, their copies and gradients; the saved ones included).")
+
+    @property
+    def transient(self) -> float:
+        """Bytes per logit the loss's peak adds to what it keeps."""
+        return max(0.0, self.peak - self.saved)
+
+
+class Loss(BaseModel):
+    """What the cross-entropy loss holds in HBM per logit.  The default is the fused, in-place loss Megatron-LM's
+    memory formula counts: fp32 logits, nothing more (megatron/training/theoretical_memory_usage.py, 4sbv/t)."""
+
+    model_config = _FIELD
+    whole_vocab: LossBytes = Field(
+        default_factory=lambda: LossBytes(saved=4.0, peak=4.0),
+        description="Each rank's loss over the whole vocabulary (tp = 1).")
+    vocab_parallel: LossBytes | None = Field(
+        None, description="The vocab-parallel loss over tensor-parallel ranks (tp > 1: each rank holds its share of "
+        "the vocabulary); null: as whole_vocab.")
+    pipeline_outputs: float = Field(
+        0.0, ge=0, description="Bytes per logit of every micro-batch's logits the last pipeline stage keeps until the "
+        "step ends (torch.distributed.pipelining's output_chunks, kept while the schedule returns its outputs); 0: "
+        "none kept.")
+    source: str = Field(
+        "Megatron-LM megatron/training/theoretical_memory_usage.py: the output layer's fp32 logits, 4sbv/t; "
+        "megatron/core/tensor_parallel/cross_entropy.py computes softmax and its gradient in place on them",
+        description="Where the framework computes its loss and what was measured.")
+
+    def bytes(self, tp: int) -> LossBytes:
+        """The loss's bytes per logit at tensor-parallel degree `tp`."""
+        return self.vocab_parallel if tp > 1 and self.vocab_parallel is not None else self.whole_vocab
 
 
 class Space(BaseModel):
@@ -184,6 +238,7 @@ class RuntimeProfile(BaseModel):
     gathering: Gathering = Field(description="How sharded weights come back for compute.")
     overlap: Overlap = Field(description="Data-parallel overlap.")
     kernels: Kernels = Field(description="Kernel facts.")
+    loss: Loss = Field(default_factory=Loss, description="What the loss holds per logit.")
     space: Space = Field(description="What it can express.")
     known_gaps: tuple[str, ...] = Field(
         (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "

@@ -52,6 +52,19 @@ def test_published_runs_median_error_within_target(published_results):
     assert worst <= 0.25, f"max |error| {worst:.1%} > 25%"
 
 
+def test_published_peak_memory_median_error_within_target(published_results):
+    # issue 15's memory target: predicted vs published peak HBM per GPU, median |error| at most 10%, on every
+    # tier-A row that publishes it (63, 66, 201-207, 301-308, and 431-438 added as held-out rows); nothing is
+    # fitted to them.  The worst today: 308 (-15.0%, Llama 3.1 405B at cp=8, whose published peak grows with cp where no
+    # modelled term does) and 207 (+14.7%, per-op selective checkpointing costed as full recompute of half the blocks)
+    bench, results = published_results
+    rows = [r for r in results if r.memory_error is not None]
+    median, worst = bench.memory_summary(rows)
+    assert len(rows) >= 25
+    assert median <= 0.10, f"peak memory median |error| {median:.1%} > 10%"
+    assert worst <= 0.16, f"peak memory max |error| {worst:.1%} > 16%"
+
+
 def test_every_published_row_names_a_runtime_profile(published_results):
     bench, results = published_results
     rows = bench.read_rows("all")
@@ -62,13 +75,11 @@ def test_every_published_row_names_a_runtime_profile(published_results):
 
 # Published runs the cost model says do not fit, each with why; the test fails when a row joins or leaves
 # the list, so a fix (or a regression) has to update it.
-KNOWN_MISFITS = {
-    # Nemotron-4 340B, tp8 pp8 dp2 vpp12 under the megatron profile: the last stage needs 76.5 GiB of 74.5.
-    # Megatron's distributed optimizer over dp=2 leaves 6 + 12/2 = 12 bytes per parameter (5.3e9 per GPU)
-    # plus the output layer; NeMo's dgxc recipe runs it, so either it reduces gradients in bf16 (not
-    # published) or the model over-counts the last stage (logits, reserve).  Left visible, not tuned away.
-    "58",
-}
+# None today.  Row 58 (Nemotron-4 340B, tp8 pp8 dp2 vpp12 under the megatron profile) needed 76.5 GiB of 74.5 on
+# its last stage while the head's logits were counted once per micro-batch in flight (4.5 stage-equivalents of
+# the interleaved schedule); the last virtual stage runs each micro-batch's backward right after its forward, so
+# the loss holds one micro-batch's logits (planner.cost.memory.head_in_flight) and the stage needs 73.0 GiB.
+KNOWN_MISFITS: set[str] = set()
 
 
 def test_every_published_configuration_fits(published_results):

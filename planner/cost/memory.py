@@ -25,11 +25,15 @@ from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
 from planner.job import Job
+from planner.profile import LossBytes
 from planner.strategy import Strategy
 
 
 WEIGHT_BYTES = 2.0  # 16-bit weights and activations on the wire (bf16/fp16; fp8 runs keep bf16 weights)
 GRAD_BYTES = 2.0  # 16-bit gradients (embedding tables' dense gradients)
+# layers whose weights feed matmuls (what native AMP casts)
+MATMUL_KINDS = (LayerKind.ATTENTION, LayerKind.MLP, LayerKind.MOE, LayerKind.HEAD, LayerKind.DENSE)
+GRAPH_LOGIT_BYTES = 4.0  # the model graph's head counts its logits as fp32 saved bytes (act_tp_split = 4 x vocab)
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,72 @@ def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -
     return float(min(p - stage, m))
 
 
+def logits_per_microbatch(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """Logits (token x vocabulary entry) one rank of the head computes per micro-batch: the vocabulary split by
+    tensor parallelism (vocab-parallel head and loss), the tokens by context parallelism.  The graph's head
+    declares its logits as fp32 saved bytes (`act_tp_split`, models/transformer.py `_head`)."""
+    tp = strategy.tp if layer.tp_splittable else 1
+    return strategy.mbs * job.seq_len / strategy.cp * layer.act_tp_split / GRAPH_LOGIT_BYTES / tp
+
+
+def loss_bytes(layer: Layer, job: Job, strategy: Strategy) -> LossBytes:
+    """Bytes per logit of the runtime's loss on the head `layer`: vocab-parallel when tensor parallelism splits it."""
+    return job.runtime.loss.bytes(strategy.tp if layer.tp_splittable else 1)
+
+
+def head_in_flight(strategy: Strategy, micro_batches: int) -> float:
+    """Micro-batches whose loss (on the last stage's head) holds its saved bytes at once: the last stage runs
+    each micro-batch's backward right after its forward under 1F1B and interleaved schedules (the last virtual
+    stage starts the backward), so one; GPipe runs every forward first, so all m."""
+    return float(micro_batches) if strategy.pipeline_schedule == "gpipe" else float(min(1, micro_batches))
+
+
 def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode) -> float:
-    """Activation bytes one rank saves for `layer` per micro-batch under `recompute`."""
+    """Activation bytes one rank saves for `layer` per micro-batch under `recompute`; the head keeps its input
+    and what the runtime's loss keeps of the logits (`RuntimeProfile.loss`)."""
     tp = strategy.tp if layer.tp_splittable else 1
     sp = strategy.sequence_parallel and layer.tp_splittable
+    extra = 0.0
+    if layer.kind == LayerKind.HEAD:
+        # the graph's head saves its input and fp32 logits (act_tp_split); the runtime says what its loss keeps
+        extra = logits_per_microbatch(layer, job, strategy) * loss_bytes(layer, job, strategy).saved
+        layer = layer.model_copy(update={"act_tp_split": 0.0})
+    if recompute != "full":  # a recomputed layer's forward saves nothing, its copies come back with the recompute
+        extra += autocast_copy_bytes(layer, job, strategy)
     return layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
         recompute=recompute, flash_attention=job.flash,
-    ) / strategy.cp
+    ) / strategy.cp + extra
+
+
+def autocast_copy_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """The 16-bit weight copies native AMP casts for `layer`'s matmuls and autograd saves for its backward, per
+    micro-batch on one rank (`Kernels.autocast_weight_copy_bytes`): the projections of attention and MLP blocks
+    and the head's (tied or own) output matrix; embeddings are looked up and norms run in fp32 uncast."""
+    per_param = job.runtime.kernels.autocast_weight_copy_bytes
+    if not per_param or layer.kind not in MATMUL_KINDS:
+        return 0.0
+    tied = layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
+    return (layer_params_per_rank(layer, strategy) + tied) * per_param
+
+
+def transient_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode) -> float:
+    """Bytes `layer`'s backward holds on top of what it keeps, per micro-batch on one rank: a fully recomputed
+    layer re-materialises its whole working set; the loss (on the head) the copies and gradients of the logits
+    its backward allocates (`RuntimeProfile.loss`).  The stage's peak adds the largest of them."""
+    if layer.kind == LayerKind.HEAD:
+        return logits_per_microbatch(layer, job, strategy) * loss_bytes(layer, job, strategy).transient
+    if recompute == "full":
+        return saved_bytes(layer, job, strategy, "none")
+    return 0.0
+
+
+def pipeline_output_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """Bytes of one micro-batch's logits the last stage keeps for the step when a pipeline schedule returns its
+    outputs (`Loss.pipeline_outputs`); 0 without pipeline parallelism or for layers other than the head."""
+    if layer.kind != LayerKind.HEAD or not strategy.pipelined:
+        return 0.0
+    return logits_per_microbatch(layer, job, strategy) * job.runtime.loss.pipeline_outputs
 
 
 def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) -> float:
@@ -138,7 +200,7 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     if policy == "microbatch":  # the stage's weights through a micro-batch, one layer's gradients at a time
         return sums.params * gathering.bytes_per_param + sums.largest_layer_params * gathering.grad_bytes_per_param
     if policy == "step":  # the stage's weights and accumulated unsharded gradients for the whole step
-        return sums.params * per_param
+        return sums.params * (gathering.bytes_per_param + gathering.accumulated_grad_bytes)
     return 0.0
 
 
@@ -194,8 +256,9 @@ def stage_memory(
         host += params * WEIGHT_BYTES / group_ranks_per_node(shard, s.tp, gpn)
 
     in_flight = in_flight_microbatches(s, site.index, micro_batches)
-    # backward re-materialises one recomputed layer at a time on top of what is kept
-    activations = sums.kept_activations * in_flight + sums.working_set
+    # backward re-materialises one recomputed layer (or the loss's gradients) at a time on top of what is kept
+    activations = (sums.kept_activations * in_flight + sums.head_activations * head_in_flight(s, micro_batches)
+                   + sums.pipeline_outputs * micro_batches + sums.working_set)
 
     buffers = gathered_bytes(job, s, sums, shard)
     allocated = weights + grads + optimizer + activations + buffers

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hardware import Catalog
-from models.graph import Layer, RecomputeMode
+from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
-from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank, saved_bytes,
-                                 stage_memory)
+from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
+                                 pipeline_output_bytes, saved_bytes, stage_memory, transient_bytes)
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
@@ -33,11 +33,14 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     calls = job.runtime.gathering.calls
     gathers = calls.per_layer(layer.kind)
     regather = calls.regather_for_recompute and mode == "full"
+    kept = saved_bytes(layer, job, strategy, mode)
+    head = layer.kind == LayerKind.HEAD
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
         tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy),
-        kept_activations=saved_bytes(layer, job, strategy, mode),
-        working_set=saved_bytes(layer, job, strategy, "none") if mode == "full" else 0.0,
+        kept_activations=0.0 if head else kept, head_activations=kept if head else 0.0,
+        pipeline_outputs=pipeline_output_bytes(layer, job, strategy),
+        working_set=transient_bytes(layer, job, strategy, mode),
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
         gather_calls=gathers, reduce_calls=calls.per_layer(layer.kind, reduce=True),
         regather_params=params if regather and gathers else 0.0, regather_calls=gathers if regather else 0.0,

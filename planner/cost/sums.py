@@ -22,7 +22,9 @@ class StageSums:
     params: float = 0.0  # parameters held before ZeRO sharding
     expert_params: float = 0.0  # the routed experts' share of params (sharded over the expert data-parallel group)
     kept_activations: float = 0.0  # saved bytes per micro-batch in flight
-    working_set: float = 0.0  # largest full-mode layer's un-recomputed bytes (max)
+    head_activations: float = 0.0  # the loss head's saved bytes per micro-batch (its own in-flight count)
+    pipeline_outputs: float = 0.0  # bytes of one micro-batch's logits a pipeline schedule keeps for the step
+    working_set: float = 0.0  # largest transient of one layer's backward: a recomputed layer, the loss (max)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
     max_hidden: float = 0.0  # widest boundary activation (max)
     layers: int = 0
@@ -38,6 +40,8 @@ class StageSums:
             ep=self.ep + other.ep, params=self.params + other.params,
             expert_params=self.expert_params + other.expert_params,
             kept_activations=self.kept_activations + other.kept_activations,
+            head_activations=self.head_activations + other.head_activations,
+            pipeline_outputs=self.pipeline_outputs + other.pipeline_outputs,
             working_set=max(self.working_set, other.working_set),
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
             max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
@@ -54,7 +58,8 @@ class StageSums:
             forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
             tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
             expert_params=self.expert_params * count,
-            kept_activations=self.kept_activations * count, working_set=self.working_set,
+            kept_activations=self.kept_activations * count, head_activations=self.head_activations * count,
+            pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
             largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
             gather_calls=self.gather_calls * count, reduce_calls=self.reduce_calls * count,
             regather_params=self.regather_params * count, regather_calls=self.regather_calls * count,

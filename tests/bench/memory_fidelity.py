@@ -216,7 +216,7 @@ def predict(job: Job, plan: Plan) -> list[dict]:
                      + hbm.buffers_bytes)
         out.append({
             "weights": hbm.weights_bytes, "grads": hbm.grads_bytes, "optimizer": hbm.optimizer_bytes,
-            "act/mb": sums.kept_activations, "in-flight": in_flight, "activations": hbm.activations_bytes,
+            "act/mb": sums.kept_activations + sums.head_activations, "in-flight": in_flight, "activations": hbm.activations_bytes,
             "working_set": sums.working_set, "buffers": hbm.buffers_bytes, "peak": allocated,
             "by_layer": dict(by_layer),
         })

@@ -6,7 +6,8 @@ runs `evaluate` under the row's runtime profile, and prints predicted vs
 published tokens/s per GPU, predicted vs published peak HBM where the row
 publishes it, and the errors per runtime, separately for the rows with ids
 < 200 (the in-sample set the cost model was developed against) and the rows
-above 200 added since (201-232 with the runtime profiles, 301-308 the context-parallel runs).
+above 200 added since (201-232 with the runtime profiles, 301-308 the context-parallel runs, 431-439 more
+torchtitan runs that publish their peak memory).
 
     python tests/bench/published_runs.py            # tier-A table
     python tests/bench/published_runs.py --tier all # every row (tier B too)
@@ -107,7 +108,7 @@ from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
 CSV_PATH = ROOT / "tests" / "data" / "published_runs.csv"
-NEW_ROWS = 200  # ids above this were added after the model was developed (201-232, 301-308): out of sample
+NEW_ROWS = 200  # ids above this were added after the model was developed (201-232, 301-308, 431-439): out of sample
 GIB = 2.0**30
 
 _GPU_PRESETS = [  # (substring of gpu_type, node preset), first match wins
@@ -472,6 +473,11 @@ def summary(results: list[Result]) -> tuple[float, float]:
     return _stats([r.error for r in results if r.error is not None])
 
 
+def memory_summary(results: list[Result]) -> tuple[float, float]:
+    """(median, max) absolute relative error of predicted vs published peak HBM, on the rows that publish it."""
+    return _stats([r.memory_error for r in results if r.memory_error is not None])
+
+
 def error_groups(results: list[Result], kind: str = "throughput") -> list[tuple[str, str, list[float]]]:
     """(runtime, row set, errors) for every runtime and row set (ids < 200, > 200, all), then 'all'
     runtimes; `kind` is 'throughput' or 'memory'.  Groups without errors are left out."""
@@ -522,6 +528,11 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
     scored = sum(r.error is not None for r in results)
     print(f"\nrows {len(results)} ({scored} with a published throughput)  median |error| {median:.1%}  "
           f"max |error| {worst:.1%}", file=out)
+    with_memory = sum(r.memory_error is not None for r in results)
+    if with_memory:
+        median, worst = memory_summary(results)
+        print(f"peak HBM: {with_memory} rows publish it  median |error| {median:.1%}  max |error| {worst:.1%}",
+              file=out)
     print_groups(results, "throughput", out)
     if any(r.memory_error is not None for r in results):
         print_groups(results, "memory", out)

@@ -1,0 +1,104 @@
+"""Peak-memory terms beyond the model states and the Korthikanti activations (issue 15, the memory target).
+
+Each test isolates one term by comparing a runtime profile with the same profile that lacks it, and checks the
+bytes against numbers worked out from the model's published sizes; the loss's bytes per logit are checked
+against tests/bench/loss_memory.py's measurement of the loss code the runtimes run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benches import load_bench
+from conftest import make_job
+from models.transformer import build_transformer, gpt
+from planner.cost import evaluate
+from planner.profile import Loss, LossBytes, RuntimeProfile, load_runtime
+from planner.strategy import Strategy
+
+LLAMA3_8B_VOCAB = 128256  # Meta Llama 3 8B config.json vocab_size
+
+
+def _without_loss_terms(runtime: RuntimeProfile, **loss) -> RuntimeProfile:
+    """`runtime` with its loss replaced (the default: Megatron's in-place fp32 logits, 4 bytes kept, no more)."""
+    return runtime.model_copy(update={"loss": Loss(**loss)})
+
+
+def _activations(job, strategy: Strategy, stage: int = -1) -> float:
+    return evaluate(job, strategy).memory.per_stage[stage].activations_bytes
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads peak resident memory from /proc")
+def test_loss_bytes_per_logit_are_the_measured_ones():
+    torch = pytest.importorskip("torch")
+    if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    bench = load_bench("loss_memory")
+    eager, parallel = bench.run(["eager", "vocab-parallel"], tokens=512, vocab=32768, one_process=True)
+    assert "error" not in eager and "error" not in parallel, (eager, parallel)
+    # torch's eager cross entropy on bf16 logits: fp32 log-probabilities kept, 12 bytes at the backward
+    # (saved log-probabilities + the fp32 gradient in + the fp32 gradient out); vocab-parallel: 16
+    for name in ("planner", "torchtitan-eager", "torchtitan-eager-loss"):
+        loss = load_runtime(name).loss
+        assert loss.whole_vocab.saved == pytest.approx(eager["kept"], abs=0.1), name
+        assert loss.whole_vocab.peak == pytest.approx(eager["peak"], abs=0.1), name
+    for name in ("torchtitan-eager", "torchtitan-eager-loss"):
+        loss = load_runtime(name).loss
+        assert loss.vocab_parallel.saved == pytest.approx(parallel["kept"], abs=0.1), name
+        assert loss.vocab_parallel.peak == pytest.approx(parallel["peak"], abs=0.1), name
+
+
+def test_the_eager_loss_adds_its_gradients_of_the_logits_to_the_peak():
+    # llama3-8b, one micro-batch of 1 x 8192 tokens per GPU, no recompute: the loss's backward holds 12 bytes per
+    # logit where the in-place loss holds the 4 it keeps, so the peak grows by 8 x 8192 x 128256 bytes (8.4 GB)
+    job = make_job("llama3-8b", "dgx-h100:1", batch=8, seq=8192)
+    strategy = Strategy(zero=3)
+    eager = load_runtime("torchtitan-eager")
+    grown = _activations(job.on(eager), strategy) - _activations(job.on(_without_loss_terms(eager)), strategy)
+    assert grown == pytest.approx(8 * 8192 * LLAMA3_8B_VOCAB, rel=1e-9)
+    # tensor parallelism splits the vocabulary, and the vocab-parallel loss holds 16 bytes per local logit
+    tp = Strategy(zero=3, tp=8, dp=1)
+    grown = _activations(job.on(eager), tp) - _activations(job.on(_without_loss_terms(eager)), tp)
+    assert grown == pytest.approx(12 * 8192 * LLAMA3_8B_VOCAB / 8, rel=1e-9)
+
+
+@pytest.mark.parametrize(("schedule", "vpp", "held"), [("interleaved", 2, 1), ("gpipe", 1, 4), ("1f1b", 1, 1)])
+def test_the_last_stage_keeps_the_losses_of_the_micro_batches_between_their_forward_and_backward(schedule, vpp, held):
+    # llama3-8b, pp=2 x dp=4, 4 micro-batches of 1 x 4096 tokens: the last (virtual) stage runs each micro-batch's
+    # backward right after its forward under 1F1B and interleaving, so it keeps one micro-batch's fp32
+    # log-probabilities (4 bytes per logit) even where interleaving keeps 1.5 stages of block activations; GPipe
+    # keeps all four
+    job = make_job("llama3-8b", "dgx-h100:1", batch=16, seq=4096).on(load_runtime("reference"))
+    strategy = Strategy(pp=2, dp=4, vpp=vpp, schedule=schedule)
+    none = job.on(_without_loss_terms(job.runtime, whole_vocab=LossBytes(saved=0.0, peak=0.0)))
+    kept = _activations(job, strategy) - _activations(none, strategy)
+    assert kept == pytest.approx(held * 4 * 4096 * LLAMA3_8B_VOCAB, rel=1e-9)
+
+
+def test_the_pipeline_schedule_keeps_every_micro_batchs_logits_until_the_step_returns_them():
+    # torchtitan before #1922 (the Dec 2024 benchmarks): torch.distributed.pipelining's last stage appends each
+    # micro-batch's bf16 logits to output_chunks; 4 micro-batches of 1 x 4096 tokens, 2 bytes per logit
+    job = make_job("llama3-8b", "dgx-h100:1", batch=16, seq=4096)
+    strategy = Strategy(pp=2, dp=4, zero=3)
+    runtime = load_runtime("torchtitan-eager-loss")
+    without = runtime.model_copy(update={"loss": runtime.loss.model_copy(update={"pipeline_outputs": 0.0})})
+    kept = _activations(job.on(runtime), strategy) - _activations(job.on(without), strategy)
+    assert kept == pytest.approx(4 * 2 * 4096 * LLAMA3_8B_VOCAB, rel=1e-9)
+    assert _activations(job.on(runtime), strategy, stage=0) == _activations(job.on(without), strategy, stage=0)
+
+
+def test_native_amp_keeps_a_16_bit_copy_of_every_matmul_weight_until_backward():
+    # GPT 2.7B as flash-attention's training runs it (rows 201-204): fp32 weights, every matmul casts its own fp16
+    # copy and saves it for backward: 2 bytes per parameter of every projection and of the tied output matrix
+    # (the token table), none of the learned positions and of the final LayerNorm
+    h, layers, vocab, positions = 2560, 32, 50264, 1024
+    model = build_transformer(gpt(name="gpt3-2.7b", num_layers=layers, hidden=h, heads=32, vocab=vocab,
+                                  max_positions=positions))
+    job = make_job(model, "dgx-a100-80g:1", batch=32, seq=1024, precision="fp16")
+    strategy = Strategy(dp=8, mbs=4, zero=1)
+    ddp = load_runtime("pytorch-ddp")
+    without = ddp.model_copy(update={"kernels": ddp.kernels.model_copy(update={"autocast_weight_copy_bytes": 0.0})})
+    copies = _activations(job.on(ddp), strategy) - _activations(job.on(without), strategy)
+    assert copies == pytest.approx(2 * (model.params - positions * h - 2 * h), rel=1e-9)
