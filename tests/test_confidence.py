@@ -47,7 +47,8 @@ def test_a_published_regime_is_validated_and_each_step_outside_it_is_named():
 
 def test_zero3_beyond_the_validated_sharding_group_and_moe_are_flagged():
     coverage = Coverage(tolerance=0.3, rows=[1], runtimes={"reference": [1]}, devices={"h100-sxm": [1]},
-                        precisions={"bf16": [1]}, max_gpus=1024, max_cp=2, max_ep=1, moe=False, max_zero3_group=64)
+                        precisions={"bf16": [1]}, max_gpus=1024, max_cp=2, min_cp_tokens=2048, max_ep=1, moe=False,
+                        max_zero3_group=64)
     job = make_job("llama3-8b", "dgx-h100:16", batch=256, seq=4096)
     assert assess(job, parse_strategy("zero=3,dp=64,pp=2"), ["h100-sxm"], coverage).reasons == []
     big = assess(job, parse_strategy("zero=3,dp=128"), ["h100-sxm"], coverage)
@@ -55,6 +56,20 @@ def test_zero3_beyond_the_validated_sharding_group_and_moe_are_flagged():
     moe = make_job("mixtral-8x7b", "dgx-h100:16", batch=256, seq=4096)
     assert any(r.startswith("mixture of experts (ep=8)") for r in
                assess(moe, parse_strategy("ep=8,dp=128,zero=1"), ["h100-sxm"], coverage).reasons)
+
+
+def test_context_parallelism_on_chunks_shorter_than_any_validated_run_is_flagged():
+    # GPT-3 175B at 2,048 tokens on cp=4 (the 512-token chunks): cp=4 is within the validated degrees, but
+    # every validated context-parallel run holds thousands of tokens per rank
+    c = load_coverage()
+    assert c.max_cp >= 4 and c.min_cp_tokens > 512
+    job = make_job("gpt3-175b", "dgx-a100-80g:16", batch=1536, seq=2048).on(load_runtime("megatron"))
+    short = evaluate(job, parse_strategy("tp=2,pp=16,cp=4,zero=1"))
+    assert short.confidence.reasons == [f"context parallelism cp=4 at 512 tokens per rank: validated runs hold at least "
+                                        f"{c.min_cp_tokens} (ring-step latency and small-chunk attention unvalidated "
+                                        "there)"]
+    long = make_job("llama3-70b", "dgx-h100:8", batch=64, seq=4 * c.min_cp_tokens).on(load_runtime("megatron"))
+    assert evaluate(long, parse_strategy("tp=2,pp=8,cp=4,zero=1")).confidence.reasons == []
 
 
 def test_estimate_json_and_compile_report_carry_the_flag(tmp_path):

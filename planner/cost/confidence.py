@@ -3,7 +3,8 @@
 `hardware/data/validated.yaml` lists what the published runs of
 tests/data/published_runs.csv validate: the runtimes, devices and precisions of the
 tier-A rows the cost model predicts within `tolerance`, and the largest context- and
-expert-parallel degree, GPU count and ZeRO-3 sharding group among them.  It is written
+expert-parallel degree, GPU count and ZeRO-3 sharding group among them, and the fewest tokens
+per context-parallel rank.  It is written
 by `python tests/bench/coverage.py` (tests/test_confidence.py checks it is current);
 nobody edits it by hand.  `assess` compares a job and a strategy with it: an estimate
 outside it is marked extrapolated, with one reason per term.
@@ -34,6 +35,8 @@ class Coverage(BaseModel):
     precisions: dict[str, list[int]] = Field(description="Precision -> validating row ids.")
     max_gpus: int = Field(description="Largest GPU count of a validating row.")
     max_cp: int = Field(description="Largest context-parallel degree of a validating row.")
+    min_cp_tokens: int = Field(description="Fewest tokens of a sequence per context-parallel rank (seq_len / cp) "
+                               "among the validating rows with cp > 1 (0: none has cp > 1).")
     max_ep: int = Field(description="Largest expert-parallel degree of a validating row.")
     moe: bool = Field(description="Whether a validating row trains a mixture-of-experts model.")
     moe_routings: list[str] = Field(
@@ -78,6 +81,9 @@ def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage 
     if s.cp > c.max_cp:
         reasons.append(f"context parallelism cp={s.cp}: validated runs reach cp={c.max_cp} (ring steps, small-chunk "
                        "attention unvalidated)")
+    elif s.cp > 1 and job.seq_len // s.cp < c.min_cp_tokens:
+        reasons.append(f"context parallelism cp={s.cp} at {job.seq_len // s.cp} tokens per rank: validated runs hold at "
+                       f"least {c.min_cp_tokens} (ring-step latency and small-chunk attention unvalidated there)")
     if job.model.num_experts and not c.moe:
         reasons.append(f"mixture of experts (ep={s.ep}): no validated MoE run (all-to-all, routing imbalance and "
                        "grouped GEMMs unvalidated)")

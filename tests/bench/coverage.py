@@ -40,6 +40,7 @@ def coverage(results: list[bench.Result]) -> dict:
     strategies = [(r, r.case.strategy.with_dp(r.case.job.cluster.num_gpus)) for r in good]
     out["max_gpus"] = max(r.estimate.num_gpus for r in good)
     out["max_cp"] = max(s.cp for _, s in strategies)
+    out["min_cp_tokens"] = min((r.case.job.seq_len // s.cp for r, s in strategies if s.cp > 1), default=0)
     out["max_ep"] = max(s.ep for _, s in strategies)
     out["moe"] = any(r.case.job.model.num_experts for r in good)
     out["moe_routings"] = sorted({r.case.job.moe_routing for r in good if r.case.job.model.num_experts})
