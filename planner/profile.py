@@ -217,6 +217,9 @@ class Space(BaseModel):
     per_stage_placement: bool = Field(description="Stages may offload differently.")
     host_regather: bool = Field(description="regather=host (the FCDP host cache).")
     schedules: tuple[Schedule, ...] = Field(description="Pipeline schedules.")
+    one_f_one_b_needs_stages: bool = Field(
+        False, description="1F1B needs at least as many micro-batches per replica as pipeline stages "
+        "(torch.distributed.pipelining's Schedule1F1B raises otherwise; Megatron's 1F1B runs fewer).")
     split: Literal["any", "ends", "even"] = Field(
         description="Pipeline splits: any; ends (only the first and last stage may differ from the others); even.")
     recompute_layers: RecomputeCounts = Field(
@@ -249,9 +252,10 @@ class RuntimeProfile(BaseModel):
         return sum(t.bytes(params, zero, shard) for t in self.states if t.kind == kind)
 
     def cannot_express(self, strategy: Strategy, model_has_experts: bool = False,
-                       flash_attention: bool = True, split_blocks: tuple[int, ...] | None = None) -> list[str]:
+                       flash_attention: bool = True, split_blocks: tuple[int, ...] | None = None,
+                       micro_batches: int | None = None) -> list[str]:
         """Why this framework cannot run `strategy` (empty when it can).  `split_blocks`: the blocks per
-        stage the strategy puts on each stage (its split, resolved)."""
+        stage the strategy puts on each stage (its split, resolved); `micro_batches`: per replica, when known."""
         s, sp = strategy, self.space
         out: list[str] = []
         if model_has_experts and not sp.moe:
@@ -272,6 +276,8 @@ class RuntimeProfile(BaseModel):
             (s.pp > 1 and s.pipeline_schedule not in sp.schedules, f"schedule={s.pipeline_schedule}"),
             (s.recompute == "selective" and not sp.selective_recompute, "recompute=selective"),
             (s.tp_overlap and s.tp > 1 and not sp.tp_overlap, "tp_overlap"),
+            (micro_batches is not None and s.pp > 1 and s.pipeline_schedule == "1f1b" and sp.one_f_one_b_needs_stages
+             and micro_batches < s.pp, f"1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),
         ]
         out += [what for bad, what in checks if bad]
         if sp.recompute_layers != "per_stage" and not recompute_counts_allowed(s, split_blocks, sp.recompute_layers):

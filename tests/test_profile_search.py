@@ -144,3 +144,21 @@ def test_megatron_space_is_narrower_than_the_reference_one():
     assert space.offload_devices == ("cpu",) and space.offloads == ("optimizer",) and not space.stage_placement
     both = narrow_to_runtime(space, load_runtime("deepspeed"), job)  # the intersection of two targets
     assert both.max_tp == 1 and both.max_vpp == 1 and both.zero_stages == (0, 1)
+
+
+def test_torch_pipelining_runtimes_keep_at_least_pp_micro_batches_megatron_need_not():
+    # torch.distributed.pipelining's Schedule1F1B raises on fewer micro-batches than stages (the planner and
+    # torchtitan runtimes run it); Megatron's 1F1B runs them.  tiny-llama, batch 8 on 4 CPU ranks, pp=2 x dp=2:
+    # mbs 4 would leave one micro-batch per replica.
+    job = make_job("tiny-llama", "cpu:1", batch=8, seq=128)
+    few = parse_strategy("pp=2,dp=2,mbs=4")
+    for name, refused in (("planner", True), ("torchtitan", True), ("megatron", False)):
+        runtime = load_runtime(name)
+        missing = runtime.cannot_express(few, micro_batches=1)
+        assert bool(missing) == refused, (name, missing)
+        space = narrow_to_runtime(SpaceOptions(fixed={"pp": 2, "dp": 2}), runtime, job.on(runtime))
+        result = compile_job(job.on(runtime), CompileOptions(time_limit=20, space=space, runners_up=0))
+        micro = job.global_batch // (result.strategy.dp * result.strategy.mbs)
+        assert micro >= 2 or not refused
+    assert load_runtime("planner").cannot_express(few, micro_batches=1) == [
+        "1F1B over 1 micro-batches on 2 stages (needs >= pp)"]

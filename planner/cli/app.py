@@ -265,7 +265,8 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     job = job.on(load_runtime(runtime or CLI_RUNTIME))
     strategy = check_strategy(job, parse_strategy(spec))
     blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
-    missing = job.runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, blocks)
+    missing = job.runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, blocks,
+                                         job.global_batch // (strategy.dp * strategy.mbs))
     if missing:
         raise InputError(f"--runtime {job.runtime.name}: {job.runtime.name} cannot run {'; '.join(missing)} "
                          f"(hardware/data/runtimes/{job.runtime.name}.yaml, space); --runtime reference costs "

@@ -89,7 +89,8 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
         return _unsupported(plan, target, runtime, [str(err)])
     on_runtime = job.on(runtime)
     missing = runtime.cannot_express(written, model_has_experts=bool(job.model.num_experts),
-                                     flash_attention=on_runtime.flash, split_blocks=split_blocks(job, written))
+                                     flash_attention=on_runtime.flash, split_blocks=split_blocks(job, written),
+                                     micro_batches=job.global_batch // (written.dp * written.mbs))
     if missing:
         return _unsupported(plan, target, runtime, [f"the {runtime.name} runtime cannot run {', '.join(missing)}"],
                             written)

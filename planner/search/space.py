@@ -36,6 +36,9 @@ class SpaceOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     max_mbs: int = Field(16, gt=0, description="Largest micro-batch size tried.")
+    micro_batches_cover_stages: bool = Field(
+        False, description="With pp > 1, only micro-batch sizes that leave at least pp micro-batches per replica "
+        "(the runtime's 1F1B needs them: RuntimeProfile.space.one_f_one_b_needs_stages).")
     max_vpp: int = Field(8, gt=0, description="Most virtual pipeline chunks per stage tried.")
     max_cp: int = Field(16, gt=0, description="Largest context-parallel degree tried.")
     max_tp: int | None = Field(None, gt=0, description="Largest tensor-parallel degree tried (default: a node).")
@@ -171,6 +174,8 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
             continue
         for mbs in _allowed(options, "mbs", mbss):
             micro = job.global_batch // (dp * mbs)
+            if options.micro_batches_cover_stages and pp > 1 and micro < pp:
+                continue
             vpps = [1]
             if pp > 1 and micro % pp == 0 and (grain // (dp * mbs)) % pp == 0:
                 vpps += [v for v in range(2, options.max_vpp + 1) if blocks % (pp * v) == 0]
@@ -250,6 +255,7 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
         "stage_placement": options.stage_placement and space.per_stage_placement,
         "selective_recompute": options.selective_recompute and space.selective_recompute,
         "tp_overlap": options.tp_overlap and space.tp_overlap,
+        "micro_batches_cover_stages": options.micro_batches_cover_stages or space.one_f_one_b_needs_stages,
         "recompute_counts": _stricter(options.recompute_counts, space.recompute_layers, ("per_stage", "uniform", "all")),
     }
     if "interleaved" not in space.schedules:

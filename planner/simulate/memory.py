@@ -1,9 +1,9 @@
 """HBM over time per stage: model states plus the activations of the micro-batches in flight.
 
 A chunk's forward saves its units' activations from its first unit's start;
-its backward frees them at its end, and with full recompute re-materialises
-the largest unit's working set while it runs (planner.cost.memory's terms,
-Korthikanti et al. 2022).  Reserve and fragmentation scale as in
+its backward frees them at its end, and re-materialises the largest unit's
+working set (full recompute, the loss's transient) while it runs; the logits
+a pipeline schedule keeps stay to the step's end (planner.cost.memory's terms).  Reserve and fragmentation scale as in
 `stage_memory`: reserve + (1 + fragmentation) * allocated bytes.
 """
 
@@ -39,7 +39,8 @@ def memory_curves(sim: SimulationRun) -> list[MemoryCurve]:
         kept = sum(u.kept_bytes for u in units)
         events = deltas[record.stage]
         if record.op.phase == "F":
-            events.append((tl.start[record.first], kept))
+            # the logits a pipeline keeps for the step stay until its end
+            events.append((tl.start[record.first], kept + sum(u.output_bytes for u in units)))
         else:
             working = max((u.working_bytes for u in units), default=0.0)
             events += [(tl.start[record.first], working), (tl.end[record.last], -kept - working)]
