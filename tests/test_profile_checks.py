@@ -500,19 +500,30 @@ def test_fsdp2_states_at_rest(runtime):
     llama3-8b, tp=1, pp=1, 16 H100s (d = 16).  Measured: 8.03 GB for zero 1-3, 128.48 GB for zero 0;
     buffers torchtitan 17.11 GB (zero 1/2), 4.20 GB (zero 3); planner 34.22 GB and 8.41 GB.
 
-    Gathered buffers at pp=1: zero 3 (reshard after forward) the running and the prefetched layer,
-    2 L x (gathered weight + unsharded gradient bytes): torchtitan bf16 2 + 2 (mixed precision
-    param_dtype), planner's fp32 runtime 4 + 4; zero 1/2 (no reshard after forward) the stage's weights
-    through a micro-batch, one layer's gradients at a time: P x w + L x g."""
+    Gathered buffers at pp=1 (torchtitan's layer units): zero 3 (reshard after forward) the running and
+    the prefetched layer, 2 L x (gathered weight + unsharded gradient bytes), bf16 2 + 2 (mixed precision
+    param_dtype); zero 1/2 (no reshard after forward) the stage's weights through a micro-batch, one
+    layer's gradients at a time: P x w + L x g.  planner's fp32 runtime (4 + 4) has block units and a root
+    unit (embedding, final norm, head) that FSDP2 keeps gathered and reduce-scatters after the whole
+    backward (measured: tests/bench/memory_fidelity.py): zero 3 gathers the root and one block B, zero 1/2
+    the stage; the unsharded gradients are the head's and the final norm's with the larger of a block's and
+    the embedding's (the root's last gradient)."""
     job = _job("llama3-8b", "dgx-h100:2", 64, 4096)
-    P, L, d = LLAMA3_8B.total(), LLAMA3_8B.largest_layer(), 16
+    c = LLAMA3_8B
+    P, L, d = c.total(), c.largest_layer(), 16
     w = g = 2.0 if runtime == "torchtitan" else 4.0
+    block = c.attention() + c.mlp() + c.norms()
+    root = 2 * c.embedding() + c.final_norm()  # embedding, final norm and the untied head
+    root_grads = c.embedding() + c.final_norm() + max(block, c.embedding())
     for zero in (0, 1, 2, 3):
         _, (r,) = _stages(job, f"tp=1,pp=1,zero={zero}", runtime)
         expected = 16 * P / (d if zero >= 1 else 1)
         assert math.isclose(_states(r), expected, rel_tol=REL), (runtime, zero, _states(r) / 1e9)
         assert math.isclose(r.weights_bytes, 4 * P / (d if zero else 1), rel_tol=REL)
-        buffers = {0: 0.0, 1: P * w + L * g, 2: P * w + L * g, 3: 2 * L * (w + g)}[zero]
+        if runtime == "torchtitan":
+            buffers = {0: 0.0, 1: P * w + L * g, 2: P * w + L * g, 3: 2 * L * (w + g)}[zero]
+        else:
+            buffers = {0: 0.0, 1: P * w, 2: P * w, 3: (root + block) * w}[zero] + (zero > 0) * root_grads * g
         assert math.isclose(r.buffers_bytes, buffers, rel_tol=REL), (runtime, zero, r.buffers_bytes / 1e9)
 
 
