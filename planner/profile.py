@@ -109,6 +109,9 @@ class GatherUnits(BaseModel):
     model_config = _FIELD
     blocks_gathered: int = Field(ge=1, description="Blocks whose weights are gathered at once under the `layers` "
                                  "policy, besides the root unit.")
+    whole_embedding_grad_under_tp: bool = Field(
+        False, description="The vocab-parallel embedding's unsharded gradient is the whole table on every tensor-"
+        "parallel rank (the `whole_embedding_under_tp` of a state term, seen before FSDP reduce-scatters it).")
     source: str = Field(description="Where the runtime wraps them, and what was measured.")
 
 

@@ -505,16 +505,16 @@ def test_fsdp2_states_at_rest(runtime):
     param_dtype); zero 1/2 (no reshard after forward) the stage's weights through a micro-batch, one
     layer's gradients at a time: P x w + L x g.  planner's fp32 runtime (4 + 4) has block units and a root
     unit (embedding, final norm, head) that FSDP2 keeps gathered and reduce-scatters after the whole
-    backward (measured: tests/bench/memory_fidelity.py): zero 3 gathers the root and one block B, zero 1/2
-    the stage; the unsharded gradients are the head's and the final norm's with the larger of a block's and
-    the embedding's (the root's last gradient)."""
+    backward (measured: tests/bench/memory_fidelity.py): zero 3 gathers the root and, for a block's backward,
+    that block B; zero 1/2 the stage.  The head's and the final norm's unsharded gradients are held
+    throughout, with either a block's (weights and gradients under zero 3) or, at the end, the embedding's."""
     job = _job("llama3-8b", "dgx-h100:2", 64, 4096)
     c = LLAMA3_8B
     P, L, d = c.total(), c.largest_layer(), 16
     w = g = 2.0 if runtime == "torchtitan" else 4.0
     block = c.attention() + c.mlp() + c.norms()
     root = 2 * c.embedding() + c.final_norm()  # embedding, final norm and the untied head
-    root_grads = c.embedding() + c.final_norm() + max(block, c.embedding())
+    head_norm = c.embedding() + c.final_norm()
     for zero in (0, 1, 2, 3):
         _, (r,) = _stages(job, f"tp=1,pp=1,zero={zero}", runtime)
         expected = 16 * P / (d if zero >= 1 else 1)
@@ -523,7 +523,9 @@ def test_fsdp2_states_at_rest(runtime):
         if runtime == "torchtitan":
             buffers = {0: 0.0, 1: P * w + L * g, 2: P * w + L * g, 3: 2 * L * (w + g)}[zero]
         else:
-            buffers = {0: 0.0, 1: P * w, 2: P * w, 3: (root + block) * w}[zero] + (zero > 0) * root_grads * g
+            stage_held = P * w + max(block, c.embedding()) * g  # zero 1/2: the stage stays gathered
+            per_block = root * w + max(block * (w + g), c.embedding() * g)  # zero 3: the root and one block
+            buffers = {0: 0.0, 1: stage_held, 2: stage_held, 3: per_block}[zero] + (zero > 0) * head_norm * g
         assert math.isclose(r.buffers_bytes, buffers, rel_tol=REL), (runtime, zero, r.buffers_bytes / 1e9)
 
 

@@ -20,6 +20,7 @@ from hardware import load_cluster
 from models import load_model
 from models.graph import LayerKind
 from models.zoo import get_entry
+from planner.cost import evaluate
 from planner.cost.memory import autocast_copy_bytes, logits_per_microbatch, saved_bytes
 from planner.job import Job
 from planner.profile import load_runtime
@@ -88,3 +89,15 @@ def test_a_runtime_without_the_section_keeps_the_graph_count(runtime):
             want = layer.saved_activation_bytes(s.mbs, SEQ, tp=2, sequence_parallel=True, flash_attention=job.flash)
             want += autocast_copy_bytes(layer, job, s)  # native AMP's weight copies (pytorch-ddp), as before
             assert saved_bytes(layer, job, s, "none") == pytest.approx(want, rel=1e-12), (runtime, layer.name)
+
+
+def test_planner_keeps_the_vocab_parallel_embedding_gradient_whole_under_tp_without_fsdp():
+    """tiny-llama tp=2 dp=2: zero 0 holds fp32 gradients of every parameter a rank holds, plus the other half
+    of the embedding table (vocab x hidden / 2 x 4 bytes, measured by tests/bench/memory_fidelity.py:
+    395.5k = 362.8k + 32.8k); FSDP2 (zero 1) reduce-scatters it into its shard like every other gradient."""
+    job = _job(load_runtime("planner"))
+    cfg = get_entry("tiny-llama").config
+    whole = evaluate(job, parse_strategy("tp=2,dp=2,zero=0")).memory.per_stage[0]
+    assert whole.grads_bytes == pytest.approx(whole.weights_bytes + 4 * cfg.vocab * cfg.hidden / 2, rel=1e-12)
+    sharded = evaluate(job, parse_strategy("tp=2,dp=2,zero=1")).memory.per_stage[0]
+    assert sharded.grads_bytes == pytest.approx(sharded.weights_bytes, rel=1e-12)

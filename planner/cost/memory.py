@@ -232,7 +232,7 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     gathering = job.runtime.gathering
     policy = gathering.policy(strategy.zero, strategy.pipelined) if shard > 1 else None
     if gathering.units is not None and policy in ("layers", "microbatch"):
-        return unit_gathered_bytes(job, sums, policy)
+        return unit_gathered_bytes(job, sums, policy, strategy.tp)
     per_param = gathering.bytes_per_param + gathering.grad_bytes_per_param
     if policy == "layers":  # the running and the prefetched layer
         return 2.0 * sums.largest_layer_params * per_param
@@ -243,16 +243,22 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     return 0.0
 
 
-def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather) -> float:
-    """Gathered weights and unsharded gradients under block and root FSDP units (`Gathering.units`): the root
-    unit stays gathered for the step and the stage's weights (microbatch) or `blocks_gathered` blocks
-    (layers) besides it; the root's gradients wait for its reduce-scatter after the whole backward, so the
-    head's and the final norm's are held while each block's come and go, and the embedding's come last."""
+def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int) -> float:
+    """Gathered weights and unsharded gradients at their joint peak under block and root FSDP units
+    (`Gathering.units`).  The root unit stays gathered for the step, with the stage's weights (microbatch) or
+    besides it; its gradients wait for one reduce-scatter after the whole backward, so the head's and the final
+    norm's are held throughout.  On top: during a block's backward, its gathered weights (layers: a block is
+    gathered for its backward) and unsharded gradients; at the end, the embedding's gradient (the whole table
+    on every tensor-parallel rank where the runtime says so), after every block's were reduce-scattered."""
     gathering = job.runtime.gathering
-    blocks = gathering.units.blocks_gathered * sums.largest_block_params
-    weights = sums.params if policy == "microbatch" else sums.root_params + blocks
-    grads = sums.root_params - sums.embedding_params + max(sums.largest_block_params, sums.embedding_params)
-    return weights * gathering.bytes_per_param + grads * gathering.grad_bytes_per_param
+    w, g = gathering.bytes_per_param, gathering.grad_bytes_per_param
+    block = sums.largest_block_params
+    embedding_grad = sums.embedding_params * (tp if gathering.units.whole_embedding_grad_under_tp else 1)
+    if policy == "microbatch":
+        held, running = sums.params * w, block * g
+    else:
+        held, running = sums.root_params * w, block * (gathering.units.blocks_gathered * w + g)
+    return held + (sums.root_params - sums.embedding_params) * g + max(running, embedding_grad * g)
 
 
 def stage_memory(

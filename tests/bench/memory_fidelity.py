@@ -193,10 +193,12 @@ def fp32_runtime() -> RuntimeProfile:
     return runtime.model_copy(update={"activations": activations, "loss": loss})
 
 
-def build_plan(model: str, batch: int, seq_len: int, spec: str) -> tuple[Job, Plan]:
-    """The plan of `spec` for the job, costed under the planner runtime profile, as compile would write it."""
+def build_plan(model: str, batch: int, seq_len: int, spec: str, precision: str = "fp32") -> tuple[Job, Plan]:
+    """The plan of `spec` for the job, costed under the planner runtime profile (as `precision` runs it),
+    as compile would write it."""
+    runtime = fp32_runtime() if precision == "fp32" else load_runtime("planner")
     job = Job(model=load_model(model), cluster=load_cluster(CLUSTER), global_batch=batch,
-              seq_len=seq_len).on(fp32_runtime())
+              seq_len=seq_len).on(runtime)
     strategy = parse_strategy(spec)
     problems = job.runtime.cannot_express(strategy)
     if problems:
@@ -253,7 +255,7 @@ def measured_components(mem: dict) -> dict:
 
 
 def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps: int = 2,
-             timeout: float = 300) -> dict[int, dict]:
+             timeout: float = 300, precision: str = "fp32") -> dict[int, dict]:
     """Train `plan` for `steps` steps under torchrun with --measure-memory; each rank's `memory` report."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path, report = workdir / "plan.json", workdir / "report.json"
@@ -264,9 +266,9 @@ def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps
            "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"memory-{port}",
            "-m", "planner.runtime.train", "--plan", str(plan_path), "--steps", str(steps),
            "--measure-memory", "--report", str(report),
-           # fp32 throughout: runtime_saved_bytes and the known factors describe the fp32 runtime (the
-           # trainer's default is the plan's bf16 mixed precision)
-           "--precision", "fp32"]
+           # fp32 by default: runtime_saved_bytes is the fp32 runtime's (the trainer's default is the plan's
+           # bf16 mixed precision, which --precision bf16 measures)
+           "--precision", precision]
     if model_spec is not None:
         cmd += ["--model-spec", str(model_spec)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -405,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 plans instead of the whole grid.")
     parser.add_argument("--only", default=None, help="Plans whose model or SPEC contains this text.")
     parser.add_argument("--steps", type=int, default=2, help="Training steps per plan (the last is measured).")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="The trainer's precision (fp32: the whole table; bf16: the profile's own dtypes, with "
+                        "FSDP2 mixed precision or autocast).")
     parser.add_argument("--json", type=Path, default=None, help="Write every row as JSON here.")
     args = parser.parse_args(argv)
     grid = QUICK if args.quick else GRID
@@ -419,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp) / f"plan-{i}"
             workdir.mkdir()
             arg, model_spec = model_arg(model, workdir)
-            job, plan = build_plan(arg, batch, seq_len, spec)
+            job, plan = build_plan(arg, batch, seq_len, spec, args.precision)
             t0 = time.perf_counter()
-            measured = run_plan(plan, workdir, model_spec=model_spec, steps=args.steps)
+            measured = run_plan(plan, workdir, model_spec=model_spec, steps=args.steps, precision=args.precision)
             wall = time.perf_counter() - t0
             config = transformer_config(model)
             formula = [runtime_stage_saved(plan, job, i, config) for i in range(len(plan.stages))]
