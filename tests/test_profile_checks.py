@@ -498,7 +498,8 @@ def test_fsdp2_states_at_rest(runtime):
     """FSDP2 keeps fp32 parameter shards (no separate master copy), fp32 gradient shards and Adam's two
     fp32 moments: 16 B per parameter over the sharding group for zero >= 1, whole (DDP) for zero 0.
     llama3-8b, tp=1, pp=1, 16 H100s (d = 16).  Measured: 8.03 GB for zero 1-3, 128.48 GB for zero 0;
-    buffers torchtitan 17.11 GB (zero 1/2), 4.20 GB (zero 3); planner 34.22 GB and 8.41 GB.
+    buffers torchtitan 17.11 GB (zero 1/2), 4.20 GB (zero 3); planner 36.32 GB and 8.41 GB (34.22 and 8.41
+    with layer units).
 
     Gathered buffers at pp=1 (torchtitan's layer units): zero 3 (reshard after forward) the running and
     the prefetched layer, 2 L x (gathered weight + unsharded gradient bytes), bf16 2 + 2 (mixed precision
