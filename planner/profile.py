@@ -52,7 +52,18 @@ class StateTerm(BaseModel):
     moves_with: Literal["optimizer", "params"] | None = Field(
         None, description="Offloaded with the optimizer states (DeepSpeed's fp32 gradient partition) or with the "
         "parameters (FSDP2's CPUOffloadPolicy moves gradient shards too); null: stays in HBM.")
+    whole_embedding_under_tp: bool = Field(
+        False, description="The vocab-parallel embedding's share of this term is held whole on every tensor-"
+        "parallel rank while ZeRO does not shard the term (a gradient the embedding's backward produces at the "
+        "whole table's size).")
     source: str = Field(description="Where the framework allocates it.")
+
+    def whole_embedding_extra(self, embedding_params: float, zero: int, tp: int) -> float:
+        """Bytes this term holds beyond `bytes` for an embedding of `embedding_params` per rank kept whole."""
+        sharded = self.sharded_from_zero is not None and zero >= self.sharded_from_zero
+        if not self.whole_embedding_under_tp or sharded or tp == 1:
+            return 0.0
+        return embedding_params * (tp - 1) * self.bytes_per_param
 
     def bytes(self, params: float, zero: int, shard: int) -> float:
         """Bytes of this term for `params` parameters under ZeRO stage `zero` over `shard` ranks."""
@@ -89,6 +100,21 @@ class GatherCalls(BaseModel):
         return (self.reduces if reduce else self.gathers).get(kind, 1.0)
 
 
+class GatherUnits(BaseModel):
+    """FSDP units as a runtime wraps them: one per transformer block and a root unit holding the rest of the
+    stage (embedding, final norm, head), which is gathered once for the step and reduce-scatters its gradients
+    after the stage's whole backward.  Without it a unit is one layer (`Gathering.held`'s `layers`: the running
+    and the prefetched layer)."""
+
+    model_config = _FIELD
+    blocks_gathered: int = Field(ge=1, description="Blocks whose weights are gathered at once under the `layers` "
+                                 "policy, besides the root unit.")
+    whole_embedding_grad_under_tp: bool = Field(
+        False, description="The vocab-parallel embedding's unsharded gradient is the whole table on every tensor-"
+        "parallel rank (the `whole_embedding_under_tp` of a state term, seen before FSDP reduce-scatters it).")
+    source: str = Field(description="Where the runtime wraps them, and what was measured.")
+
+
 class Gathering(BaseModel):
     """How sharded weights are brought back for compute (ZeRO-3 / FSDP, and FSDP-backed ZeRO-1/2)."""
 
@@ -108,6 +134,8 @@ class Gathering(BaseModel):
     held_pipelined: dict[int, Gather] = Field(
         default_factory=dict, description="Overrides of `held` when pp > 1 (torchtitan: no reshard after forward).")
     calls: GatherCalls = Field(default_factory=GatherCalls, description="How the gathers and reductions are issued.")
+    units: GatherUnits | None = Field(
+        None, description="Block and root FSDP units; null: every layer is its own unit.")
     source: str = Field(description="Where the framework decides it.")
 
     @property
@@ -185,6 +213,9 @@ class Loss(BaseModel):
     vocab_parallel: LossBytes | None = Field(
         None, description="The vocab-parallel loss over tensor-parallel ranks (tp > 1: each rank holds its share of "
         "the vocabulary); null: as whole_vocab.")
+    gathers_vocab: bool = Field(
+        False, description="The head's logits are all-gathered to the whole vocabulary on every tensor-parallel "
+        "rank before the loss (its bytes are whole_vocab's over every logit of the vocabulary).")
     pipeline_outputs: float = Field(
         0.0, ge=0, description="Bytes per logit of every micro-batch's logits the last pipeline stage keeps until the "
         "step ends (torch.distributed.pipelining's output_chunks, kept while the schedule returns its outputs); 0: "
@@ -197,6 +228,63 @@ class Loss(BaseModel):
     def bytes(self, tp: int) -> LossBytes:
         """The loss's bytes per logit at tensor-parallel degree `tp`."""
         return self.vocab_parallel if tp > 1 and self.vocab_parallel is not None else self.whole_vocab
+
+
+# what one saved tensor's size per token is a multiple of (planner.cost.memory.layer_width reads it off a layer)
+SaveWidth = Literal["one", "hidden", "gated_ffn", "heads", "q_width", "kv_width", "seq_len"]
+
+
+class SavedTensor(BaseModel):
+    """One tensor a layer's forward saves for its backward, per token (or per local sequence row) of a
+    micro-batch: `elements` x the layer's `width`, in `dtype`, divided as the strategy splits it."""
+
+    model_config = _FIELD
+    name: str = Field(description="What it is and which op saves it.")
+    elements: float = Field(gt=0, description="Elements per token (or row) as a multiple of `width`.")
+    width: SaveWidth = Field(
+        description="one; hidden; gated_ffn (the feed-forward width of a gated, bias-free MLP: its matmul "
+        "parameters over 3 x hidden); heads, q_width (heads x head_dim), kv_width (kv_heads x head_dim) of the "
+        "attention; seq_len (the whole sequence: a row of a mask).")
+    dtype: Literal["compute", "fp32"] = Field(
+        description="compute: the job's activation dtype (`Activations.compute_bytes`); fp32: 4 bytes whatever "
+        "the precision (an op that upcasts: RMSNorm's statistics, SDPA's logsumexp).")
+    split: Literal["none", "tp", "sp"] = Field(
+        description="none: every tensor-parallel rank keeps it whole (all-gathered inputs); tp: split over the "
+        "tensor-parallel ranks (heads, ffn columns); sp: split over them only under sequence parallelism (the "
+        "residual stream).")
+    cp_gathered: bool = Field(
+        False, description="Covers the whole sequence, all-gathered over the context-parallel ranks (x cp).")
+    cp_only: bool = Field(False, description="Saved only when cp > 1.")
+    per: Literal["token", "row"] = Field(
+        "token", description="token: per token of the micro-batch on this rank (mbs x seq_len / cp); row: per "
+        "local sequence position, once per micro-batch (seq_len / cp; a mask broadcast over the batch).")
+    source: str = Field(description="The code line that saves it.")
+
+
+class LayerSaves(BaseModel):
+    """What one layer kind saves for backward."""
+
+    model_config = _FIELD
+    saved: tuple[SavedTensor, ...] = Field(description="Saved without recompute (and under selective "
+                                           "recompute: the section is for runtimes whose selective mode saves "
+                                           "the same, as flash attention keeps no scores).")
+    checkpointed: tuple[SavedTensor, ...] = Field(
+        (), description="What the layer keeps under full activation checkpointing (its block's input).")
+
+
+class Activations(BaseModel):
+    """What a runtime saves for backward per layer kind, tensor by tensor.  A profile without this section
+    (every runtime but planner's) keeps the model graph's count: Korthikanti et al. 2022's 16-bit saves
+    (models/graph.py `Layer.saved_activation_bytes`)."""
+
+    model_config = _FIELD
+    layers: dict[LayerKind, LayerSaves] = Field(
+        description="Per layer kind; a kind not listed keeps the model graph's count.  The head lists its "
+        "input only: the loss's logits are `RuntimeProfile.loss`'s.")
+    compute_bytes: float = Field(
+        2.0, gt=0, description="Bytes of a `compute` save: 2 for the bf16 mixed precision a plan runs in "
+        "(tests/bench/memory_fidelity.py runs --precision fp32 and sets 4).")
+    source: str = Field(description="Where the saves were read and measured.")
 
 
 class Space(BaseModel):
@@ -242,6 +330,9 @@ class RuntimeProfile(BaseModel):
     overlap: Overlap = Field(description="Data-parallel overlap.")
     kernels: Kernels = Field(description="Kernel facts.")
     loss: Loss = Field(default_factory=Loss, description="What the loss holds per logit.")
+    activations: Activations | None = Field(
+        None, description="What the runtime saves for backward per layer kind; null: the model graph's "
+        "Korthikanti count.")
     space: Space = Field(description="What it can express.")
     known_gaps: tuple[str, ...] = Field(
         (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "

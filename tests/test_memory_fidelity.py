@@ -2,18 +2,20 @@
 
 Two tiny-llama plans on cpu:1 (4 ranks) run 2 steps under `python -m planner.runtime.train --measure-memory`
 (planner/runtime/memory_probe.py measures the last one; tests/bench/memory_fidelity.py builds, runs and
-predicts, and prints the whole grid).  The states at rest agree and are held to the issue's bar (3%); the
-components that do not agree yet are held to the factor documented below, so the test fails when the
-runtime or the cost model changes either side:
+predicts, and prints the whole grid), predicted under the planner profile at fp32 as the bench runs it.
+Every component is held to the issue's bar (3%):
 
-* activations per micro-batch: measured / predicted is the runtime's own per-layer formula
-  (memory_fidelity.runtime_saved_bytes, fp32 with eager RMSNorm, SiLU, GQA-expanded K/V, SDPA's
-  logsumexp, all-gathered norm outputs under sequence parallelism, logits gathered to the whole vocab)
-  over the cost model's (Korthikanti et al., 16-bit): the measurement equals the runtime formula exactly;
-* FSDP2's gathered buffers: zero 3 measures (root unit + one block) weights and (head + final norm + one
-  block) unsharded gradients where the profile's `layers` policy charges 2 x the largest layer; under
-  pipeline parallelism zero 1/2 keep the stage gathered for the step as the profile says (exact);
+* the states at rest (weights, gradients, AdamW's moments);
+* activations per micro-batch: the profile's activations section (hardware/data/runtimes/planner.yaml),
+  and, independently, the runtime's own closed-form formula (memory_fidelity.runtime_saved_bytes),
+  which the measurement equals;
+* FSDP2's gathered buffers: zero 3 gathers the root unit (embedding, final norm, head) and one block and
+  holds the head's, the final norm's and one block's unsharded gradients (counted by hand below and by the
+  profile's `gathering.units`); under pipeline parallelism zero 1/2 keep the stage gathered for the step;
 * micro-batches in flight: exactly the cost model's 1F1B count.
+
+What the bench still shows off the bar (full recompute's working set; the live peak's transients) is in
+docs/benchmarks.md "Memory fidelity".
 """
 
 from __future__ import annotations
@@ -39,15 +41,6 @@ def _gloo_ok() -> bool:
     return dist.is_available() and dist.is_gloo_available()
 
 
-# measured / predicted of what does not agree yet, per (spec, stage); see the module docstring and
-# tests/bench/memory_fidelity.py for the derivation
-KNOWN = {
-    # tp=2 with sequence parallelism (the default), FSDP2 zero 3 over dp=2, m=4 micro-batches of 1 x 64 tokens
-    ("tp=2,dp=2,zero=3", 0): {"act/mb": 2.933, "buffers": 1.251},
-    # 1F1B over 2 stages, FSDP2 zero 1 over dp=2: the stage stays gathered for the step (buffers agree)
-    ("pp=2,dp=2,zero=1", 0): {"act/mb": 2.784, "buffers": 1.000},
-    ("pp=2,dp=2,zero=1", 1): {"act/mb": 2.400, "buffers": 1.000},
-}
 IN_FLIGHT = {("pp=2,dp=2,zero=1", 0): 2.0, ("pp=2,dp=2,zero=1", 1): 1.0, ("tp=2,dp=2,zero=3", 0): 1.0}
 
 
@@ -67,7 +60,7 @@ def _zero3_buffers(config, tp: int, dp: int) -> float:
 @MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("spec", ["tp=2,dp=2,zero=3", "pp=2,dp=2,zero=1"])
-def test_measured_memory_matches_the_cost_model_or_its_known_factor(tmp_path, spec):
+def test_measured_memory_matches_the_cost_model_within_3_percent(tmp_path, spec):
     bench = _bench()
     job, plan = bench.build_plan("tiny-llama", 8, 64, spec)
     assert plan.job.num_gpus == 4 and plan.strategy.pipeline_schedule == "1f1b"
@@ -89,14 +82,13 @@ def test_measured_memory_matches_the_cost_model_or_its_known_factor(tmp_path, sp
         assert got["optimizer"] == want["optimizer"] + 4 * tensors, where
         # micro-batches in flight: the 1F1B count
         assert got["in-flight"] == IN_FLIGHT[(spec, stage)], where
-        # activations: the runtime's own formula, exactly; the cost model by the known factor
+        # activations: the profile's prediction and the runtime's own formula, both against the measurement
         formula = bench.runtime_stage_saved(plan, job, stage, config)
         assert mem["saved_per_microbatch"] == pytest.approx(sum(formula.values()), rel=1e-3), where
-        known = KNOWN[(spec, stage)]
-        assert got["act/mb"] / want["act/mb"] == pytest.approx(known["act/mb"], rel=BAR), where
+        for component in ("act/mb", "activations", "buffers"):
+            assert got[component] == pytest.approx(want[component], rel=BAR), (where, component)
         assert got["activations"] == pytest.approx(got["act/mb"] * IN_FLIGHT[(spec, stage)], rel=1e-3), where
-        # FSDP2's gathered weights and unsharded gradients at their peak
-        assert got["buffers"] / want["buffers"] == pytest.approx(known["buffers"], rel=BAR), where
+        # FSDP2's gathered weights and unsharded gradients at their peak, counted by hand
         if s.zero == 3 and s.pp == 1:
             assert got["buffers"] == pytest.approx(_zero3_buffers(config, s.tp, s.dp), rel=1e-3), where
         else:  # held for the step: the stage's weights and gradients, unsharded

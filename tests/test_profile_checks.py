@@ -498,21 +498,35 @@ def test_fsdp2_states_at_rest(runtime):
     """FSDP2 keeps fp32 parameter shards (no separate master copy), fp32 gradient shards and Adam's two
     fp32 moments: 16 B per parameter over the sharding group for zero >= 1, whole (DDP) for zero 0.
     llama3-8b, tp=1, pp=1, 16 H100s (d = 16).  Measured: 8.03 GB for zero 1-3, 128.48 GB for zero 0;
-    buffers torchtitan 17.11 GB (zero 1/2), 4.20 GB (zero 3); planner 34.22 GB and 8.41 GB.
+    buffers torchtitan 17.11 GB (zero 1/2), 4.20 GB (zero 3); planner 36.32 GB and 8.41 GB (34.22 and 8.41
+    with layer units).
 
-    Gathered buffers at pp=1: zero 3 (reshard after forward) the running and the prefetched layer,
-    2 L x (gathered weight + unsharded gradient bytes): torchtitan bf16 2 + 2 (mixed precision
-    param_dtype), planner's fp32 runtime 4 + 4; zero 1/2 (no reshard after forward) the stage's weights
-    through a micro-batch, one layer's gradients at a time: P x w + L x g."""
+    Gathered buffers at pp=1 (torchtitan's layer units): zero 3 (reshard after forward) the running and
+    the prefetched layer, 2 L x (gathered weight + unsharded gradient bytes), bf16 2 + 2 (mixed precision
+    param_dtype); zero 1/2 (no reshard after forward) the stage's weights through a micro-batch, one
+    layer's gradients at a time: P x w + L x g.  planner's fp32 runtime (4 + 4) has block units and a root
+    unit (embedding, final norm, head) that FSDP2 keeps gathered and reduce-scatters after the whole
+    backward (measured: tests/bench/memory_fidelity.py): zero 3 gathers the root and, for a block's backward,
+    that block B; zero 1/2 the stage.  The head's and the final norm's unsharded gradients are held
+    throughout, with either a block's (weights and gradients under zero 3) or, at the end, the embedding's."""
     job = _job("llama3-8b", "dgx-h100:2", 64, 4096)
-    P, L, d = LLAMA3_8B.total(), LLAMA3_8B.largest_layer(), 16
+    c = LLAMA3_8B
+    P, L, d = c.total(), c.largest_layer(), 16
     w = g = 2.0 if runtime == "torchtitan" else 4.0
+    block = c.attention() + c.mlp() + c.norms()
+    root = 2 * c.embedding() + c.final_norm()  # embedding, final norm and the untied head
+    head_norm = c.embedding() + c.final_norm()
     for zero in (0, 1, 2, 3):
         _, (r,) = _stages(job, f"tp=1,pp=1,zero={zero}", runtime)
         expected = 16 * P / (d if zero >= 1 else 1)
         assert math.isclose(_states(r), expected, rel_tol=REL), (runtime, zero, _states(r) / 1e9)
         assert math.isclose(r.weights_bytes, 4 * P / (d if zero else 1), rel_tol=REL)
-        buffers = {0: 0.0, 1: P * w + L * g, 2: P * w + L * g, 3: 2 * L * (w + g)}[zero]
+        if runtime == "torchtitan":
+            buffers = {0: 0.0, 1: P * w + L * g, 2: P * w + L * g, 3: 2 * L * (w + g)}[zero]
+        else:
+            stage_held = P * w + max(block, c.embedding()) * g  # zero 1/2: the stage stays gathered
+            per_block = root * w + max(block * (w + g), c.embedding() * g)  # zero 3: the root and one block
+            buffers = {0: 0.0, 1: stage_held, 2: stage_held, 3: per_block}[zero] + (zero > 0) * head_norm * g
         assert math.isclose(r.buffers_bytes, buffers, rel_tol=REL), (runtime, zero, r.buffers_bytes / 1e9)
 
 

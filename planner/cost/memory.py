@@ -25,7 +25,7 @@ from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
 from planner.job import Job
-from planner.profile import LossBytes
+from planner.profile import Gather, LossBytes, SavedTensor, SaveWidth
 from planner.strategy import Strategy
 
 
@@ -126,7 +126,7 @@ def logits_per_microbatch(layer: Layer, job: Job, strategy: Strategy) -> float:
     """Logits (token x vocabulary entry) one rank of the head computes per micro-batch: the vocabulary split by
     tensor parallelism (vocab-parallel head and loss), the tokens by context parallelism.  The graph's head
     declares its logits as fp32 saved bytes (`act_tp_split`, models/transformer.py `_head`)."""
-    tp = strategy.tp if layer.tp_splittable else 1
+    tp = strategy.tp if layer.tp_splittable and not job.runtime.loss.gathers_vocab else 1
     return strategy.mbs * job.seq_len / strategy.cp * layer.act_tp_split / GRAPH_LOGIT_BYTES / tp
 
 
@@ -154,10 +154,47 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
         layer = layer.model_copy(update={"act_tp_split": 0.0})
     if recompute != "full":  # a recomputed layer's forward saves nothing, its copies come back with the recompute
         extra += autocast_copy_bytes(layer, job, strategy)
+    activations = job.runtime.activations
+    if activations is not None and layer.kind in activations.layers:
+        saves = activations.layers[layer.kind]
+        tensors = saves.checkpointed if recompute == "full" else saves.saved
+        return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes) for t in tensors) + extra
     return layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
         recompute=recompute, flash_attention=job.flash,
     ) / strategy.cp + extra
+
+
+def layer_width(layer: Layer, width: SaveWidth, seq_len: int) -> float:
+    """The size `width` names, read off `layer` (`SavedTensor.width`)."""
+    if width == "one":
+        return 1.0
+    if width == "hidden":
+        return float(layer.hidden)
+    if width == "seq_len":
+        return float(seq_len)
+    if width == "gated_ffn":  # w1, w3 (hidden x ffn) and w2 (ffn x hidden), no biases: the norm is replicated
+        return (layer.params - layer.tp_replicated_params) / (3.0 * layer.hidden)
+    shape = layer.attention
+    if shape is None:
+        raise ValueError(f"{layer.name}: a saved tensor of width {width} needs an attention layer")
+    return float({"heads": shape.heads, "q_width": shape.heads * shape.head_dim,
+                  "kv_width": shape.kv_heads * shape.head_dim}[width])
+
+
+def saved_tensor_bytes(tensor: SavedTensor, layer: Layer, job: Job, strategy: Strategy,
+                       compute_bytes: float) -> float:
+    """Bytes one rank keeps of `tensor` for `layer` per micro-batch (`RuntimeProfile.activations`)."""
+    cp = strategy.cp
+    if tensor.cp_only and cp == 1:
+        return 0.0
+    # the split is the runtime's (the final norm runs on sequence shards though the graph calls it unsplittable)
+    tp = strategy.tp
+    divisor = {"none": 1, "tp": tp, "sp": tp if strategy.sequence_parallel else 1}[tensor.split]
+    count = job.seq_len / cp * (strategy.mbs if tensor.per == "token" else 1)
+    dtype = compute_bytes if tensor.dtype == "compute" else 4.0
+    gathered = cp if tensor.cp_gathered else 1
+    return count * tensor.elements * layer_width(layer, tensor.width, job.seq_len) * dtype * gathered / divisor
 
 
 def autocast_copy_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -194,6 +231,8 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     """HBM of sharded weights gathered for compute (and their unsharded gradients), under the runtime's policy."""
     gathering = job.runtime.gathering
     policy = gathering.policy(strategy.zero, strategy.pipelined) if shard > 1 else None
+    if gathering.units is not None and policy in ("layers", "microbatch"):
+        return unit_gathered_bytes(job, sums, policy, strategy.tp)
     per_param = gathering.bytes_per_param + gathering.grad_bytes_per_param
     if policy == "layers":  # the running and the prefetched layer
         return 2.0 * sums.largest_layer_params * per_param
@@ -202,6 +241,24 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     if policy == "step":  # the stage's weights and accumulated unsharded gradients for the whole step
         return sums.params * (gathering.bytes_per_param + gathering.accumulated_grad_bytes)
     return 0.0
+
+
+def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int) -> float:
+    """Gathered weights and unsharded gradients at their joint peak under block and root FSDP units
+    (`Gathering.units`).  The root unit stays gathered for the step, with the stage's weights (microbatch) or
+    besides it; its gradients wait for one reduce-scatter after the whole backward, so the head's and the final
+    norm's are held throughout.  On top: during a block's backward, its gathered weights (layers: a block is
+    gathered for its backward) and unsharded gradients; at the end, the embedding's gradient (the whole table
+    on every tensor-parallel rank where the runtime says so), after every block's were reduce-scattered."""
+    gathering = job.runtime.gathering
+    w, g = gathering.bytes_per_param, gathering.grad_bytes_per_param
+    block = sums.largest_block_params
+    embedding_grad = sums.embedding_params * (tp if gathering.units.whole_embedding_grad_under_tp else 1)
+    if policy == "microbatch":
+        held, running = sums.params * w, block * g
+    else:
+        held, running = sums.root_params * w, block * (gathering.units.blocks_gathered * w + g)
+    return held + (sums.root_params - sums.embedding_params) * g + max(running, embedding_grad * g)
 
 
 def stage_memory(
@@ -222,8 +279,10 @@ def stage_memory(
     dense, expert, expert_shard = params - sums.expert_params, sums.expert_params, expert_shard_degree(s, shard)
 
     def term_bytes(term) -> float:
-        """One state term of the stage: dense parameters sharded over the group, routed experts over theirs."""
-        return term.bytes(dense, s.zero, shard) + (term.bytes(expert, s.zero, expert_shard) if expert else 0.0)
+        """One state term of the stage: dense parameters sharded over the group, routed experts over theirs (and
+        an embedding the runtime keeps whole on every tensor-parallel rank)."""
+        return (term.bytes(dense, s.zero, shard) + (term.bytes(expert, s.zero, expert_shard) if expert else 0.0)
+                + term.whole_embedding_extra(sums.embedding_params, s.zero, s.tp))
 
     def state(kind: str) -> float:
         return sum(term_bytes(t) for t in terms if t.kind == kind)

@@ -42,6 +42,10 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
         pipeline_outputs=pipeline_output_bytes(layer, job, strategy),
         working_set=transient_bytes(layer, job, strategy, mode),
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
+        root_params=params if layer.block is None else 0.0,
+        embedding_params=params if layer.kind == LayerKind.EMBEDDING else 0.0,
+        largest_attention_params=params if layer.block is not None and layer.kind == LayerKind.ATTENTION else 0.0,
+        largest_ffn_params=params if layer.block is not None and layer.kind in (LayerKind.MLP, LayerKind.MOE) else 0.0,
         gather_calls=gathers, reduce_calls=calls.per_layer(layer.kind, reduce=True),
         regather_params=params if regather and gathers else 0.0, regather_calls=gathers if regather else 0.0,
     )

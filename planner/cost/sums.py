@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class StageSums:
-    """Per-rank, per-micro-batch totals of a set of layers (three fields are maxima, marked)."""
+    """Per-rank, per-micro-batch totals of a set of layers (the fields marked max are maxima)."""
 
     forward: float = 0.0  # forward compute seconds
     compute: float = 0.0  # forward + backward compute seconds
@@ -26,6 +26,10 @@ class StageSums:
     pipeline_outputs: float = 0.0  # bytes of one micro-batch's logits a pipeline schedule keeps for the step
     working_set: float = 0.0  # largest transient of one layer's backward: a recomputed layer, the loss (max)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
+    root_params: float = 0.0  # parameters of the layers outside blocks (embedding, final norm, head)
+    embedding_params: float = 0.0  # the embedding's parameters (the root unit's last gradient)
+    largest_attention_params: float = 0.0  # a block's attention (max): with the next field, one block's parameters
+    largest_ffn_params: float = 0.0  # a block's MLP or MoE (max)
     max_hidden: float = 0.0  # widest boundary activation (max)
     layers: int = 0
     gather_calls: float = 0.0  # all-gather collectives of one gather of these layers' sharded weights
@@ -44,6 +48,10 @@ class StageSums:
             pipeline_outputs=self.pipeline_outputs + other.pipeline_outputs,
             working_set=max(self.working_set, other.working_set),
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
+            root_params=self.root_params + other.root_params,
+            embedding_params=self.embedding_params + other.embedding_params,
+            largest_attention_params=max(self.largest_attention_params, other.largest_attention_params),
+            largest_ffn_params=max(self.largest_ffn_params, other.largest_ffn_params),
             max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
             gather_calls=self.gather_calls + other.gather_calls, reduce_calls=self.reduce_calls + other.reduce_calls,
             regather_params=self.regather_params + other.regather_params,
@@ -60,7 +68,14 @@ class StageSums:
             expert_params=self.expert_params * count,
             kept_activations=self.kept_activations * count, head_activations=self.head_activations * count,
             pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
-            largest_layer_params=self.largest_layer_params, max_hidden=self.max_hidden, layers=self.layers * count,
+            largest_layer_params=self.largest_layer_params, root_params=self.root_params * count,
+            embedding_params=self.embedding_params * count, largest_attention_params=self.largest_attention_params,
+            largest_ffn_params=self.largest_ffn_params, max_hidden=self.max_hidden, layers=self.layers * count,
             gather_calls=self.gather_calls * count, reduce_calls=self.reduce_calls * count,
             regather_params=self.regather_params * count, regather_calls=self.regather_calls * count,
         )
+
+    @property
+    def largest_block_params(self) -> float:
+        """Parameters of the largest block: its attention and its MLP (or MoE)."""
+        return self.largest_attention_params + self.largest_ffn_params

@@ -20,8 +20,9 @@ per-stage terms), measured / predicted:
   optimizer    bytes in optimizer.state                vs optimizer_bytes
   act/mb       saved for backward per micro-batch      vs the stage's kept activations per micro-batch
   in-flight    forward-saved peak / saved per micro-batch   vs in_flight_microbatches()
-  activations  saved bytes at their peak, recomputation included   vs activations_bytes (kept x in-flight
-               + working set)
+  activations  saved bytes at their peak, recomputation included   vs the saved part of activations_bytes
+               (kept x in-flight + the largest recomputed layer; the loss's transient and the logits a
+               pipeline keeps are not saved tensors: the peak row holds them)
   buffers      FSDP2 gathered weights + unsharded grads at their peak  vs buffers_bytes
   peak         live tensor bytes at the step's peak    vs weights + grads + optimizer + activations + buffers
 
@@ -54,11 +55,11 @@ from models.graph import LayerKind  # noqa: E402
 from planner.cost import evaluate  # noqa: E402
 from planner.cost.evaluate import micro_batches, stage_cost  # noqa: E402
 from planner.cost.layout import place_stages  # noqa: E402
-from planner.cost.memory import in_flight_microbatches, saved_bytes  # noqa: E402
+from planner.cost.memory import head_in_flight, in_flight_microbatches, saved_bytes, transient_bytes  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.plan.build import build_single_plan  # noqa: E402
 from planner.plan.schema import Plan, plan_json  # noqa: E402
-from planner.profile import load_runtime  # noqa: E402
+from planner.profile import RuntimeProfile, load_runtime  # noqa: E402
 from planner.search.result import Certificate, CompileOptions, CompileResult  # noqa: E402
 from planner.strategy import parse_strategy  # noqa: E402
 from planner.validation import check_strategy  # noqa: E402
@@ -182,10 +183,22 @@ def model_arg(model: str, workdir: Path) -> tuple[str, Path | None]:
     return str(spec), spec
 
 
-def build_plan(model: str, batch: int, seq_len: int, spec: str) -> tuple[Job, Plan]:
-    """The plan of `spec` for the job, costed under the planner runtime profile, as compile would write it."""
+def fp32_runtime() -> RuntimeProfile:
+    """The planner profile as the bench runs it (`--precision fp32`): every compute-dtype save of its
+    activations section is 4 bytes, and so are the logits a pipeline's last stage keeps (the model's output
+    dtype); its states, gathered copies and loss are the fp32 ones already."""
+    runtime = load_runtime("planner")
+    activations = runtime.activations.model_copy(update={"compute_bytes": 4.0})
+    loss = runtime.loss.model_copy(update={"pipeline_outputs": 4.0})
+    return runtime.model_copy(update={"activations": activations, "loss": loss})
+
+
+def build_plan(model: str, batch: int, seq_len: int, spec: str, precision: str = "fp32") -> tuple[Job, Plan]:
+    """The plan of `spec` for the job, costed under the planner runtime profile (as `precision` runs it),
+    as compile would write it."""
+    runtime = fp32_runtime() if precision == "fp32" else load_runtime("planner")
     job = Job(model=load_model(model), cluster=load_cluster(CLUSTER), global_batch=batch,
-              seq_len=seq_len).on(load_runtime("planner"))
+              seq_len=seq_len).on(runtime)
     strategy = parse_strategy(spec)
     problems = job.runtime.cannot_express(strategy)
     if problems:
@@ -208,15 +221,20 @@ def predict(job: Job, plan: Plan) -> list[dict]:
         view = s.for_stage(placement.index)
         sums = stage_cost(job, s, placement, catalog).sums
         by_layer: dict[str, float] = defaultdict(float)
+        recompute_set = 0.0  # the largest recomputed layer's working set (the loss's transient is not saved)
         for layer in placement.layers:
             mode = view.layer_recompute(layer.block, placement.index, placement.blocks)
             by_layer[LAYER_KINDS.get(layer.kind, layer.kind.value)] += saved_bytes(layer, job, view, mode)
+            if layer.kind != LayerKind.HEAD:
+                recompute_set = max(recompute_set, transient_bytes(layer, job, view, mode))
         in_flight = in_flight_microbatches(view, placement.index, m)
+        saved_peak = (sums.kept_activations * in_flight + sums.head_activations * head_in_flight(view, m)
+                      + recompute_set)
         allocated = (hbm.weights_bytes + hbm.grads_bytes + hbm.optimizer_bytes + hbm.activations_bytes
                      + hbm.buffers_bytes)
         out.append({
             "weights": hbm.weights_bytes, "grads": hbm.grads_bytes, "optimizer": hbm.optimizer_bytes,
-            "act/mb": sums.kept_activations + sums.head_activations, "in-flight": in_flight, "activations": hbm.activations_bytes,
+            "act/mb": sums.kept_activations + sums.head_activations, "in-flight": in_flight, "activations": saved_peak,
             "working_set": sums.working_set, "buffers": hbm.buffers_bytes, "peak": allocated,
             "by_layer": dict(by_layer),
         })
@@ -237,7 +255,7 @@ def measured_components(mem: dict) -> dict:
 
 
 def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps: int = 2,
-             timeout: float = 300) -> dict[int, dict]:
+             timeout: float = 300, precision: str = "fp32") -> dict[int, dict]:
     """Train `plan` for `steps` steps under torchrun with --measure-memory; each rank's `memory` report."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path, report = workdir / "plan.json", workdir / "report.json"
@@ -248,9 +266,9 @@ def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps
            "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"memory-{port}",
            "-m", "planner.runtime.train", "--plan", str(plan_path), "--steps", str(steps),
            "--measure-memory", "--report", str(report),
-           # fp32 throughout: runtime_saved_bytes and the known factors describe the fp32 runtime (the
-           # trainer's default is the plan's bf16 mixed precision)
-           "--precision", "fp32"]
+           # fp32 by default: runtime_saved_bytes is the fp32 runtime's (the trainer's default is the plan's
+           # bf16 mixed precision, which --precision bf16 measures)
+           "--precision", precision]
     if model_spec is not None:
         cmd += ["--model-spec", str(model_spec)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -389,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 plans instead of the whole grid.")
     parser.add_argument("--only", default=None, help="Plans whose model or SPEC contains this text.")
     parser.add_argument("--steps", type=int, default=2, help="Training steps per plan (the last is measured).")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="The trainer's precision (fp32: the whole table; bf16: the profile's own dtypes, with "
+                        "FSDP2 mixed precision or autocast).")
     parser.add_argument("--json", type=Path, default=None, help="Write every row as JSON here.")
     args = parser.parse_args(argv)
     grid = QUICK if args.quick else GRID
@@ -403,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp) / f"plan-{i}"
             workdir.mkdir()
             arg, model_spec = model_arg(model, workdir)
-            job, plan = build_plan(arg, batch, seq_len, spec)
+            job, plan = build_plan(arg, batch, seq_len, spec, args.precision)
             t0 = time.perf_counter()
-            measured = run_plan(plan, workdir, model_spec=model_spec, steps=args.steps)
+            measured = run_plan(plan, workdir, model_spec=model_spec, steps=args.steps, precision=args.precision)
             wall = time.perf_counter() - t0
             config = transformer_config(model)
             formula = [runtime_stage_saved(plan, job, i, config) for i in range(len(plan.stages))]
