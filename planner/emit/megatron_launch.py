@@ -12,7 +12,7 @@ from typing import Any
 
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
 from planner.emit.nodes import EnvSetting, nccl_env
-from planner.emit.shell import HERE, trainer_inputs
+from planner.emit.shell import HERE, run_on_every_node, trainer_inputs
 from planner.job import Job
 from planner.plan.schema import Plan
 
@@ -106,18 +106,11 @@ def readme(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, int], ar
         "inputs (`--data-path`, `--tokenizer-model`, `--save`/`--load`, `--save-interval`, `--train-iters`, "
         "`--lr-warmup-iters`).",
         "",
-        "## Run",
-        "",
-        "From the plan folder, on every node:",
-        "",
-        "```",
-        "MEGATRON_DIR=<Megatron-LM checkout> MASTER_ADDR=<one node> MASTER_PORT=29500 RUN_ID=myrun "
-        "bash megatron/launch.sh",
-        "```",
-        "",
-        "Relative paths are read from the directory you launch in. Flags after `launch.sh` override args.txt "
-        "(argparse keeps the last value), e.g. `--split 99,1,0 --eval-iters 10` for a validation set (the plan's "
-        "time has none).",
+        *run_on_every_node(
+            "MEGATRON_DIR=<Megatron-LM checkout> MASTER_ADDR=<one node> MASTER_PORT=29500 RUN_ID=myrun "
+            "bash megatron/launch.sh",
+            "Flags after `launch.sh` override args.txt (argparse keeps the last value), e.g. `--split 99,1,0 "
+            "--eval-iters 10` for a validation set (the plan's time has none)."),
         "",
         "## Launch inputs",
         "",

@@ -1,4 +1,4 @@
-"""Shell lines that the DeepSpeed and torchtitan launch scripts share.
+"""Shell lines and launch-README text that the launch scripts share.
 
 Both scripts run from the plan folder (report.md says so). They find their own files through the
 script's folder (`here`), so relative input paths keep meaning "relative to where you launch".
@@ -32,3 +32,10 @@ def trainer_inputs(inputs: LaunchInputs, warmup: bool = True) -> list[str]:
         "esac",
         *([f"warmup_steps={optim.warmup_shell('train_steps')}"] if warmup else []),
     ]
+
+
+def run_on_every_node(command: str, notes: str) -> list[str]:
+    """The launch README's "## Run" section for a torchrun launcher started on every node: `command`, then
+    `notes` (what the script does with relative paths and extra flags)."""
+    return ["## Run", "", "From the plan folder, on every node:", "", "```", command, "```", "",
+            "Relative paths are read from the directory you launch in. " + notes]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
-from planner.emit.shell import HERE, trainer_inputs
+from planner.emit.shell import HERE, run_on_every_node, trainer_inputs
 from planner.emit.torchtitan_model import RELEASE
 from planner.plan.schema import Plan
 
@@ -57,16 +57,10 @@ def readme(plan: Plan, inputs: LaunchInputs, shape: dict[str, int], notes: list[
         "<this folder>/train.toml`, plus the launch inputs as command-line overrides: "
         + ", ".join(f"`--{field}`" for field in OVERRIDES.values()) + " and `--lr_scheduler.warmup_steps`.",
         "",
-        "## Run",
-        "",
-        "From the plan folder, on every node:",
-        "",
-        "```",
-        "MASTER_ADDR=<one node> MASTER_PORT=29500 RUN_ID=myrun bash torchtitan/launch.sh",
-        "```",
-        "",
-        "Relative paths are read from the directory you launch in. A relative checkpoint folder is made "
-        "absolute there, because torchtitan would otherwise put it under `job.dump_folder` (./outputs).",
+        *run_on_every_node(
+            "MASTER_ADDR=<one node> MASTER_PORT=29500 RUN_ID=myrun bash torchtitan/launch.sh",
+            "A relative checkpoint folder is made absolute there, because torchtitan would otherwise put it "
+            "under `job.dump_folder` (./outputs)."),
         "",
         "## Launch inputs",
         "",
