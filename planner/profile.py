@@ -258,6 +258,10 @@ class SavedTensor(BaseModel):
     per: Literal["token", "row"] = Field(
         "token", description="token: per token of the micro-batch on this rank (mbs x seq_len / cp); row: per "
         "local sequence position, once per micro-batch (seq_len / cp; a mask broadcast over the batch).")
+    resaved: Literal["same", "upcast"] = Field(
+        "same", description="For a checkpointed tensor (a block's input): what the block's recomputed forward "
+        "saves of it.  same: that very storage (a norm that saves its input as it is; counted once); upcast: an "
+        "fp32 copy, the same storage only when the compute dtype is fp32 already.")
     source: str = Field(description="The code line that saves it.")
 
 

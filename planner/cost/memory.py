@@ -208,15 +208,25 @@ def autocast_copy_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
     return (layer_params_per_rank(layer, strategy) + tied) * per_param
 
 
-def transient_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode) -> float:
-    """Bytes `layer`'s backward holds on top of what it keeps, per micro-batch on one rank: a fully recomputed
-    layer re-materialises its whole working set; the loss (on the head) the copies and gradients of the logits
-    its backward allocates (`RuntimeProfile.loss`).  The stage's peak adds the largest of them."""
+def transient_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """Bytes the loss's backward (on the head `layer`) holds on top of what is kept, per micro-batch on one rank:
+    the copies and gradients of the logits it allocates (`RuntimeProfile.loss`); 0 for other layers (a
+    recomputed block's working set is `StageSums.backward_extra`'s)."""
     if layer.kind == LayerKind.HEAD:
         return logits_per_microbatch(layer, job, strategy) * loss_bytes(layer, job, strategy).transient
-    if recompute == "full":
-        return saved_bytes(layer, job, strategy, "none")
     return 0.0
+
+
+def resaved_checkpoint_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """Of the checkpoint `layer` keeps under full recompute, the bytes its block's recomputed forward saves as
+    the very same storage (`SavedTensor.resaved`): counted once in the block's working set.  The model graph's
+    count keeps the block's 16-bit input, which the recomputed norm saves as it is."""
+    activations = job.runtime.activations
+    if activations is None or layer.kind not in activations.layers:
+        return saved_bytes(layer, job, strategy, "full")
+    same = activations.compute_bytes == 4.0  # an fp32 upcast of an fp32 tensor is the tensor itself
+    return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
+               for t in activations.layers[layer.kind].checkpointed if t.resaved == "same" or same)
 
 
 def pipeline_output_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -315,9 +325,9 @@ def stage_memory(
         host += params * WEIGHT_BYTES / group_ranks_per_node(shard, s.tp, gpn)
 
     in_flight = in_flight_microbatches(s, site.index, micro_batches)
-    # backward re-materialises one recomputed layer (or the loss's gradients) at a time on top of what is kept
+    # the oldest micro-batch's backward holds the loss's gradients or a recomputed block on top of what is kept
     activations = (sums.kept_activations * in_flight + sums.head_activations * head_in_flight(s, micro_batches)
-                   + sums.pipeline_outputs * micro_batches + sums.working_set)
+                   + sums.pipeline_outputs * micro_batches + sums.backward_extra)
 
     buffers = gathered_bytes(job, s, sums, shard)
     allocated = weights + grads + optimizer + activations + buffers

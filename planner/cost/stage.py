@@ -17,10 +17,12 @@ from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduc
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
-                                 pipeline_output_bytes, saved_bytes, stage_memory, transient_bytes)
+                                 pipeline_output_bytes, resaved_checkpoint_bytes, saved_bytes, stage_memory,
+                                 transient_bytes)
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
+
 
 def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups,
                catalog: Catalog, mode: RecomputeMode) -> StageSums:
@@ -35,12 +37,19 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     regather = calls.regather_for_recompute and mode == "full"
     kept = saved_bytes(layer, job, strategy, mode)
     head = layer.kind == LayerKind.HEAD
+    recomputed = mode == "full"
+    # the layer that holds its block's checkpoint comes first in the block (models/graph.py saved_activation_bytes)
+    opens_block = layer.kind in (LayerKind.ATTENTION, LayerKind.EMBEDDING_BAG, LayerKind.DENSE)
+    whole = saved_bytes(layer, job, strategy, "none") if recomputed else 0.0
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
         tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy),
         kept_activations=0.0 if head else kept, head_activations=kept if head else 0.0,
         pipeline_outputs=pipeline_output_bytes(layer, job, strategy),
-        working_set=transient_bytes(layer, job, strategy, mode),
+        working_set=transient_bytes(layer, job, strategy),
+        recomputed_kept=kept if recomputed else 0.0,
+        recompute_resaved=resaved_checkpoint_bytes(layer, job, strategy) if recomputed and opens_block else 0.0,
+        recompute_attention=whole if opens_block else 0.0, recompute_ffn=0.0 if opens_block else whole,
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
         root_params=params if layer.block is None else 0.0,
         embedding_params=params if layer.kind == LayerKind.EMBEDDING else 0.0,

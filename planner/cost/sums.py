@@ -24,7 +24,11 @@ class StageSums:
     kept_activations: float = 0.0  # saved bytes per micro-batch in flight
     head_activations: float = 0.0  # the loss head's saved bytes per micro-batch (its own in-flight count)
     pipeline_outputs: float = 0.0  # bytes of one micro-batch's logits a pipeline schedule keeps for the step
-    working_set: float = 0.0  # largest transient of one layer's backward: a recomputed layer, the loss (max)
+    working_set: float = 0.0  # the loss's transient in its backward, on top of everything kept (max)
+    recomputed_kept: float = 0.0  # saved bytes of the layers under full recompute: their blocks' checkpoints
+    recompute_resaved: float = 0.0  # a recomputed block's checkpoint that its recompute saves again (max)
+    recompute_attention: float = 0.0  # a recomputed block's first layer, re-materialised whole (max)
+    recompute_ffn: float = 0.0  # the rest of a recomputed block (its MLP or MoE), re-materialised (max)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
     root_params: float = 0.0  # parameters of the layers outside blocks (embedding, final norm, head)
     embedding_params: float = 0.0  # the embedding's parameters (the root unit's last gradient)
@@ -47,6 +51,10 @@ class StageSums:
             head_activations=self.head_activations + other.head_activations,
             pipeline_outputs=self.pipeline_outputs + other.pipeline_outputs,
             working_set=max(self.working_set, other.working_set),
+            recomputed_kept=self.recomputed_kept + other.recomputed_kept,
+            recompute_resaved=max(self.recompute_resaved, other.recompute_resaved),
+            recompute_attention=max(self.recompute_attention, other.recompute_attention),
+            recompute_ffn=max(self.recompute_ffn, other.recompute_ffn),
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
             root_params=self.root_params + other.root_params,
             embedding_params=self.embedding_params + other.embedding_params,
@@ -68,6 +76,8 @@ class StageSums:
             expert_params=self.expert_params * count,
             kept_activations=self.kept_activations * count, head_activations=self.head_activations * count,
             pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
+            recomputed_kept=self.recomputed_kept * count, recompute_resaved=self.recompute_resaved,
+            recompute_attention=self.recompute_attention, recompute_ffn=self.recompute_ffn,
             largest_layer_params=self.largest_layer_params, root_params=self.root_params * count,
             embedding_params=self.embedding_params * count, largest_attention_params=self.largest_attention_params,
             largest_ffn_params=self.largest_ffn_params, max_hidden=self.max_hidden, layers=self.layers * count,
@@ -79,3 +89,26 @@ class StageSums:
     def largest_block_params(self) -> float:
         """Parameters of the largest block: its attention and its MLP (or MoE)."""
         return self.largest_attention_params + self.largest_ffn_params
+
+    @property
+    def backward_extra(self) -> float:
+        """Bytes one micro-batch's backward holds at its peak beyond what its forward kept: the loss's transient,
+        with everything kept, or a recomputed block (`recompute_extra`)."""
+        return max(self.working_set, self.recompute_extra)
+
+    @property
+    def recompute_extra(self) -> float:
+        """Saved bytes a micro-batch's backward holds beyond what its forward kept while it recomputes (0 without).
+
+        Recomputation runs a whole
+        block (attention and MLP) when its backward starts (torch.utils.checkpoint, Megatron's and DeepSpeed's
+        per-layer checkpointing alike), after the loss, the final norm and every later block of the micro-batch
+        freed theirs.  The last recomputed block (recomputed blocks come first in a stage) then holds the
+        earlier blocks' checkpoints and its own re-materialised saves (its checkpoint once where the recompute
+        saves that very storage again).  The embedding before the blocks keeps only the token ids.
+        Measured: tests/bench/memory_fidelity.py (the recompute=full plans' saved-for-backward peak)."""
+        block = self.recompute_attention + self.recompute_ffn
+        if not block:
+            return 0.0
+        recompute = self.recomputed_kept - self.recompute_resaved + block
+        return max(0.0, recompute - self.kept_activations - self.head_activations)

@@ -14,7 +14,8 @@
   inputs alive, through a closure: a forward pre-hook on each `CheckpointWrapper` counts those inputs as
   saved until the input's gradient arrives (or they are freed).  What the recomputation in backward keeps
   for the block's backward (torch.utils.checkpoint's `_recomputation_hook`, wrapped while the probe runs)
-  counts as saved until it is freed: the recompute working set.  Reported:
+  counts as saved until checkpointing drops its reference (or the storage is freed): the recompute
+  working set.  Reported:
   `saved_per_microbatch` (bytes newly saved by the chunk forwards of the step divided by the
   micro-batches: one micro-batch through this rank's whole stage; recomputation not included),
   `saved_by_layer` (the same by the module that saved it: attention = attention_norm + attention (and a
@@ -339,13 +340,20 @@ class MemoryProbe:
     def _unpack(obj):
         return obj.tensor if isinstance(obj, _Saved) else obj
 
-    def _recomputed(self, t: torch.Tensor) -> None:
-        # a tensor the checkpoint recomputes in backward for its block's backward: saved until freed
-        if self._active:
-            for st in storages(t):
-                rec = self._activation(st)
-                if rec is not None:
-                    self._count(rec, recomputed=1)
+    def _recomputed(self, t: torch.Tensor, held: torch.Tensor) -> None:
+        # a tensor the checkpoint recomputes in backward for its block's backward: saved until checkpointing
+        # drops `held`, the alias it keeps (a pipeline's receive buffer outlives that), or until freed
+        if not self._active:
+            return
+        records = [rec for rec in map(self._activation, storages(t)) if rec is not None]
+        for rec in records:
+            self._count(rec, recomputed=1)
+        if records:
+            weakref.finalize(held, self._dropped, records)
+
+    def _dropped(self, records: list[_Record]) -> None:
+        for rec in records:
+            self._count(rec, recomputed=-1)
 
     def _checkpoint_inputs(self, _module, args) -> None:
         # non-reentrant checkpointing keeps the block's inputs (its recompute closure) until its backward
@@ -437,8 +445,11 @@ class MemoryProbe:
                 inner = hook.pack_hook
 
                 def pack_hook(x):
-                    probe._recomputed(x)
-                    return inner(x)
+                    # checkpointing stores x (detached if it needs grad); hand it an alias of our own, whose
+                    # lifetime is that reference's
+                    held = x.detach()
+                    probe._recomputed(x, held)
+                    return inner(held)
 
                 hook.pack_hook = pack_hook
             return __init__

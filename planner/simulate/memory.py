@@ -1,8 +1,8 @@
 """HBM over time per stage: model states plus the activations of the micro-batches in flight.
 
 A chunk's forward saves its units' activations from its first unit's start;
-its backward frees them at its end, and re-materialises the largest unit's
-working set (full recompute, the loss's transient) while it runs; the logits
+its backward frees them at its end, and holds the chunk's backward extra
+(`StageSums.backward_extra`: a recomputed block, the loss's transient) while it runs; the logits
 a pipeline schedule keeps stay to the step's end (planner.cost.memory's terms).  Reserve and fragmentation scale as in
 `stage_memory`: reserve + (1 + fragmentation) * allocated bytes.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.cost.sums import StageSums
 from planner.simulate.simulator import SimulationRun
 
 
@@ -42,7 +43,7 @@ def memory_curves(sim: SimulationRun) -> list[MemoryCurve]:
             # the logits a pipeline keeps for the step stay until its end
             events.append((tl.start[record.first], kept + sum(u.output_bytes for u in units)))
         else:
-            working = max((u.working_bytes for u in units), default=0.0)
+            working = sum((u.sums for u in units), StageSums()).backward_extra
             events += [(tl.start[record.first], working), (tl.end[record.last], -kept - working)]
     curves = []
     for work in sim.works:

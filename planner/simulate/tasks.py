@@ -65,7 +65,6 @@ class LayerWork:
     recompute: float  # the recompute part of `backward`
     sums: StageSums  # the cost model's sums of these layers (parameters, collective counts)
     kept_bytes: float  # activations saved per micro-batch in flight (the loss head's too: its backward frees them)
-    working_bytes: float  # its backward's transient: un-recomputed bytes re-materialised (full recompute), the loss's
     output_bytes: float = 0.0  # logits a pipeline schedule keeps from its forward to the step's end
     dp: UnitComm = field(default_factory=UnitComm)  # its data-parallel collectives (set per gather unit)
 
@@ -134,7 +133,7 @@ def layer_work(layer: Layer, mode: RecomputeMode, job: Job, strategy: Strategy, 
     backward = (sums.recompute + (sums.compute - sums.forward) + (sums.tp - tp_fwd) + (sums.cp - cp_fwd)
                 + (sums.ep - ep_fwd))
     return LayerWork(name=layer.name, forward=forward, backward=backward, recompute=sums.recompute, sums=sums,
-                     kept_bytes=sums.kept_activations + sums.head_activations, working_bytes=sums.working_set,
+                     kept_bytes=sums.kept_activations + sums.head_activations,
                      output_bytes=sums.pipeline_outputs)
 
 
@@ -154,7 +153,7 @@ def merge_units(layers: list[LayerWork], blocks_of: list[int | None]) -> tuple[l
             name=f"block.{key}" if key is not None else "+".join(u.name for u in unit),
             forward=sum(u.forward for u in unit), backward=sum(u.backward for u in unit),
             recompute=sum(u.recompute for u in unit), sums=sum((u.sums for u in unit), StageSums()),
-            kept_bytes=sum(u.kept_bytes for u in unit), working_bytes=max(u.working_bytes for u in unit),
+            kept_bytes=sum(u.kept_bytes for u in unit),
             output_bytes=sum(u.output_bytes for u in unit),
         )
         for unit, key in zip(units, keys)

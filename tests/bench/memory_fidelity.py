@@ -21,8 +21,8 @@ per-stage terms), measured / predicted:
   act/mb       saved for backward per micro-batch      vs the stage's kept activations per micro-batch
   in-flight    forward-saved peak / saved per micro-batch   vs in_flight_microbatches()
   activations  saved bytes at their peak, recomputation included   vs the saved part of activations_bytes
-               (kept x in-flight + the largest recomputed layer; the loss's transient and the logits a
-               pipeline keeps are not saved tensors: the peak row holds them)
+               (kept x in-flight + a recomputed block's extra, StageSums.recompute_extra; the loss's transient
+               and the logits a pipeline keeps are not saved tensors: the peak row holds them)
   buffers      FSDP2 gathered weights + unsharded grads at their peak  vs buffers_bytes
   peak         live tensor bytes at the step's peak    vs weights + grads + optimizer + activations + buffers
 
@@ -55,7 +55,7 @@ from models.graph import LayerKind  # noqa: E402
 from planner.cost import evaluate  # noqa: E402
 from planner.cost.evaluate import micro_batches, stage_cost  # noqa: E402
 from planner.cost.layout import place_stages  # noqa: E402
-from planner.cost.memory import head_in_flight, in_flight_microbatches, saved_bytes, transient_bytes  # noqa: E402
+from planner.cost.memory import head_in_flight, in_flight_microbatches, saved_bytes  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.plan.build import build_single_plan  # noqa: E402
 from planner.plan.schema import Plan, plan_json  # noqa: E402
@@ -221,21 +221,19 @@ def predict(job: Job, plan: Plan) -> list[dict]:
         view = s.for_stage(placement.index)
         sums = stage_cost(job, s, placement, catalog).sums
         by_layer: dict[str, float] = defaultdict(float)
-        recompute_set = 0.0  # the largest recomputed layer's working set (the loss's transient is not saved)
         for layer in placement.layers:
             mode = view.layer_recompute(layer.block, placement.index, placement.blocks)
             by_layer[LAYER_KINDS.get(layer.kind, layer.kind.value)] += saved_bytes(layer, job, view, mode)
-            if layer.kind != LayerKind.HEAD:
-                recompute_set = max(recompute_set, transient_bytes(layer, job, view, mode))
         in_flight = in_flight_microbatches(view, placement.index, m)
+        # a recomputed block's saves count, the loss's transient (not saved tensors) does not
         saved_peak = (sums.kept_activations * in_flight + sums.head_activations * head_in_flight(view, m)
-                      + recompute_set)
+                      + sums.recompute_extra)
         allocated = (hbm.weights_bytes + hbm.grads_bytes + hbm.optimizer_bytes + hbm.activations_bytes
                      + hbm.buffers_bytes)
         out.append({
             "weights": hbm.weights_bytes, "grads": hbm.grads_bytes, "optimizer": hbm.optimizer_bytes,
             "act/mb": sums.kept_activations + sums.head_activations, "in-flight": in_flight, "activations": saved_peak,
-            "working_set": sums.working_set, "buffers": hbm.buffers_bytes, "peak": allocated,
+            "working_set": sums.backward_extra, "buffers": hbm.buffers_bytes, "peak": allocated,
             "by_layer": dict(by_layer),
         })
     return out
