@@ -322,6 +322,18 @@ class Space(BaseModel):
     source: str = Field(description="Where the framework's arguments and checks are.")
 
 
+class Pipelining(BaseModel):
+    """How the runtime's pipeline schedule holds the tensors its stages exchange."""
+
+    model_config = _FIELD
+    receive_buffers: Literal["per_transfer", "per_microbatch"] = Field(
+        "per_transfer", description="per_transfer: a received activation or gradient is allocated when it "
+        "arrives and freed with the micro-batch (counted in the activations in flight); per_microbatch: one "
+        "receive buffer per micro-batch, per direction and model chunk, allocated when the schedule starts and "
+        "held for the job (torch.distributed.pipelining).")
+    source: str = Field("", description="Where this was read.")
+
+
 class RuntimeProfile(BaseModel):
     """One framework as it runs a strategy."""
 
@@ -334,6 +346,7 @@ class RuntimeProfile(BaseModel):
     overlap: Overlap = Field(description="Data-parallel overlap.")
     kernels: Kernels = Field(description="Kernel facts.")
     loss: Loss = Field(default_factory=Loss, description="What the loss holds per logit.")
+    pipelining: Pipelining = Field(default_factory=Pipelining, description="What its pipeline schedule holds.")
     activations: Activations | None = Field(
         None, description="What the runtime saves for backward per layer kind; null: the model graph's "
         "Korthikanti count.")

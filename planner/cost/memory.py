@@ -53,11 +53,13 @@ class RankMemory:
     nvme_offload: float  # bytes this rank parks on NVMe
     host_capacity: float  # usable host DRAM per rank (the node's, shared by its GPUs)
     nvme_capacity: float  # NVMe per rank
+    grads_after_peak: float = 0.0  # of `grads`, the bytes the runtime allocates only after the step's peak
 
     @property
     def total(self) -> float:
         """HBM bytes in use at the peak."""
-        return self.weights + self.grads + self.optimizer + self.activations + self.buffers + self.reserve
+        return (self.weights + self.grads - self.grads_after_peak + self.optimizer + self.activations + self.buffers
+                + self.reserve)
 
     @property
     def fits_hbm(self) -> bool:
@@ -237,6 +239,23 @@ def pipeline_output_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
     return logits_per_microbatch(layer, job, strategy) * job.runtime.loss.pipeline_outputs
 
 
+def receive_buffer_bytes(job: Job, strategy: Strategy, stage: int, micro_batches: int, hidden: float) -> float:
+    """Receive buffers a stage's rank holds for the step where the runtime allocates one per micro-batch
+    (`Pipelining.receive_buffers`): the boundary activation (split by sequence and context parallelism) per
+    micro-batch, for each model chunk's incoming activations and incoming gradients; the first virtual stage
+    receives no activations and the last no gradients."""
+    if job.runtime.pipelining.receive_buffers != "per_microbatch" or not strategy.pipelined:
+        return 0.0
+    p, v = strategy.pp, strategy.vpp if strategy.pipeline_schedule == "interleaved" else 1
+    directions = 2 * v - (stage == 0) - (stage == p - 1)
+    activations = job.runtime.activations
+    width = activations.compute_bytes if activations is not None else WEIGHT_BYTES
+    boundary = strategy.mbs * job.seq_len / strategy.cp * hidden * width
+    if strategy.sequence_parallel:
+        boundary /= strategy.tp
+    return directions * micro_batches * boundary
+
+
 def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) -> float:
     """HBM of sharded weights gathered for compute (and their unsharded gradients), under the runtime's policy."""
     gathering = job.runtime.gathering
@@ -251,6 +270,17 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     if policy == "step":  # the stage's weights and accumulated unsharded gradients for the whole step
         return sums.params * (gathering.bytes_per_param + gathering.accumulated_grad_bytes)
     return 0.0
+
+
+def sharded_grads_after_peak(job: Job, strategy: Strategy, shard: int) -> bool:
+    """Whether the sharded gradients at rest come into being only after the step's peak: FSDP units that hold
+    the stage's unsharded gradients for the whole step (`Gathering.held_pipelined` step: torch.distributed.
+    pipelining defers FSDP2's reduce-scatter to the last micro-batch) reduce-scatter them once, at its end,
+    and the optimizer's zero_grad frees them before the next step's forward.  Measured:
+    tests/bench/memory_fidelity.py (pp=2 zero 1/3: no sharded gradient alive at the peak)."""
+    gathering = job.runtime.gathering
+    return (shard > 1 and gathering.units is not None
+            and gathering.policy(strategy.zero, strategy.pipelined) == "step")
 
 
 def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int) -> float:
@@ -327,10 +357,12 @@ def stage_memory(
     in_flight = in_flight_microbatches(s, site.index, micro_batches)
     # the oldest micro-batch's backward holds the loss's gradients or a recomputed block on top of what is kept
     activations = (sums.kept_activations * in_flight + sums.head_activations * head_in_flight(s, micro_batches)
-                   + sums.pipeline_outputs * micro_batches + sums.backward_extra)
+                   + sums.pipeline_outputs * micro_batches + sums.backward_extra
+                   + receive_buffer_bytes(job, s, site.index, micro_batches, sums.max_hidden))
 
     buffers = gathered_bytes(job, s, sums, shard)
-    allocated = weights + grads + optimizer + activations + buffers
+    late_grads = grads if sharded_grads_after_peak(job, s, shard) else 0.0
+    allocated = weights + grads - late_grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated
     return RankMemory(
         stage=site.index, params=params, weights=weights, grads=grads, optimizer=optimizer,
@@ -338,5 +370,5 @@ def stage_memory(
         capacity=site.hbm_bytes * (1.0 - job.memory_margin),  # what a plan may use: HBM less the margin
         host_offload=host, nvme_offload=nvme,
         host_capacity=site.node.host_dram_bytes * catalog.constant("host_memory_usable_fraction") / gpn,
-        nvme_capacity=site.node.nvme_bytes / gpn,
+        nvme_capacity=site.node.nvme_bytes / gpn, grads_after_peak=late_grads,
     )

@@ -24,7 +24,8 @@ per-stage terms), measured / predicted:
                (kept x in-flight + a recomputed block's extra, StageSums.recompute_extra; the loss's transient
                and the logits a pipeline keeps are not saved tensors: the peak row holds them)
   buffers      FSDP2 gathered weights + unsharded grads at their peak  vs buffers_bytes
-  peak         live tensor bytes at the step's peak    vs weights + grads + optimizer + activations + buffers
+  peak         live tensor bytes at the step's peak    vs the plan's peak less its reserve: weights + grads +
+               optimizer + activations + buffers, less the gradients allocated after the peak
 
 then the summary per component over every rank of every plan (median and range of measured / predicted)
 and the saved-for-backward bytes per layer kind (measured / predicted) that explain the activations.
@@ -228,8 +229,7 @@ def predict(job: Job, plan: Plan) -> list[dict]:
         # a recomputed block's saves count, the loss's transient (not saved tensors) does not
         saved_peak = (sums.kept_activations * in_flight + sums.head_activations * head_in_flight(view, m)
                       + sums.recompute_extra)
-        allocated = (hbm.weights_bytes + hbm.grads_bytes + hbm.optimizer_bytes + hbm.activations_bytes
-                     + hbm.buffers_bytes)
+        allocated = hbm.peak_bytes - hbm.reserve_bytes  # the parts that coincide at the peak, without the reserve
         out.append({
             "weights": hbm.weights_bytes, "grads": hbm.grads_bytes, "optimizer": hbm.optimizer_bytes,
             "act/mb": sums.kept_activations + sums.head_activations, "in-flight": in_flight, "activations": saved_peak,
