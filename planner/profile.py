@@ -231,7 +231,7 @@ class Loss(BaseModel):
 
 
 # what one saved tensor's size per token is a multiple of (planner.cost.memory.layer_width reads it off a layer)
-SaveWidth = Literal["one", "hidden", "gated_ffn", "heads", "q_width", "kv_width", "seq_len"]
+SaveWidth = Literal["one", "hidden", "gated_ffn", "heads", "head_dim", "q_width", "kv_width", "seq_len"]
 
 
 class SavedTensor(BaseModel):
@@ -243,8 +243,8 @@ class SavedTensor(BaseModel):
     elements: float = Field(gt=0, description="Elements per token (or row) as a multiple of `width`.")
     width: SaveWidth = Field(
         description="one; hidden; gated_ffn (the feed-forward width of a gated, bias-free MLP: its matmul "
-        "parameters over 3 x hidden); heads, q_width (heads x head_dim), kv_width (kv_heads x head_dim) of the "
-        "attention; seq_len (the whole sequence: a row of a mask).")
+        "parameters over 3 x hidden); heads, head_dim, q_width (heads x head_dim), kv_width (kv_heads x head_dim) "
+        "of the attention; seq_len (the whole sequence: a row of a mask).")
     dtype: Literal["compute", "fp32"] = Field(
         description="compute: the job's activation dtype (`Activations.compute_bytes`); fp32: 4 bytes whatever "
         "the precision (an op that upcasts: RMSNorm's statistics, SDPA's logsumexp).")
@@ -276,6 +276,22 @@ class LayerSaves(BaseModel):
         (), description="What the layer keeps under full activation checkpointing (its block's input).")
 
 
+class Autocast(BaseModel):
+    """What changes where the runtime mixes precision under torch.autocast (fp32 parameters and residual stream,
+    each matmul casting its operands) instead of casting the parameters (FSDP2's MixedPrecisionPolicy)."""
+
+    model_config = _FIELD
+    below_zero: int = Field(ge=0, le=4, description="ZeRO stages below this one run under torch.autocast.")
+    weight_copy_bytes: float = Field(
+        ge=0, description="Bytes per parameter of the 16-bit weight copies autocast caches for each matmul and "
+        "autograd saves for its backward, per micro-batch in flight.")
+    saved: dict[LayerKind, tuple[SavedTensor, ...]] = Field(
+        description="Saved on top of the layer kind's `saved` list (casts autocast makes per op).")
+    checkpointed: dict[LayerKind, tuple[SavedTensor, ...]] = Field(
+        description="Replaces the layer kind's `checkpointed` list (the block's input is the fp32 residual).")
+    source: str = Field(description="Where the saves were read and measured.")
+
+
 class Activations(BaseModel):
     """What a runtime saves for backward per layer kind, tensor by tensor.  A profile without this section
     (every runtime but planner's) keeps the model graph's count: Korthikanti et al. 2022's 16-bit saves
@@ -288,6 +304,8 @@ class Activations(BaseModel):
     compute_bytes: float = Field(
         2.0, gt=0, description="Bytes of a `compute` save: 2 for the bf16 mixed precision a plan runs in "
         "(tests/bench/memory_fidelity.py runs --precision fp32 and sets 4).")
+    autocast: Autocast | None = Field(
+        None, description="The saves under torch.autocast, where the runtime uses it (16-bit compute only).")
     source: str = Field(description="Where the saves were read and measured.")
 
 

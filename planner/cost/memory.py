@@ -25,7 +25,7 @@ from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
 from planner.job import Job
-from planner.profile import Gather, LossBytes, SavedTensor, SaveWidth
+from planner.profile import Autocast, Gather, LossBytes, SavedTensor, SaveWidth
 from planner.strategy import Strategy
 
 
@@ -158,13 +158,30 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
         extra += autocast_copy_bytes(layer, job, strategy)
     activations = job.runtime.activations
     if activations is not None and layer.kind in activations.layers:
-        saves = activations.layers[layer.kind]
-        tensors = saves.checkpointed if recompute == "full" else saves.saved
-        return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes) for t in tensors) + extra
+        return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
+                   for t in profile_saves(layer, job, strategy, recompute)) + extra
     return layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
         recompute=recompute, flash_attention=job.flash,
     ) / strategy.cp + extra
+
+
+def autocast(job: Job, strategy: Strategy) -> Autocast | None:
+    """The runtime's torch.autocast saves where they apply: a 16-bit run at a ZeRO stage it runs under autocast."""
+    activations = job.runtime.activations
+    rule = activations.autocast if activations is not None else None
+    if rule is None or activations.compute_bytes >= 4.0 or strategy.zero >= rule.below_zero:
+        return None
+    return rule
+
+
+def profile_saves(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode) -> tuple[SavedTensor, ...]:
+    """The tensors the runtime's activations section lists for `layer` under `recompute` (and autocast)."""
+    saves = job.runtime.activations.layers[layer.kind]
+    rule = autocast(job, strategy)
+    if recompute == "full":
+        return rule.checkpointed.get(layer.kind, saves.checkpointed) if rule else saves.checkpointed
+    return saves.saved + (rule.saved.get(layer.kind, ()) if rule else ())
 
 
 def layer_width(layer: Layer, width: SaveWidth, seq_len: int) -> float:
@@ -180,7 +197,7 @@ def layer_width(layer: Layer, width: SaveWidth, seq_len: int) -> float:
     shape = layer.attention
     if shape is None:
         raise ValueError(f"{layer.name}: a saved tensor of width {width} needs an attention layer")
-    return float({"heads": shape.heads, "q_width": shape.heads * shape.head_dim,
+    return float({"heads": shape.heads, "head_dim": shape.head_dim, "q_width": shape.heads * shape.head_dim,
                   "kv_width": shape.kv_heads * shape.head_dim}[width])
 
 
@@ -203,7 +220,8 @@ def autocast_copy_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
     """The 16-bit weight copies native AMP casts for `layer`'s matmuls and autograd saves for its backward, per
     micro-batch on one rank (`Kernels.autocast_weight_copy_bytes`): the projections of attention and MLP blocks
     and the head's (tied or own) output matrix; embeddings are looked up and norms run in fp32 uncast."""
-    per_param = job.runtime.kernels.autocast_weight_copy_bytes
+    rule = autocast(job, strategy)
+    per_param = rule.weight_copy_bytes if rule else job.runtime.kernels.autocast_weight_copy_bytes
     if not per_param or layer.kind not in MATMUL_KINDS:
         return 0.0
     tied = layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
@@ -228,7 +246,7 @@ def resaved_checkpoint_bytes(layer: Layer, job: Job, strategy: Strategy) -> floa
         return saved_bytes(layer, job, strategy, "full")
     same = activations.compute_bytes == 4.0  # an fp32 upcast of an fp32 tensor is the tensor itself
     return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
-               for t in activations.layers[layer.kind].checkpointed if t.resaved == "same" or same)
+               for t in profile_saves(layer, job, strategy, "full") if t.resaved == "same" or same)
 
 
 def pipeline_output_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -268,7 +286,13 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     if policy == "microbatch":  # the stage's weights through a micro-batch, one layer's gradients at a time
         return sums.params * gathering.bytes_per_param + sums.largest_layer_params * gathering.grad_bytes_per_param
     if policy == "step":  # the stage's weights and accumulated unsharded gradients for the whole step
-        return sums.params * (gathering.bytes_per_param + gathering.accumulated_grad_bytes)
+        held = sums.params * (gathering.bytes_per_param + gathering.accumulated_grad_bytes)
+        if gathering.accumulated_grad_bytes != gathering.grad_bytes_per_param:
+            # each backward makes a unit's gradient in the compute dtype before adding it to the accumulator: a
+            # block's with the root unit's (head and final norm; measured: memory_fidelity.py --precision bf16)
+            running = sums.largest_block_params + sums.root_params - sums.embedding_params
+            held += running * gathering.grad_bytes_per_param
+        return held
     return 0.0
 
 

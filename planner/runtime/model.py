@@ -148,6 +148,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
         self.norm: nn.Module | None = nn.RMSNorm(cfg.hidden, eps=1e-5)
         self.output: nn.Module | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.rope_positions: int | None = None  # the sequence length trained on (the runtime sets it)
         self.register_buffer("rope_cos", torch.empty(cfg.max_positions, cfg.head_dim // 2), persistent=False)
         self.register_buffer("rope_sin", torch.empty(cfg.max_positions, cfg.head_dim // 2), persistent=False)
         if self.rope_cos.device.type != "meta":  # under torch.device("meta"): materialize.py fills them later
@@ -159,6 +160,16 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(self.config.head_dim, self.config.max_positions)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+
+    def rope_rows(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables' first `rope_positions` rows (the job's sequence; every row without it), in `h`'s
+        dtype, once per forward.
+        Passing the whole max_positions tables would let FSDP2's mixed precision (cast_forward_inputs) cast
+        them at every block, and every block's backward keep its own copy (measured: 2 x max_positions x
+        head_dim / 2 bf16 per layer and micro-batch, tests/bench/memory_fidelity.py --precision bf16); here
+        the blocks share one copy, or a view of the buffers when no cast is needed."""
+        rows = self.rope_positions or self.config.max_positions
+        return self.rope_cos[:rows].to(h.dtype), self.rope_sin[:rows].to(h.dtype)
 
     def keep_blocks(self, first: int, last: int, *, first_stage: bool, last_stage: bool) -> None:
         """Keep blocks first..last (inclusive; last < first keeps none), the embedding only on
@@ -175,7 +186,8 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (first stage) or hidden states (later stages) -> hidden states or logits."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        cos, sin = self.rope_rows(h)
         for block in self.layers.values():
-            h = block(h, self.rope_cos, self.rope_sin)
+            h = block(h, cos, sin)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

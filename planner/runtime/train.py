@@ -226,6 +226,7 @@ def build(plan: Plan, config: TransformerConfig, *, device: torch.device, dtype:
     with InitMemory() as memory:
         with torch.device("meta"):
             model = Transformer(config)
+        model.rope_positions = plan.job.seq_len
         par = apply_plan(model, plan, device=device, param_dtype=dtype, seed=seed)
     return par, memory.peak
 

@@ -187,11 +187,13 @@ def model_arg(model: str, workdir: Path) -> tuple[str, Path | None]:
 def fp32_runtime() -> RuntimeProfile:
     """The planner profile as the bench runs it (`--precision fp32`): every compute-dtype save of its
     activations section is 4 bytes, and so are the logits a pipeline's last stage keeps (the model's output
-    dtype); its states, gathered copies and loss are the fp32 ones already."""
+    dtype) and FSDP2's gathered copies and unsharded gradients; its states and loss are the fp32 ones already."""
     runtime = load_runtime("planner")
     activations = runtime.activations.model_copy(update={"compute_bytes": 4.0})
     loss = runtime.loss.model_copy(update={"pipeline_outputs": 4.0})
-    return runtime.model_copy(update={"activations": activations, "loss": loss})
+    gathering = runtime.gathering.model_copy(update={"bytes_per_param": 4.0, "grad_bytes_per_param": 4.0,
+                                                     "accumulated_grad_bytes_per_param": 4.0})
+    return runtime.model_copy(update={"activations": activations, "loss": loss, "gathering": gathering})
 
 
 def build_plan(model: str, batch: int, seq_len: int, spec: str, precision: str = "fp32") -> tuple[Job, Plan]:
