@@ -255,6 +255,7 @@ class SavedTensor(BaseModel):
     cp_gathered: bool = Field(
         False, description="Covers the whole sequence, all-gathered over the context-parallel ranks (x cp).")
     cp_only: bool = Field(False, description="Saved only when cp > 1.")
+    sp_only: bool = Field(False, description="Held only under sequence parallelism.")
     per: Literal["token", "row"] = Field(
         "token", description="token: per token of the micro-batch on this rank (mbs x seq_len / cp); row: per "
         "local sequence position, once per micro-batch (seq_len / cp; a mask broadcast over the batch).")
@@ -274,6 +275,8 @@ class LayerSaves(BaseModel):
                                            "the same, as flash attention keeps no scores).")
     checkpointed: tuple[SavedTensor, ...] = Field(
         (), description="What the layer keeps under full activation checkpointing (its block's input).")
+    backward: tuple[SavedTensor, ...] = Field(
+        (), description="The activation gradients its backward holds at once on top of the saves (its transient).")
 
 
 class Autocast(BaseModel):

@@ -39,12 +39,11 @@ def test_a_published_regime_is_validated_and_each_step_outside_it_is_named():
     assert wide.confidence.reasons[0].startswith(f"context parallelism cp={2 * c.max_cp}: validated runs reach "
                                                  f"cp={c.max_cp}")
     tiny = evaluate(make_job("tiny-llama", "cpu:1", batch=8, seq=128).on(load_runtime("planner")), parse_strategy(""))
-    # the planner runtime's measured gaps (bf16 activations, full recompute's working set), that nothing
-    # validates it, and the device
+    # the planner runtime's measured gap (the live peak's transients), that nothing validates it, and the device
     gaps = load_runtime("planner").known_gaps
     assert [r.split(":")[0] for r in tiny.confidence.reasons] == ["runtime planner"] * (len(gaps) + 1) + ["device cpu"]
     assert tiny.confidence.reasons[:len(gaps)] == [f"runtime planner: {gap}" for gap in gaps]
-    assert any("full activation recompute" in r for r in tiny.confidence.reasons)
+    assert any("the live peak is not a sum of parts" in r for r in tiny.confidence.reasons)
 
 
 def test_zero3_beyond_the_validated_sharding_group_and_moe_are_flagged():

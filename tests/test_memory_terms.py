@@ -102,3 +102,84 @@ def test_native_amp_keeps_a_16_bit_copy_of_every_matmul_weight_until_backward():
     without = ddp.model_copy(update={"kernels": ddp.kernels.model_copy(update={"autocast_weight_copy_bytes": 0.0})})
     copies = _activations(job.on(ddp), strategy) - _activations(job.on(without), strategy)
     assert copies == pytest.approx(2 * (model.params - positions * h - 2 * h), rel=1e-9)
+
+
+@pytest.mark.parametrize(("strategy", "directions"), [
+    (Strategy(pp=4, dp=2, zero=1), [1, 2, 2, 1]),  # the first stage receives gradients only, the last activations
+    (Strategy(pp=2, vpp=2, dp=4, zero=1, schedule="interleaved"), [3, 3]),  # two chunks each, less the two ends
+])
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch_direction_and_chunk(strategy, directions):
+    # llama3-8b on 8 H100s, 16 micro-batches of 1 x 4096 tokens: torch.distributed.pipelining allocates each
+    # stage's receive buffers for every micro-batch when the schedule starts (stage.py _prepare_forward_infra,
+    # _prepare_backward_infra): 4096 x 4096 hidden x 2 bytes (bf16) each, kept for the step
+    job = make_job("llama3-8b", "dgx-h100:1", batch=16 * strategy.dp, seq=4096)
+    titan = load_runtime("torchtitan")
+    per_transfer = titan.model_copy(update={"pipelining": titan.pipelining.model_copy(
+        update={"receive_buffers": "per_transfer"})})
+    m = 16
+    for stage, count in enumerate(directions):
+        held = _activations(job.on(titan), strategy, stage) - _activations(job.on(per_transfer), strategy, stage)
+        assert held == pytest.approx(count * m * 4096 * 4096 * 2, rel=1e-9), stage
+    # Megatron allocates per transfer: nothing held beyond the activations in flight
+    assert load_runtime("megatron").pipelining.receive_buffers == "per_transfer"
+
+
+def test_fsdp2_under_a_pipeline_makes_its_sharded_gradients_after_the_peak():
+    # torchtitan, llama3-8b pp=2 x dp=4 zero=1: the schedule defers FSDP2's reduce-scatter to the last
+    # micro-batch and zero_grad frees the sharded gradients before the next step, so the peak leaves them out;
+    # without pipeline parallelism FSDP2 reduce-scatters every micro-batch and they are alive at the peak
+    job = make_job("llama3-8b", "dgx-h100:1", batch=16, seq=4096).on(load_runtime("torchtitan"))
+    piped = evaluate(job, Strategy(pp=2, dp=4, zero=1)).memory.per_stage[0]
+    parts = piped.weights_bytes + piped.grads_bytes + piped.optimizer_bytes + piped.activations_bytes \
+        + piped.buffers_bytes + piped.reserve_bytes
+    assert piped.grads_bytes > 0 and piped.peak_bytes == pytest.approx(parts - piped.grads_bytes, rel=1e-12)
+    flat = evaluate(job, Strategy(dp=8, zero=1)).memory.per_stage[0]
+    assert flat.peak_bytes == pytest.approx(flat.weights_bytes + flat.grads_bytes + flat.optimizer_bytes
+                                            + flat.activations_bytes + flat.buffers_bytes + flat.reserve_bytes,
+                                            rel=1e-12)
+
+
+@pytest.mark.parametrize(("name", "seq", "hidden", "blocks", "block_wins"), [
+    ("llama3-8b", 4096, 4096, 32, False),  # a 128K vocabulary: the loss's bytes outweigh a block's
+    ("gpt3-175b", 2048, 12288, 96, True),  # a 50K vocabulary and 12288-wide blocks: the recomputed block wins
+])
+def test_a_recomputed_block_is_rematerialised_whole_after_the_loss_freed_its_logits(name, seq, hidden, blocks,
+                                                                                    block_wins):
+    # Megatron (the model graph's Korthikanti count), one stage, every block recomputed, one micro-batch, tp=1:
+    # the forward keeps every block's input (2 x seq x hidden B), the final norm's input and the head's and the
+    # loss's bytes; the backward of the last block holds the earlier inputs and the whole block again (its
+    # attention's and MLP's saves, the first of which is that block's input: counted once)
+    from models import load_model
+    job = make_job(name, "dgx-a100-80g:1" if name.startswith("gpt") else "dgx-h100:1", batch=8,
+                   seq=seq).on(load_runtime("megatron"))
+    model = load_model(name)
+    whole = sum(layer.saved_activation_bytes(1, seq) for layer in model.layers[1:3])
+    checkpoint = 2 * seq * hidden
+    rows = {recompute: _activations(job, Strategy(dp=8, zero=1, recompute=recompute), 0)
+            for recompute in ("full", "none")}
+    head_and_norm = rows["none"] - blocks * whole  # what no recompute keeps beyond the blocks (with the loss's)
+    forward = blocks * checkpoint + head_and_norm
+    backward = (blocks - 1) * checkpoint + whole
+    assert rows["full"] == pytest.approx(max(forward, backward), rel=1e-9)
+    assert (backward > forward) is block_wins
+
+
+def test_the_planner_runtime_saves_autocasts_copies_only_where_it_runs_autocast():
+    # zero 0 runs under torch.autocast (no FSDP2 units), zero >= 1 under FSDP2's MixedPrecisionPolicy; at fp32
+    # neither casts
+    job = make_job("llama3-8b", "dgx-h100:1", batch=8, seq=4096).on(load_runtime("planner"))
+    plain = job.runtime.model_copy(update={"activations": job.runtime.activations.model_copy(
+        update={"autocast": None})})
+    amp, fsdp = Strategy(tp=8, dp=1, zero=0), Strategy(tp=8, dp=1, zero=1)
+    model = load_model_params("llama3-8b")
+    assert _activations(job, amp, 0) - _activations(job.on(plain), amp, 0) > 2 * model / 8  # weight copies and more
+    assert _activations(job, fsdp, 0) == _activations(job.on(plain), fsdp, 0)
+    fp32 = job.runtime.model_copy(update={"activations": job.runtime.activations.model_copy(
+        update={"compute_bytes": 4.0})})
+    fp32_plain = fp32.model_copy(update={"activations": fp32.activations.model_copy(update={"autocast": None})})
+    assert _activations(job.on(fp32), amp, 0) == _activations(job.on(fp32_plain), amp, 0)
+
+
+def load_model_params(name: str) -> float:
+    from models import load_model
+    return float(load_model(name).params)

@@ -57,16 +57,25 @@ def test_planner_profile_saves_what_the_runtime_formula_says(spec):
 def test_bf16_saves_keep_the_norm_statistics_and_logsumexp_in_fp32():
     """tiny-llama attention at tp=1, bf16: RMSNorm's upcast input, x * rstd and rstd (2h + 1) and SDPA's
     logsumexp (a per token) in fp32; the linears' input (h), Q, the expanded K and V and the output
-    (4 a d) in bf16.  (The bf16 trainer saves 2-5% more in attention: the profile's known gap.)  MLP: the norm in fp32, its output h and four ffn-wide tensors in bf16."""
+    (4 a d) in bf16, as FSDP2's mixed precision runs them (zero >= 1).  MLP: the norm in fp32, its output h and
+    four ffn-wide tensors in bf16.  Under torch.autocast (zero 0) each of wk, wv and w3 casts the norm's output
+    again, apply_rope casts cos and sin rows for q and for k (2 d per row), and every matmul saves a 2-byte copy
+    of its weight (measured: tests/bench/memory_fidelity.py --precision bf16)."""
     job = _job(load_runtime("planner"))
     cfg = get_entry("tiny-llama").config
     h, a, d, f = cfg.hidden, cfg.heads, cfg.head_dim, cfg.ffn
-    s = parse_strategy("dp=4")
+    s = parse_strategy("dp=4,zero=1")
     by_kind = {layer.kind: layer for layer in job.model.layers}
-    attention = saved_bytes(by_kind[LayerKind.ATTENTION], job, s, "none")
+    attention_layer, mlp_layer = by_kind[LayerKind.ATTENTION], by_kind[LayerKind.MLP]
+    attention = saved_bytes(attention_layer, job, s, "none")
     assert attention == pytest.approx(SEQ * (4 * (2 * h + 1) + 4 * a + 2 * (h + 4 * a * d)), rel=1e-12)
-    mlp = saved_bytes(by_kind[LayerKind.MLP], job, s, "none")
+    mlp = saved_bytes(mlp_layer, job, s, "none")
     assert mlp == pytest.approx(SEQ * (4 * (2 * h + 1) + 2 * (h + 4 * f)), rel=1e-12)
+    amp = parse_strategy("dp=4,zero=0")
+    assert saved_bytes(attention_layer, job, amp, "none") == pytest.approx(
+        attention + SEQ * 2 * (2 * h + 2 * d) + 2 * attention_layer.params, rel=1e-12)
+    assert saved_bytes(mlp_layer, job, amp, "none") == pytest.approx(mlp + SEQ * 2 * h + 2 * mlp_layer.params,
+                                                                     rel=1e-12)
 
 
 def test_the_planner_head_keeps_every_logit_of_the_vocabulary_on_each_tp_rank():

@@ -205,7 +205,7 @@ def saved_tensor_bytes(tensor: SavedTensor, layer: Layer, job: Job, strategy: St
                        compute_bytes: float) -> float:
     """Bytes one rank keeps of `tensor` for `layer` per micro-batch (`RuntimeProfile.activations`)."""
     cp = strategy.cp
-    if tensor.cp_only and cp == 1:
+    if (tensor.cp_only and cp == 1) or (tensor.sp_only and not strategy.sequence_parallel):
         return 0.0
     # the split is the runtime's (the final norm runs on sequence shards though the graph calls it unsplittable)
     tp = strategy.tp
@@ -235,6 +235,16 @@ def transient_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
     if layer.kind == LayerKind.HEAD:
         return logits_per_microbatch(layer, job, strategy) * loss_bytes(layer, job, strategy).transient
     return 0.0
+
+
+def backward_transient_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """The activation gradients `layer`'s backward holds at once on top of what is saved, per micro-batch on one
+    rank (`LayerSaves.backward`; 0 where the runtime's activations section does not list them)."""
+    activations = job.runtime.activations
+    if activations is None or layer.kind not in activations.layers:
+        return 0.0
+    return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
+               for t in activations.layers[layer.kind].backward)
 
 
 def resaved_checkpoint_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -297,14 +307,12 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
 
 
 def sharded_grads_after_peak(job: Job, strategy: Strategy, shard: int) -> bool:
-    """Whether the sharded gradients at rest come into being only after the step's peak: FSDP units that hold
-    the stage's unsharded gradients for the whole step (`Gathering.held_pipelined` step: torch.distributed.
-    pipelining defers FSDP2's reduce-scatter to the last micro-batch) reduce-scatter them once, at its end,
-    and the optimizer's zero_grad frees them before the next step's forward.  Measured:
-    tests/bench/memory_fidelity.py (pp=2 zero 1/3: no sharded gradient alive at the peak)."""
-    gathering = job.runtime.gathering
-    return (shard > 1 and gathering.units is not None
-            and gathering.policy(strategy.zero, strategy.pipelined) == "step")
+    """Whether the sharded gradients at rest come into being only after the step's peak: a runtime that holds
+    the stage's unsharded gradients for the whole step (`Gathering` policy step: torch.distributed.pipelining
+    defers FSDP2's reduce-scatter to the last micro-batch) reduce-scatters them once, at its end, and the
+    optimizer's zero_grad frees them before the next step's forward.  Measured: tests/bench/memory_fidelity.py
+    (pp=2 zero 1/3: no sharded gradient alive at the peak)."""
+    return shard > 1 and job.runtime.gathering.policy(strategy.zero, strategy.pipelined) == "step"
 
 
 def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int) -> float:

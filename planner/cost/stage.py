@@ -17,8 +17,8 @@ from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduc
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
-                                 pipeline_output_bytes, resaved_checkpoint_bytes, saved_bytes, stage_memory,
-                                 transient_bytes)
+                                 backward_transient_bytes, pipeline_output_bytes, resaved_checkpoint_bytes,
+                                 saved_bytes, stage_memory, transient_bytes)
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.strategy import Strategy
@@ -50,6 +50,8 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
         recomputed_kept=kept if recomputed else 0.0,
         recompute_resaved=resaved_checkpoint_bytes(layer, job, strategy) if recomputed and opens_block else 0.0,
         recompute_attention=whole if opens_block else 0.0, recompute_ffn=0.0 if opens_block else whole,
+        block_transient=backward_transient_bytes(layer, job, strategy) if layer.block is not None else 0.0,
+        root_kept=kept if layer.block is None and not head else 0.0,
         largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
         root_params=params if layer.block is None else 0.0,
         embedding_params=params if layer.kind == LayerKind.EMBEDDING else 0.0,

@@ -29,6 +29,8 @@ class StageSums:
     recompute_resaved: float = 0.0  # a recomputed block's checkpoint that its recompute saves again (max)
     recompute_attention: float = 0.0  # a recomputed block's first layer, re-materialised whole (max)
     recompute_ffn: float = 0.0  # the rest of a recomputed block (its MLP or MoE), re-materialised (max)
+    block_transient: float = 0.0  # activation gradients a block layer's backward holds at once (max)
+    root_kept: float = 0.0  # saved bytes of the layers outside blocks but the head (the final norm)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
     root_params: float = 0.0  # parameters of the layers outside blocks (embedding, final norm, head)
     embedding_params: float = 0.0  # the embedding's parameters (the root unit's last gradient)
@@ -55,6 +57,8 @@ class StageSums:
             recompute_resaved=max(self.recompute_resaved, other.recompute_resaved),
             recompute_attention=max(self.recompute_attention, other.recompute_attention),
             recompute_ffn=max(self.recompute_ffn, other.recompute_ffn),
+            block_transient=max(self.block_transient, other.block_transient),
+            root_kept=self.root_kept + other.root_kept,
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
             root_params=self.root_params + other.root_params,
             embedding_params=self.embedding_params + other.embedding_params,
@@ -78,6 +82,7 @@ class StageSums:
             pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
             recomputed_kept=self.recomputed_kept * count, recompute_resaved=self.recompute_resaved,
             recompute_attention=self.recompute_attention, recompute_ffn=self.recompute_ffn,
+            block_transient=self.block_transient, root_kept=self.root_kept * count,
             largest_layer_params=self.largest_layer_params, root_params=self.root_params * count,
             embedding_params=self.embedding_params * count, largest_attention_params=self.largest_attention_params,
             largest_ffn_params=self.largest_ffn_params, max_hidden=self.max_hidden, layers=self.layers * count,
@@ -93,8 +98,13 @@ class StageSums:
     @property
     def backward_extra(self) -> float:
         """Bytes one micro-batch's backward holds at its peak beyond what its forward kept: the loss's transient,
-        with everything kept, or a recomputed block (`recompute_extra`)."""
-        return max(self.working_set, self.recompute_extra)
+        with everything kept, or the last block's backward: its activation gradients on top of the blocks'
+        saves (the loss's and the final norm's freed) or of a recomputed block (`recompute_extra`)."""
+        kept = self.kept_activations + self.head_activations
+        blocks = -self.root_kept - self.head_activations
+        if self.recompute_attention + self.recompute_ffn:
+            blocks = max(blocks, self.recompute_peak - kept)
+        return max(self.working_set, self.recompute_extra, blocks + self.block_transient)
 
     @property
     def recompute_extra(self) -> float:
@@ -107,8 +117,11 @@ class StageSums:
         earlier blocks' checkpoints and its own re-materialised saves (its checkpoint once where the recompute
         saves that very storage again).  The embedding before the blocks keeps only the token ids.
         Measured: tests/bench/memory_fidelity.py (the recompute=full plans' saved-for-backward peak)."""
-        block = self.recompute_attention + self.recompute_ffn
-        if not block:
+        if not self.recompute_attention + self.recompute_ffn:
             return 0.0
-        recompute = self.recomputed_kept - self.recompute_resaved + block
-        return max(0.0, recompute - self.kept_activations - self.head_activations)
+        return max(0.0, self.recompute_peak - self.kept_activations - self.head_activations)
+
+    @property
+    def recompute_peak(self) -> float:
+        """Saved bytes of one micro-batch while its last recomputed block is re-materialised."""
+        return self.recomputed_kept - self.recompute_resaved + self.recompute_attention + self.recompute_ffn
