@@ -49,3 +49,10 @@ def test_even_bound_and_one_block_per_slot():
     assert even_pipeline_bound([(A, 1), (B, 1)], 2, 3, 4, 2, 77.0) == 77.0  # B cannot hold 3 blocks
     # the fluid limit alone would be 2.5 s (A holds T, B T / 5 blocks); every stage needs a block: 5 s
     assert slots_limit([(1.0, 0.0, 1), (5.0, 0.0, 1)], 2, 3) == pytest.approx(5.0)
+
+
+def test_fill_bound_skips_a_pool_where_no_stage_fits():
+    # a pool whose GPUs hold not even one block has no times: its slots take no stage, and the bound is the
+    # other pools' (regression: the gallery's mixed cluster once raised IndexError here)
+    assert pipeline_fill_bound([(A, 1), ([], 4)], 1, 3, 4, 1, 0.0, float("inf")) == pytest.approx(12.0)
+    assert pipeline_fill_bound([([], 2), (B, 1)], 2, 3, 4, 1, 0.0, 99.0) == 99.0

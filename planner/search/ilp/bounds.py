@@ -127,8 +127,9 @@ def pipeline_fill_bound(profiles: list[tuple[list[float], int]], stages: int, bl
     for limit in sorted({t for times, _ in profiles for t in times if t >= start}):
         if (micro - 1 / chunks) * limit >= best:
             break  # the sum only adds
+        # a pool where no stage fits (no times) offers no slot
         usable = [(times, slots, steps) for (times, slots), steps in zip(profiles, increments)
-                  if slots and times[0] <= limit]
+                  if slots and times and times[0] <= limit]
         firsts = sorted(times[0] for times, slots, _ in usable for _ in range(min(slots, stages)))
         offered = sorted(d for times, slots, steps in usable
                          for d in steps[: bisect.bisect_right(times, limit) - 1] for _ in range(slots))
