@@ -8,6 +8,14 @@ from hardware import Cluster, load_cluster
 from models import load_model
 from models.graph import ModelGraph
 from planner.job import Job
+from tools import missing_tools
+
+
+def pytest_sessionstart(session):
+    """Stop before the first test when a program the suite runs is missing (tests/tools.py)."""
+    missing = missing_tools()
+    if missing:
+        pytest.exit(f"required tools are missing: {', '.join(missing)}", returncode=4)
 
 
 # a cluster file of one CPU node with two ranks (the re-plan tests shrink onto it)

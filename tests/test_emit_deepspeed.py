@@ -35,6 +35,7 @@ ds_topology = pytest.importorskip("deepspeed.runtime.pipe.topology")
 from hardware import load_cluster  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
 from models import load_model  # noqa: E402
+from tools import shellcheck
 from planner.cli import cli  # noqa: E402
 from planner.cost.evaluate import evaluate  # noqa: E402
 from planner.emit import UnsupportedPlan  # noqa: E402
@@ -48,7 +49,6 @@ from planner.search.space import SpaceOptions  # noqa: E402
 from planner.strategy import Strategy, parse_strategy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHELLCHECK = shutil.which("shellcheck")
 STEPS = 1000  # train_steps given to the emitter in most tests
 GIVEN = LaunchInputs(data="data/c4", tokenizer="meta-llama/Meta-Llama-3-8B", checkpoint_dir="ckpt",
                      train_steps=STEPS, save_every=250)
@@ -342,12 +342,11 @@ def _trainer_args(tmp_path: Path) -> tuple[str, list[str], list[str]]:
     return cwd, args[:split - 1], args[split + 1:]
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="needs shellcheck (Debian package shellcheck)")
 def test_launch_sh_passes_shellcheck(case, tmp_path):
     _, _, plan, files, _ = case
     for inputs in (GIVEN, LaunchInputs()):
         (tmp_path / "launch.sh").write_text(emit(plan, case[1], inputs)["launch.sh"])
-        result = subprocess.run([SHELLCHECK, "--shell=bash", str(tmp_path / "launch.sh")], capture_output=True,
+        result = subprocess.run([shellcheck(), "--shell=bash", str(tmp_path / "launch.sh")], capture_output=True,
                                 text=True)
         assert result.returncode == 0, result.stdout
 

@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from hardware import load_cluster
+from tools import shellcheck
 from planner.emit import emitter
 from planner.emit.inputs import LaunchInputs
 from launch_plans import big_plan, tiny_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "tests" / "data" / "kubeflow_pytorchjob_crd_v1.9.0.yaml"
-SHELLCHECK = shutil.which("shellcheck")
 ENVSUBST = shutil.which("envsubst")
 INPUTS = {"PLANNER_DATA": "/data/tok/corpus", "PLANNER_TOKENIZER": "meta-llama/Meta-Llama-3-70B",
           "PLANNER_CHECKPOINTS": "/checkpoints/llama3-70b", "PLANNER_TRAIN_STEPS": "1000",
@@ -318,7 +318,6 @@ def test_dlrm_job_is_valid_and_keeps_no_checkpoints(schema, tmp_path):
     assert document["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (Debian package shellcheck)")
 def test_apply_scripts_pass_shellcheck_and_bash_n(big, tiny, tmp_path):
     given = LaunchInputs(data="/d", tokenizer="t", checkpoint_dir="c d", train_steps=3, image="reg/img:1")
     scripts = {"gpu": emitter("k8s")(*big)["apply.sh"], "gpu-given": emitter("k8s")(*big, given)["apply.sh"],
@@ -327,7 +326,7 @@ def test_apply_scripts_pass_shellcheck_and_bash_n(big, tiny, tmp_path):
         path = tmp_path / f"{name}.sh"
         path.write_text(text)
         assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, name
-        lint = subprocess.run([SHELLCHECK, "--severity=style", str(path)], capture_output=True, text=True)
+        lint = subprocess.run([shellcheck(), "--severity=style", str(path)], capture_output=True, text=True)
         assert lint.returncode == 0, (name, lint.stdout)
 
 

@@ -9,7 +9,6 @@ counts the parameters of its GPTModel on the meta device.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from conftest import make_job
 from launch_plans import MEGATRON_FAMILIES
 from megatron_lm import run_script
+from tools import shellcheck
 from models.spec import spec_from_data
 from models.zoo import get_entry
 from planner.cost import evaluate
@@ -220,11 +220,8 @@ def test_launch_script_passes_shellcheck_and_bash_n(tmp_path):
         script = tmp_path / f"{family}.sh"
         script.write_text(emitted(family, inputs)[2]["launch.sh"])
         subprocess.run(["bash", "-n", str(script)], check=True)
-        if shutil.which("shellcheck"):
-            check = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
-            assert check.returncode == 0, check.stdout
-        else:
-            pytest.fail("shellcheck is not installed (Debian package shellcheck)")
+        check = subprocess.run([shellcheck(), str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout
 
 
 def _run_launch(tmp_path, files, env):

@@ -10,7 +10,6 @@ variant of the script.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from hardware import load_cluster
 from models import load_model
+from tools import shellcheck
 from planner.emit import UnsupportedPlan, emitter
 from planner.emit.inputs import LaunchInputs
 from planner.emit.torch import train_args
@@ -27,7 +27,6 @@ from launch_plans import big_plan, plan_of, tiny_plan
 from ports import MULTIPROCESS, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SHELLCHECK = shutil.which("shellcheck")
 INPUTS = {"PLANNER_DATA": "/data/tok/corpus", "PLANNER_TOKENIZER": "meta-llama/Meta-Llama-3-70B",
           "PLANNER_CHECKPOINTS": "/lustre/ckpt/run 1", "PLANNER_TRAIN_STEPS": "1000"}
 
@@ -220,7 +219,6 @@ def _shell_files(big, tiny) -> dict[str, str]:
              "dense-cpu": emitter("slurm")(*tiny)["job.sbatch"]}
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (Debian package shellcheck)")
 def test_every_script_passes_shellcheck_and_bash_n(big, tiny, tmp_path):
     from planner.emit.dlrm import emit_dlrm_slurm
     from planner.embedding.compile import compile_embedding
@@ -235,5 +233,5 @@ def test_every_script_passes_shellcheck_and_bash_n(big, tiny, tmp_path):
         path.write_text(text)
         syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert syntax.returncode == 0, (name, syntax.stderr)
-        lint = subprocess.run([SHELLCHECK, "--severity=style", str(path)], capture_output=True, text=True)
+        lint = subprocess.run([shellcheck(), "--severity=style", str(path)], capture_output=True, text=True)
         assert lint.returncode == 0, (name, lint.stdout)

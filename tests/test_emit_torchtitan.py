@@ -34,6 +34,7 @@ import pytest
 
 from hardware import load_cluster
 from models import load_model
+from tools import shellcheck
 from planner.emit import UnsupportedPlan, emitter
 from planner.emit.inputs import LaunchInputs
 from planner.emit.torchtitan_model import FLAVORS, RELEASE
@@ -41,7 +42,6 @@ from planner.job import Job
 from planner.strategy import parse_strategy
 from launch_plans import certified_plan
 
-SHELLCHECK = shutil.which("shellcheck")
 GIVEN = LaunchInputs(data="data/c4", tokenizer="assets/tokenizer", checkpoint_dir="ckpt", train_steps=1000,
                      save_every=250)
 ENV = {"PLANNER_DATA": "/data/c4", "PLANNER_TOKENIZER": "/assets/llama3", "PLANNER_CHECKPOINTS": "runs/ckpt",
@@ -237,13 +237,12 @@ def _check_pipeline(p, plan, job) -> None:
     assert issubclass(schedule, PipelineScheduleMulti) == (s.vpp > 1)
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="needs shellcheck (Debian package shellcheck)")
 def test_launch_sh_passes_shellcheck(variant, tmp_path):
     _, job, plan = variant
     for inputs in (GIVEN, LaunchInputs()):
         path = tmp_path / "launch.sh"
         path.write_text(emitter("torchtitan")(plan, job, inputs)["launch.sh"])
-        result = subprocess.run([SHELLCHECK, "--shell=bash", str(path)], capture_output=True, text=True)
+        result = subprocess.run([shellcheck(), "--shell=bash", str(path)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout
 
 

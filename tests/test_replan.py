@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from planner.strategy import parse_strategy
 from planner.validation import check_strategy
 from benches import load_bench
 from conftest import TWO_GPUS
+from tools import shellcheck
 
 PARAMS = 180_800
 BYTES_PER_PARAM = 4 + 8  # fp32 weights + Adam exp_avg and exp_avg_sq
@@ -260,9 +260,8 @@ def test_resume_scripts_are_valid_bash(framework_files, tmp_path):
     for script in scripts:
         assert script.is_file(), sorted(p.name for p in script.parent.iterdir())
         subprocess.run(["bash", "-n", str(script)], check=True)
-    if shutil.which("shellcheck"):
-        run = subprocess.run(["shellcheck", "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
-        assert run.returncode == 0, run.stdout
+    run = subprocess.run([shellcheck(), "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
     config = json.loads((framework_files / "deepspeed" / "ds_config.json").read_text())
     assert config["checkpoint"] == {"load_universal": True}  # DeepSpeed reads deepspeed/runtime/config.py's key
 
