@@ -7,7 +7,7 @@ reads the SPEC string (docs/strategy-spec.md): comma-separated key=value pairs.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Literal, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -240,6 +240,12 @@ class Strategy(BaseModel):
             return self.offload in ("params", "all")
         return any(o in ("params", "all") for o in self.stage_offload)
 
+    @property
+    def blocks_recomputable(self) -> bool:
+        """The search may fully recompute chosen blocks on top of this configuration: its base recompute is
+        none and no expert all-to-all overlap forbids full recompute (Megatron's TransformerConfig)."""
+        return self.recompute == "none" and not self.ep_overlap
+
     def stage_recompute_count(self, stage: int) -> int | None:
         """Fully recomputed blocks per stage (per chunk), None for all."""
         if self.recompute_layers is None:
@@ -310,10 +316,31 @@ class Strategy(BaseModel):
         return f"{key}={'/'.join(f'{v:g}' if isinstance(v, float) else str(v) for v in values)}"
 
 
-_INT_KEYS = {"tp", "pp", "dp", "cp", "ep", "etp", "mbs", "vpp", "zero"}
-_INT_LIST_KEYS = {"split", "recompute_layers"}
-_BOOL_KEYS = {"sp", "tp_overlap", "ep_overlap"}
 _ALIASES = {"zero": {"fsdp": "3", "ddp": "0"}}
+
+
+def spec_kind(key: str) -> str:
+    """How the SPEC spells a field's value, read off its annotation: int, bool, ints (a/b/c), names (a/b/c),
+    or a word."""
+    annotation = Strategy.model_fields[key].annotation
+    args = set(get_args(annotation)) - {type(None)} or {annotation}
+    if args == {int}:
+        return "int"
+    if args == {bool}:
+        return "bool"
+    if args == {tuple[int, ...]}:
+        return "ints"
+    if args == {tuple[str, ...]}:
+        return "names"
+    return "word"
+
+
+def parse_int(key: str, raw: str) -> int:
+    """An integer field's value."""
+    try:
+        return int(raw)
+    except ValueError:
+        raise PlannerInputError(f"strategy: {key}: expected an integer, got {raw!r}") from None
 
 
 def _parse_bool(key: str, raw: str) -> bool:
@@ -340,19 +367,17 @@ def parse_strategy(spec: str) -> Strategy:
         if key in values:
             raise PlannerInputError(f"strategy: {key}: given twice")
         raw = _ALIASES.get(key, {}).get(raw.lower(), raw)
-        if key in _INT_KEYS:
-            try:
-                values[key] = int(raw)
-            except ValueError:
-                raise PlannerInputError(f"strategy: {key}: expected an integer, got {raw!r}") from None
-        elif key in _BOOL_KEYS:
+        kind = spec_kind(key)
+        if kind == "int":
+            values[key] = parse_int(key, raw)
+        elif kind == "bool":
             values[key] = _parse_bool(key, raw)
-        elif key in _INT_LIST_KEYS:
+        elif kind == "ints":
             try:
                 values[key] = tuple(int(x) for x in raw.split("/"))
             except ValueError:
                 raise PlannerInputError(f"strategy: {key}: expected integers per stage like 10/12/12/10, got {raw!r}") from None
-        elif key == "stage_pools":
+        elif kind == "names":
             values[key] = tuple(raw.split("/"))
         elif key in PLACEMENT_KEYS and "/" in raw:
             parts = [part.strip().lower() for part in raw.split("/")]

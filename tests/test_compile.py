@@ -27,7 +27,9 @@ from planner.search.result import CompileOptions, CompileResult
 from planner.search.space import SpaceOptions, global_configs, placement_variants
 from planner.strategy import Strategy
 
-SMALL = dict(max_mbs=4, max_vpp=2, max_cp=2)
+# the compiler's own space with offload only where nothing fits: its per-stage placements stay few enough for the
+# exhaustive enumeration (tests/test_certificate_oracle.py checks the default, offload in every program)
+SMALL = dict(max_mbs=4, max_vpp=2, max_cp=2, offload_search="fallback")
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -226,7 +228,8 @@ def test_objective_agrees_with_evaluation_for_segmented_models_with_interleaving
     # dense blocks then MoE blocks, vpp=2: the recomputed blocks are the first of each chunk
     model = _model(8, 2048, 16, 16, 8192, 32000,
                    moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=2048, first_dense_layers=2))
-    space = SpaceOptions(max_mbs=1, max_vpp=2, max_cp=1, zero_stages=(1,),
+    # without offload, which would otherwise spare the recomputation this test is about
+    space = SpaceOptions(max_mbs=1, max_vpp=2, max_cp=1, zero_stages=(1,), offload_search="fallback",
                          fixed={"tp": 1, "cp": 1, "pp": 2, "vpp": 2, "ep": 1})
     result, best = assert_matches_oracle(_job(model, CPU4, batch=8, seq=16384), space)
     assert best.recompute_layers is not None

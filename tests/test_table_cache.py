@@ -2,63 +2,71 @@
 every cached quantity equals the same quantity computed by a fresh builder.
 
 `TableBuilder` caches layer sums, communicator shapes, bounds, slot profiles and stage sums by keys
-built from the Strategy fields their cost code reads (`planner.cost.*.READS`).  A field missing from a
-key would make two configurations share an entry they should not; here one builder serves a base
-configuration and then every variation (so each lookup may hit an entry of an earlier one), and a fresh
-builder recomputes each variation from scratch.
+read off planner/fields.py (what each computation reads).  A field missing from a key would make two
+configurations share an entry they should not; here one builder serves a base configuration and then
+every variation (so each lookup may hit an entry of an earlier one), and a fresh builder recomputes
+each variation from scratch.  Every field of Strategy is varied at least once, on a job where the
+variation is legal (a dense model, an MoE model, a cluster of two pools for dp and stage_pools), under
+the planner runtime (whose activations read the ZeRO stage) and the reference runtime.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from hardware import load_catalog, load_cluster
+from hardware import Cluster, Pool, load_catalog, load_cluster
+from hardware.catalog import NodeSpec
 from models import load_model
 from planner.cost import micro_batches
-from planner.errors import PlannerInputError
 from planner.job import Job
+from planner.profile import load_runtime
 from planner.search.ilp.build import build_tables, stage_pools_for
 from planner.search.ilp.tables import TableBuilder
 from planner.strategy import Strategy
 from planner.validation import check_strategy
 
-BASE = {"tp": 2, "pp": 2, "cp": 1, "mbs": 1, "zero": 1}
-# values each Strategy field takes besides the base's (illegal combinations are skipped)
-VARIATIONS: dict[str, list] = {
-    "tp": [1, 4], "pp": [1, 4], "dp": [2], "cp": [2], "ep": [2], "mbs": [2], "vpp": [2], "sp": [False],
-    "zero": [0, 2, 3], "shard": ["node"], "recompute": ["selective", "full"], "recompute_layers": [(1, 1)],
-    "regather": ["host"], "offload": ["optimizer", "all"], "offload_device": ["nvme"], "offload_ratio": [0.5],
-    "schedule": ["gpipe", "interleaved"], "tp_overlap": [True], "split": [(6, 10)],
-    "etp": [1], "ep_overlap": [True],  # MoE fields: refused (etp) or inert (ep_overlap) on this dense model
-}
+DENSE = {"tp": 2, "pp": 2, "mbs": 1, "zero": 1}
+MOE = {"tp": 2, "pp": 2, "vpp": 2, "ep": 2, "zero": 1}
+MIXED = {"tp": 2, "pp": 2, "dp": 2, "zero": 1, "stage_pools": ("a100", "h100")}
+ZERO3 = {"zero": 3}
+# (job, base, the field varied, its value, what else the value needs to be legal)
+CASES = [
+    ("dense", DENSE, "tp", 1, {}), ("dense", DENSE, "tp", 4, {}), ("dense", DENSE, "pp", 1, {}),
+    ("dense", DENSE, "pp", 4, {}), ("dense", DENSE, "cp", 2, {}), ("dense", DENSE, "mbs", 2, {}),
+    ("dense", DENSE, "vpp", 2, {}), ("dense", DENSE, "sp", False, {}), ("dense", DENSE, "zero", 0, {}),
+    ("dense", DENSE, "zero", 2, {}), ("dense", DENSE, "zero", 3, {}), ("dense", DENSE, "shard", "node", {}),
+    ("dense", DENSE, "recompute", "selective", {}), ("dense", DENSE, "recompute", "full", {}),
+    ("dense", DENSE, "recompute_layers", (1, 2), {"recompute": "full"}),
+    ("dense", DENSE, "regather", "host", ZERO3), ("dense", DENSE, "offload", "optimizer", {}),
+    ("dense", DENSE, "offload", "all", ZERO3),
+    ("dense", DENSE, "offload_device", "nvme", {"offload": "optimizer"}),
+    ("dense", DENSE, "offload_ratio", 0.5, {**ZERO3, "offload": "optimizer"}),
+    ("dense", DENSE, "schedule", "gpipe", {}), ("dense", DENSE, "schedule", "interleaved", {"vpp": 2}),
+    ("dense", DENSE, "tp_overlap", True, {}), ("dense", DENSE, "split", (12, 20), {}),
+    ("dense", DENSE, "stage_offload", ("optimizer", "none"), {}),
+    ("dense", DENSE, "stage_offload_device", ("nvme", "cpu"), {"offload": "optimizer"}),
+    ("dense", DENSE, "stage_offload_ratio", (0.5, 1.0), {**ZERO3, "offload": "optimizer"}),
+    ("dense", DENSE, "stage_regather", ("host", "network"), ZERO3),
+    ("moe", MOE, "ep", 4, {}), ("moe", MOE, "etp", 1, {}), ("moe", MOE, "ep_overlap", True, {}),
+    ("mixed", MIXED, "dp", 4, {}), ("mixed", MIXED, "stage_pools", ("h100", "a100"), {}),
+]
 
 
-def test_every_strategy_field_is_varied():
-    assert set(VARIATIONS) | {"stage_pools", "stage_offload", "stage_offload_device", "stage_offload_ratio",
-                              "stage_regather"} >= set(Strategy.model_fields)
+def _mixed_cluster() -> Cluster:
+    catalog = load_catalog()
+    return Cluster(name="a100-h100", pools=[
+        Pool(name=name, count=1, node=NodeSpec.model_validate(catalog.nodes[preset].model_dump()))
+        for name, preset in (("a100", "dgx-a100-80g"), ("h100", "dgx-h100"))])
 
 
-@pytest.fixture(scope="module")
-def job():
-    return Job(model=load_model("llama2-7b"), cluster=load_cluster("dgx-h100:2"), global_batch=64, seq_len=2048)
-
-
-def _variants(job):
-    base = check_strategy(job, Strategy(**BASE))
-    yield "base", base
-    for field, values in VARIATIONS.items():
-        for value in values:
-            update = {**BASE, field: value}
-            if field == "zero" and value == 3 or field in ("offload", "regather", "offload_ratio"):
-                update["zero"] = 3
-            if field == "offload_ratio":
-                update["offload"] = "optimizer"
-            if field == "vpp" or field == "schedule" and value == "interleaved":
-                update.update(vpp=2, pp=2)
-            try:
-                yield f"{field}={value}", check_strategy(job, Strategy(**update))
-            except (PlannerInputError, ValueError):
-                continue
+def _jobs(runtime: str) -> dict[str, Job]:
+    profile = load_runtime(runtime)
+    return {"dense": Job(model=load_model("llama2-7b"), cluster=load_cluster("dgx-h100:2"), global_batch=64,
+                         seq_len=2048, runtime=profile),
+            "moe": Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:2"), global_batch=64,
+                       seq_len=2048, runtime=profile),
+            "mixed": Job(model=load_model("llama2-7b"), cluster=_mixed_cluster(), global_batch=64, seq_len=2048,
+                         runtime=profile)}
 
 
 def _quantities(builder: TableBuilder, job: Job, strategy: Strategy) -> dict:
@@ -69,7 +77,7 @@ def _quantities(builder: TableBuilder, job: Job, strategy: Strategy) -> dict:
     out = {
         "groups": builder.groups(strategy, site),
         "block_sums": [builder.block_sums(0, mode, strategy, site) for mode in ("none", "selective", "full")],
-        "fixed_sums": builder.fixed_sums(strategy.pp - 1, strategy, site),
+        "fixed_sums": builder.fixed_sums(strategy.pp == 1, True, strategy, site),
         "lower_bound": builder.lower_bound(strategy, pools, m),
         "refined_bound": builder.refined_bound(strategy, pools, m),
         "sum_floor": builder.sum_floor(strategy, pools),
@@ -82,14 +90,21 @@ def _quantities(builder: TableBuilder, job: Job, strategy: Strategy) -> dict:
     return out
 
 
-def test_cached_quantities_equal_fresh_ones_for_every_field(job):
-    shared = TableBuilder(job, load_catalog())
-    checked = []
-    for name, strategy in _variants(job):
-        cached = _quantities(shared, job, strategy)
-        fresh = _quantities(TableBuilder(job, load_catalog()), job, strategy)
-        for key in fresh:
-            assert cached[key] == fresh[key], f"{name}: {key} came stale from the cache"
-        checked.append(name)
-    # the variations that are legal on this job: at least one per field family
-    assert len(checked) >= 20, checked
+def test_every_strategy_field_is_varied():
+    assert {field for _, _, field, _, _ in CASES} == set(Strategy.model_fields)
+
+
+@pytest.mark.parametrize("runtime", ["planner", "reference"])
+def test_cached_quantities_equal_fresh_ones_for_every_field(runtime):
+    jobs = _jobs(runtime)
+    shared = {name: TableBuilder(job, load_catalog()) for name, job in jobs.items()}
+    for name, base, field, value, needs in CASES:
+        job = jobs[name]
+        # every variation is legal on its job: an illegal one fails here instead of being skipped
+        varied = check_strategy(job, Strategy(**{**base, **needs, field: value}))
+        assert getattr(varied, field) == value, f"{field}={value}: folded into another spelling"
+        for strategy in (check_strategy(job, Strategy(**base)), varied):
+            cached = _quantities(shared[name], job, strategy)
+            fresh = _quantities(TableBuilder(job, load_catalog()), job, strategy)
+            for key in fresh:
+                assert cached[key] == fresh[key], f"{field}={value} ({runtime}): {key} came stale from the cache"

@@ -25,8 +25,7 @@ from planner.cli import replan_cmd
 from planner.cli.signals import interrupted_by_sigint
 from planner.cli.options import (Infeasible, InputError, job_options, json_option, memory_margin_option, one_line,
                                  runtime_option, user_errors)
-from planner.cost import evaluate
-from planner.cost.layout import split_blocks
+from planner.cost import evaluate, refusals
 from planner.job import Job
 from planner.profile import CLI_RUNTIME, load_runtime
 from planner.strategy import parse_strategy
@@ -264,9 +263,7 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
     job = job.on(load_runtime(runtime or CLI_RUNTIME))
     strategy = check_strategy(job, parse_strategy(spec))
-    blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
-    missing = job.runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, blocks,
-                                         job.global_batch // (strategy.dp * strategy.mbs))
+    missing = refusals(job, strategy)
     if missing:
         raise InputError(f"--runtime {job.runtime.name}: {job.runtime.name} cannot run {'; '.join(missing)} "
                          f"(hardware/data/runtimes/{job.runtime.name}.yaml, space); --runtime reference costs "

@@ -25,7 +25,8 @@ from planner.cli import render
 from planner.cli.compile_embedding import run_embedding_compile
 from planner.cli.options import (Infeasible, job_options, json_option, launch_options, margin_or_default,
                                  memory_margin_option, output_dir_path, runtime_option, user_errors)
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, PlannerInputError
+from planner.fields import fields_with
 from planner.job import Job
 from planner.plan.output import check_output_dir, write_outputs
 from planner.plan.groups import build_plan
@@ -39,8 +40,9 @@ from planner.profile import load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.strategy import parse_int, spec_kind
 
-_FIXABLE = ("tp", "pp", "dp", "cp", "ep", "etp", "mbs", "vpp", "zero", "shard")
+_FIXABLE = fields_with("fixable")  # the search's global keys (planner.fields)
 
 
 def _parse_fixed(spec: str) -> dict[str, int | str]:
@@ -51,19 +53,16 @@ def _parse_fixed(spec: str) -> dict[str, int | str]:
         if not sep or key not in _FIXABLE:
             raise click.BadParameter(f"{item!r}: expected key=value with key in {', '.join(_FIXABLE)}",
                                      param_hint="--fix")
-        if key == "shard":
-            fixed[key] = raw
-            continue
         try:
-            fixed[key] = int(raw)
-        except ValueError:
+            fixed[key] = parse_int(key, raw) if spec_kind(key) == "int" else raw
+        except PlannerInputError:
             raise click.BadParameter(f"{key}: expected an integer, got {raw!r}", param_hint="--fix") from None
     return fixed
 
 
 def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """Callback of --time-limit: a finite budget (plan.json records it; JSON has no infinity)."""
-    if not math.isfinite(value):
+    """Callback of --time-limit and --work-limit: a finite budget (plan.json records it; JSON has no infinity)."""
+    if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"expected a finite number of seconds, got {value}; for a long search give a "
                                  "large one, e.g. 86400", ctx=ctx, param=param)
     return value
@@ -92,6 +91,10 @@ def _progress(enabled: bool | None):
               metavar="SEC", callback=_finite_seconds,
               help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap and marked "
                    "stopped (not reproducible).")
+@click.option("--work-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
+              callback=_finite_seconds,
+              help="Instead of --time-limit: CP-SAT deterministic seconds each program may spend (about a second "
+                   "of solving each), with no wall-clock budget: the same plan on any machine under any load.")
 @click.option("--target", "targets", type=click.Choice(TARGETS), multiple=True,
               help="Launch files to write into DIR (repeatable; default: deepspeed and torch).  Named targets "
                    "give one plan that every one of them can express: it is searched in the intersection of "
@@ -112,16 +115,18 @@ def _progress(enabled: bool | None):
               default="planner", show_default=True,
               help="Recommendation models: the compiler's plan, or planner's greedy in TorchRec's style (not "
                    "TorchRec's planner: `compare` runs that). (--strategy is a SPEC in every command that takes it.)")
-@click.option("--offload-search", type=click.Choice(["fallback", "always"]), default="fallback", show_default=True,
-              help="When stages may offload: only where nothing fits without it, or in every program (offload "
-                   "can buy fewer recomputed blocks or a better split; several times slower).")
+@click.option("--offload-search", type=click.Choice(["fallback", "always"]), default="always", show_default=True,
+              help="When stages may offload: in every program, where it can buy fewer recomputed blocks or a better "
+                   "split (the certificate covers every placement), or only where nothing fits without it (faster; "
+                   "the certificate then holds over the strategies without offload).")
 @click.option("--progress/--no-progress", default=None,
               help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
 @launch_options
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float, targets: tuple[str, ...],
+             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float,
+             work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
              offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
@@ -151,8 +156,10 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
               memory_margin=margin_or_default(memory_margin))
     if job.model.family == "recsys":
         chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
-        run_embedding_compile(job, strategy=embedding_planner, time_limit=time_limit, out_dir=out_dir, force=force,
-                       progress=_progress(progress), as_json=as_json, targets=chosen, inputs=inputs)
+        # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
+        run_embedding_compile(job, strategy=embedding_planner, time_limit=work_limit or time_limit, out_dir=out_dir,
+                              force=force, progress=_progress(progress), as_json=as_json, targets=chosen,
+                              inputs=inputs)
         return
     if embedding_planner != "planner":
         raise click.BadParameter(f"{embedding_planner} plans the tables of recommendation models; {job.model.name} "
@@ -174,7 +181,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
                 space = narrow_to_runtime(space, profile, job)
                 narrowed.append(profile.name)
     others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)
-    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit, space=space,
+    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit,
+                             work_limit=work_limit, space=space,
                              space_runtimes=others)
     targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in targets if t not in available_targets()]
@@ -190,7 +198,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         data = (result.estimate or result.groups).model_dump(mode="json")
         cert = result.certificate
         data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
-                          "wall_s": wall, "time_limit_s": time_limit, "stopped": cert.stopped,
+                          "wall_s": wall, "time_limit_s": None if work_limit else time_limit,
+                          "work_limit_s": work_limit, "stopped": cert.stopped,
                           "reproducible": cert.stopped is None}
         data["plan"] = plan.model_dump(mode="json")
         _emit_json(data)

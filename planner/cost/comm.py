@@ -36,6 +36,7 @@ from planner.cost.compute import LayerTime
 from planner.cost.layout import StageGroups, is_block_layer
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.sums import StageSums
+from planner.fields import Reader, reads
 from planner.job import Job
 from planner.profile import Gather
 from planner.strategy import Strategy
@@ -147,7 +148,7 @@ def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: S
 
 
 # what `p2p_seconds` reads of the strategy (with the hidden size and the site's pools): its cache key
-P2P_READS = ("tp", "cp", "dp", "mbs", "sequence_parallel", "vpp", "pipelined")
+P2P_READS = reads(Reader.P2P)
 
 
 def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups, catalog: Catalog,
@@ -157,7 +158,7 @@ def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups
     `crossings`: whether the stage's forward send (to the next stage) and its backward send (to the
     previous one) leave the node (`boundary_crossings`); None: the cheapest the ranks' layout allows, a
     lower bound for any stage."""
-    if strategy.pp == 1:
+    if not strategy.pipelined:
         return 0.0
     volume = strategy.mbs * job.seq_len / strategy.cp * hidden * ACT_BYTES
     if strategy.sequence_parallel:

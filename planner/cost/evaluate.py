@@ -19,7 +19,7 @@ from __future__ import annotations
 from hardware import Catalog, load_catalog
 from planner.cost.confidence import assess
 from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport, StageReport
-from planner.cost.layout import StagePlacement, place_stages, stage_groups
+from planner.cost.layout import StagePlacement, place_stages, split_blocks, stage_groups
 from planner.cost.stage import StageCost, compose_stage, sum_layers
 from planner.job import Job
 from planner.profile import RuntimeProfile
@@ -30,6 +30,14 @@ from planner.validation import check_strategy
 def micro_batches(job: Job, strategy: Strategy) -> int:
     """Micro-batches per step per data-parallel replica."""
     return job.global_batch // (strategy.dp * strategy.mbs)
+
+
+def refusals(job: Job, strategy: Strategy) -> list[str]:
+    """Why the job's runtime cannot run a resolved strategy (empty when it can): its profile's space, with the
+    blocks each stage holds and the micro-batches per replica."""
+    blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
+    return job.runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, blocks,
+                                      micro_batches(job, strategy))
 
 
 def stage_cost(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Catalog) -> StageCost:

@@ -8,10 +8,12 @@ rank range and, on a mixed cluster, whichever pool that range falls on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec, Pool
 from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, ModelGraph
+from planner.fields import Reader, reads
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -153,27 +155,28 @@ def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
 
 
 # what `stage_groups` reads of the strategy (with the site's pools): its cache key (strategy_key)
-GROUPS_READS = ("tp", "cp", "dp", "ep", "etp", "pipelined", "shard")
+GROUPS_READS = reads(Reader.GROUPS)
+
+# each communicator's (size, stride in rank order) from a stage's strategy and its GPUs per node
+GROUP_SHAPES: dict[str, Callable[[Strategy, int], tuple[int, int]]] = {
+    "tp": lambda s, gpn: (s.tp, 1),
+    "cp": lambda s, gpn: (s.cp, s.tp),
+    "dp": lambda s, gpn: (s.dp * s.cp, s.tp),
+    "dp_shard": lambda s, gpn: (shard_degree(s, gpn), s.tp),
+    "dp_replicate": lambda s, gpn: (s.dp * s.cp // shard_degree(s, gpn), s.tp * shard_degree(s, gpn)),
+    # Megatron-Core folds expert groups over a stage's tp x cp x dp ranks in the order etp, ep, edp
+    # (parallel_state's expert RankGenerator, order "tp-ep-dp-pp"): an ep group's members are etp apart
+    "ep": lambda s, gpn: (s.ep, s.expert_tp),
+    "etp": lambda s, gpn: (s.expert_tp, 1),
+    "pp": lambda s, gpn: (2 if s.pipelined else 1, s.tp * s.cp * s.dp),
+}
 
 
 def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
     """Communicator shapes for one stage under a resolved strategy."""
-    s, cluster, pools = strategy, job.cluster, site.pools
-    gpn = min(p.node.gpus_per_node for p in pools)
-    shard = shard_degree(s, gpn)
-    reduce_size = s.dp * s.cp
-    return StageGroups(
-        tp=comm_group(cluster, pools, s.tp, 1),
-        cp=comm_group(cluster, pools, s.cp, s.tp),
-        dp=comm_group(cluster, pools, reduce_size, s.tp),
-        dp_shard=comm_group(cluster, pools, shard, s.tp),
-        dp_replicate=comm_group(cluster, pools, reduce_size // shard, s.tp * shard),
-        # Megatron-Core folds expert groups over a stage's tp x cp x dp ranks in the order etp, ep, edp
-        # (parallel_state's expert RankGenerator, order "tp-ep-dp-pp"): an ep group's members are etp apart
-        ep=comm_group(cluster, pools, s.ep, s.expert_tp),
-        etp=comm_group(cluster, pools, s.expert_tp, 1),
-        pp=comm_group(cluster, pools, 2 if s.pp > 1 else 1, s.tp * s.cp * s.dp),
-    )
+    gpn = min(p.node.gpus_per_node for p in site.pools)
+    return StageGroups(**{name: comm_group(job.cluster, site.pools, *shape(strategy, gpn))
+                          for name, shape in GROUP_SHAPES.items()})
 
 
 def tp_divisor(layer: Layer, tp: int) -> int:

@@ -20,6 +20,7 @@ from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_ran
                                  backward_transient_bytes, pipeline_output_bytes, resaved_checkpoint_bytes,
                                  saved_bytes, stage_memory, transient_bytes)
 from planner.cost.sums import StageSums
+from planner.fields import Reader, reads
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -30,7 +31,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     time = layer_time(layer, job, strategy, site.device, catalog, mode)
     comm = layer_comm(layer, job, strategy, groups, time, catalog, mode)
     params = layer_params_per_rank(layer, strategy)
-    if strategy.pp > 1:
+    if strategy.pipelined:
         params += layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
     calls = job.runtime.gathering.calls
     gathers = calls.per_layer(layer.kind)
@@ -68,9 +69,9 @@ def _layer_key(layer: Layer, mode: str) -> tuple:
 
 
 # what `sum_layers` reads of the strategy (with the layers, their modes and the site's pools): its cache key
-LAYER_SUMS_READS = ("tp", "cp", "ep", "etp", "ep_overlap", "mbs", "sequence_parallel", "tp_overlap", "pipelined")
+LAYER_SUMS_READS = reads(Reader.LAYER_SUMS)
 # what `compose_stage` adds to the sums' reads (through memory, data-parallel sync, optimizer and offload)
-COMPOSE_READS = ("dp", "zero", "shard", "regather", "offload", "offload_device", "offload_ratio", "vpp", "recompute")
+COMPOSE_READS = reads(Reader.COMPOSE)
 
 
 def sum_layers(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job, strategy: Strategy, site: StageSite,

@@ -230,6 +230,7 @@ def plan_solver(cert: Certificate, options: CompileOptions) -> PlanSolver:
     return PlanSolver(
         objective_kind=options.objective, status=cert.status, objective=cert.objective, bound=cert.bound,
         gap=cert.gap, configurations=cert.configurations, solved=cert.solved, pruned=cert.pruned,
-        time_limit_s=options.time_limit, max_step_time_s=options.max_step_time, stopped=cert.stopped,
+        time_limit_s=options.time_limit if options.work_limit is None else None, work_limit_s=options.work_limit,
+        max_step_time_s=options.max_step_time, stopped=cert.stopped,
         space_runtimes=list(options.space_runtimes),
     )

@@ -151,7 +151,8 @@ def _solver(plan: Plan) -> list[str]:
         f"- bound: {s.bound:.6g} {unit} (no plan in the space does better)",
         f"- gap: {100 * s.gap:.2f}%",
         f"- configurations: {s.configurations} in the space, {s.solved} solved, {s.pruned} pruned by their bound",
-        f"- time limit: {s.time_limit_s:g} s",
+        f"- time limit: {s.time_limit_s:g} s" if s.time_limit_s is not None else
+        f"- work limit: {s.work_limit_s:g} deterministic s per program, no wall-clock budget",
         ("- search: **stopped by the time limit**: the plan depends on this machine's speed and load, so it is "
          "not reproducible (another run may choose differently); a larger limit gives a reproducible plan"
          if s.stopped == "time_limit" else

@@ -204,7 +204,10 @@ class PlanSolver(BaseModel):
     configurations: int = Field(description="Global configurations in the space.")
     solved: int = Field(description="Configurations whose program was solved.")
     pruned: int = Field(description="Configurations pruned by their lower bound.")
-    time_limit_s: float = Field(description="The search's wall-clock budget.")
+    time_limit_s: float | None = Field(description="The search's wall-clock budget (None: a work limit instead).")
+    work_limit_s: float | None = Field(
+        None, description="CP-SAT deterministic seconds each program could spend, with no wall-clock budget "
+        "(compile --work-limit): the search stops at the same point on any machine.")
     max_step_time_s: float | None = Field(description="Step-time limit with the cost objective, if any.")
     space_runtimes: list[str] = Field(
         default_factory=list, description="Runtimes besides the plan's own (job.runtime) whose strategy spaces "

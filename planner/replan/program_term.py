@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from planner.fields import fields_with
 from planner.job import Job
 from planner.replan.layout import RankSite, StateLayout, StateTerm, overlapping, strategy_layout
 from planner.replan.migration import Rates, receive_link, surviving_holders
@@ -27,7 +28,7 @@ from planner.search.ilp.surcharge import SurchargeTable
 from planner.search.ilp.tables import NS
 from planner.strategy import Strategy
 
-_LAYOUT_FIELDS = ("tp", "pp", "cp", "dp", "ep", "zero", "shard", "vpp")  # what a rank's share depends on
+_LAYOUT_FIELDS = fields_with("layout")  # what a rank's share depends on (planner.fields)
 
 
 class MigrationSurcharge:

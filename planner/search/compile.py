@@ -80,6 +80,8 @@ def solve_work(options: CompileOptions) -> float:
     """CP-SAT deterministic time one configuration's program may spend: a function of the inputs only, so
     a program it stops stops at the same point on every machine (the wall clock caps it too: see
     _Search.solve_seconds)."""
+    if options.work_limit is not None:
+        return options.work_limit
     return max(MIN_SOLVE_WORK, SOLVE_WORK_SHARE * options.time_limit)
 
 
@@ -109,7 +111,9 @@ class _Search:
         return _now() - self.start
 
     def remaining(self) -> float:
-        """Wall seconds left of the budget (<= 0 once it is spent)."""
+        """Wall seconds left of the budget (<= 0 once it is spent; inf under a deterministic work limit)."""
+        if self.options.work_limit is not None:
+            return float("inf")
         return self.options.time_limit - self.elapsed()
 
     def spent(self) -> bool:

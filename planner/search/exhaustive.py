@@ -14,7 +14,8 @@ builds no tables and no program, and scores every complete strategy with `evalua
 * every per-stage placement (`placement_variants`: FCDP host cache, offload), or one for all stages
   when the space asks for a uniform placement.
 
-Offload is tried, as in `compile_job`, only when nothing fits without it.  The work is exponential
+Offload is tried as in `compile_job`: in every configuration (SpaceOptions.offload_search "always"), or
+only when nothing fits without it ("fallback").  The work is exponential
 in pp: `limit` guards against calling it on a job it cannot finish.
 """
 
@@ -48,7 +49,7 @@ def _splits(blocks: int, pp: int, vpp: int, even: bool = False) -> Iterator[tupl
 
 
 def _recomputes(config: Strategy, per_stage: tuple[int, ...]) -> Iterator[tuple[int, ...] | None]:
-    counts = [range(n // config.vpp + 1) if config.recompute == "none" else [0] for n in per_stage]
+    counts = [range(n // config.vpp + 1) if config.blocks_recomputable else [0] for n in per_stage]
     for vector in itertools.product(*counts):  # base selective: nothing per stage to choose
         yield vector if any(vector) else None
 
@@ -83,7 +84,7 @@ def _placements(config: Strategy, variants: tuple[dict, ...], uniform: bool) -> 
 def _count(job: Job, config: Strategy, placements: int, even: bool = False) -> int:
     """Candidates of one configuration, without listing them."""
     pp, pools = config.pp, job.cluster.pools
-    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.recompute == "none", even) * placements
+    splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.blocks_recomputable, even) * placements
     if len(pools) == 1:
         return splits
     ranks = config.tp * config.cp * config.dp
@@ -125,16 +126,18 @@ def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
 
 def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog, limit: int, space: SpaceOptions,
           offload: bool) -> tuple[Strategy, float] | None:
-    placements = {id(c): _placements(c, placement_variants(job, c, space, offload), not space.stage_placement)
-                  for c in configs}
+    uniform = not space.stage_placement
+    variants = {id(c): placement_variants(job, c, space, offload) for c in configs}
     total = 0
-    for config in configs:  # the guard first: nothing is scored on a space over the limit
-        total += _count(job, config, len(placements[id(config)]), space.split_shape == "even")
+    for config in configs:  # the guard first (placements counted, not listed): nothing is scored over the limit
+        count = len(variants[id(config)]) ** (1 if uniform else config.pp)
+        total += _count(job, config, count, space.split_shape == "even")
         if total > limit:
             raise ValueError(f"exhaustive search would score more than limit={limit} candidates")
     best: tuple[float, str, Strategy] | None = None
     for config in configs:
-        for strategy in _candidates(job, config, placements[id(config)], space.split_shape == "even"):
+        placements = _placements(config, variants[id(config)], uniform)
+        for strategy in _candidates(job, config, placements, space.split_shape == "even"):
             if not _shape_allowed(job, strategy, space):
                 continue
             estimate = evaluate(job, strategy, catalog=catalog)
@@ -162,8 +165,9 @@ def exhaustive_optimum(job: Job, space: SpaceOptions | None = None, objective: L
     catalog = catalog or load_catalog()
     space = narrow_to_runtime(space or SpaceOptions(), job.runtime, job)
     configs = list(global_configs(job, space))
-    found = _best(job, configs, objective, catalog, limit, space, offload=False)
-    if found is None and offload_fallback:  # nothing fits: offload trades time for memory
+    always = space.offload_search == "always"
+    found = _best(job, configs, objective, catalog, limit, space, offload=always)
+    if found is None and offload_fallback and not always:  # nothing fits: offload trades time for memory
         found = _best(job, configs, objective, catalog, limit, space, offload=True)
     return found
 

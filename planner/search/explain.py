@@ -83,7 +83,9 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
     for tp, pp, cp in _shapes(job):
         dp = gpus // (tp * pp * cp)
         stages = space.zero_stages_pipelined if pp > 1 else space.zero_stages
-        zero = max(stages) if dp * cp > 1 else 0  # nothing to shard over otherwise (as in planner.search.space)
+        if not stages:
+            continue  # the runtime runs no ZeRO stage at this pipeline depth (pytorch-ddp's pipelines)
+        zero = max(stages)
         ep = max((e for e in range(1, experts + 1) if experts % e == 0 and (dp * cp) % e == 0), default=1)
         for offload, device in _OFFLOADS:
             if offload == "all" and zero != 3 or offload != "none" and device not in devices:

@@ -26,6 +26,10 @@ class CompileOptions(BaseModel):
     max_step_time: float | None = Field(None, gt=0, description="With objective=cost: step time limit, seconds.")
     time_limit: float = Field(60.0, gt=0, description="Wall-clock budget of the search, seconds (inf: none; the "
                               "command line asks for a finite one, as plan.json records it).")
+    work_limit: float | None = Field(
+        None, gt=0, description="Instead of the wall clock: CP-SAT deterministic seconds each program may spend "
+        "(about a second of solving each on these machines), and no wall-clock budget at all, so the search stops "
+        "at the same point on any machine under any load (time_limit is then ignored).")
     space: SpaceOptions = Field(default_factory=SpaceOptions, description="The strategy space.")
     runners_up: int = Field(5, ge=0, description="Best other configurations to report.")
     space_runtimes: tuple[str, ...] = Field(

@@ -35,13 +35,14 @@ class SpaceOptions(BaseModel):
     """Limits and fixed choices of the search space."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    max_mbs: int = Field(16, gt=0, description="Largest micro-batch size tried.")
+    max_mbs: int | None = Field(None, gt=0, description="Largest micro-batch size tried (default: any).")
     micro_batches_cover_stages: bool = Field(
         False, description="With pp > 1, only micro-batch sizes that leave at least pp micro-batches per replica "
         "(the runtime's 1F1B needs them: RuntimeProfile.space.one_f_one_b_needs_stages).")
-    max_vpp: int = Field(8, gt=0, description="Most virtual pipeline chunks per stage tried.")
-    max_cp: int = Field(16, gt=0, description="Largest context-parallel degree tried.")
-    max_tp: int | None = Field(None, gt=0, description="Largest tensor-parallel degree tried (default: a node).")
+    max_vpp: int | None = Field(None, gt=0, description="Most virtual pipeline chunks per stage tried (default: any).")
+    max_cp: int | None = Field(None, gt=0, description="Largest context-parallel degree tried (default: any).")
+    max_tp: int | None = Field(None, gt=0, description="Largest tensor-parallel degree tried (default: any, across "
+                               "nodes too).")
     max_ep: int | None = Field(None, gt=0, description="Largest expert-parallel degree tried (default: any).")
     zero_stages: tuple[int, ...] = Field((0, 1, 2, 3), description="ZeRO stages tried.")
     zero_stages_pipelined: tuple[int, ...] = Field(
@@ -65,9 +66,10 @@ class SpaceOptions(BaseModel):
         ("network", "host"), description="ZeRO-3 re-gather sources tried (host: FCDP host-memory cache)."
     )
     offload_search: Literal["fallback", "always"] = Field(
-        "fallback", description="When stages may offload: only where nothing fits without offload "
-        "(fallback), or in every program, where offload can buy fewer recomputed blocks or a better split "
-        "(always; slower to search)."
+        "always", description="When stages may offload: in every program, where offload can buy fewer "
+        "recomputed blocks or a better split (always: the certificate covers every placement the runtime "
+        "has), or only where nothing fits without offload (fallback: faster, and the certificate then holds "
+        "over the strategies without offload)."
     )
     split_shape: Literal["any", "ends", "even"] = Field(
         "any", description="Pipeline splits tried: any; ends (the middle stages equal, the first and last free: "
@@ -91,6 +93,8 @@ class SpaceOptions(BaseModel):
         "grain / (dp x mbs) be a multiple of pp), so a strategy stays legal on any multiple of the grain."
     )
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
+    ep_overlap: bool = Field(True, description="Also try hiding the expert all-to-alls behind another micro-batch "
+                             "(Strategy.ep_overlap: with ep > 1, no full recompute, and interleaving when pp > 1).")
     expert_folding: bool = Field(
         True, description="With tp > 1, also try whole experts (etp=1) folded over the stage's tp x cp x dp ranks "
         "(Megatron's MoE parallel folding) beside experts split over the tensor-parallel group (etp=tp).")
@@ -130,13 +134,14 @@ def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[St
     model, cluster = job.model, job.cluster
     homogeneous = len(cluster.pools) == 1
     gpus = cluster.num_gpus
-    gpn = max(pool.node.gpus_per_node for pool in cluster.pools)
     blocks = max(1, model.num_blocks)
     is_sequence = model.family != "recsys"
 
-    tps = [t for t in powers_of_two(min(gpn, options.max_tp or gpn)) if model.family != "recsys" or t == 1]
+    # every degree the job's rules allow (validation.check_strategy), not only powers of two or one node
+    tps = [t for t in _divisors(min(gpus, options.max_tp or gpus)) if model.family != "recsys" or t == 1]
     tps = [t for t in tps if t == 1 or (model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0))]
-    cps = [c for c in powers_of_two(options.max_cp) if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
+    cps = [c for c in _divisors(min(gpus, options.max_cp or gpus))
+           if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
     experts = model.num_experts
     for tp in _allowed(options, "tp", tps):
         for cp in _allowed(options, "cp", cps):
@@ -168,7 +173,8 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"
     recomputes = ["none"] if job.flash or not options.selective_recompute else ["none", "selective"]
     grain = options.batch_grain or job.global_batch
-    mbss = [b for b in range(1, options.max_mbs + 1) if job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
+    mbss = [b for b in _divisors(job.global_batch // dp) if b <= (options.max_mbs or b)
+            and job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
     for etp, ep in layouts:
         if ep not in _allowed(options, "ep", [ep]):
             continue
@@ -178,13 +184,13 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                 continue
             vpps = [1]
             if pp > 1 and micro % pp == 0 and (grain // (dp * mbs)) % pp == 0:
-                vpps += [v for v in range(2, options.max_vpp + 1) if blocks % (pp * v) == 0]
+                vpps += [v for v in range(2, (options.max_vpp or blocks) + 1) if blocks % (pp * v) == 0]
             for vpp in _allowed(options, "vpp", vpps):
                 for zero in _allowed(options, "zero", list(options.zero_stages)):
                     if pp > 1 and zero not in options.zero_stages_pipelined:
                         continue
-                    if dp * cp == 1 and zero > 0:
-                        continue  # nothing to shard over
+                    # zero > 0 over one rank shards nothing but is not zero 0 everywhere: a runtime may wrap the
+                    # model differently (planner's FSDP2 mixed precision against torch.autocast at zero 0)
                     scopes = list(options.shard_scopes) if zero > 0 else ["full"]
                     if dp <= max(1, _min_gpus_per_node(job) // (tp * cp)):
                         scopes = scopes[:1]  # the data-parallel group fits in a node: node == full
@@ -194,9 +200,16 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                         regathers = _allowed(options, "regather", ["network"] + _fcdp(job, options, tp, cp, dp,
                                                                                       zero, shard))
                         for recompute in recomputes if regathers else []:
-                            yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, mbs=mbs, vpp=vpp, zero=zero,
-                                           shard=shard, sp=tp > 1, tp_overlap=options.tp_overlap and tp > 1,
-                                           recompute=recompute, regather=regathers[0])
+                            for overlap in _ep_overlaps(options, ep, pp, vpp):
+                                yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, mbs=mbs, vpp=vpp,
+                                               zero=zero, shard=shard, sp=tp > 1,
+                                               tp_overlap=options.tp_overlap and tp > 1, recompute=recompute,
+                                               regather=regathers[0], ep_overlap=overlap)
+
+
+def _ep_overlaps(options: SpaceOptions, ep: int, pp: int, vpp: int) -> list[bool]:
+    """Whether the expert all-to-alls hide: tried where Strategy allows it (ep > 1, interleaved pipelines)."""
+    return [False, True] if options.ep_overlap and ep > 1 and (pp == 1 or vpp > 1) else [False]
 
 
 def _fcdp(job: Job, options: SpaceOptions, tp: int, cp: int, dp: int, zero: int, shard: str) -> list[str]:
@@ -267,6 +280,7 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
     if not space.expert_parallel:
         update["max_ep"] = 1
         update["expert_folding"] = False
+        update["ep_overlap"] = False
     update["split_shape"] = _stricter(options.split_shape, space.split, ("any", "ends", "even"))
     return options.model_copy(update=update)
 

@@ -24,19 +24,19 @@ from models.graph import Layer, ModelGraph
 from planner.cost.comm import P2P_READS, p2p_seconds
 from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
 from planner.cost.memory import RankMemory, stage_memory
-from planner.cost.stage import COMPOSE_READS, LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
+from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.search.ilp.bounds import (NS, bottleneck_bound, even_pipeline_bound, pipeline_fill_bound, slots_limit,
                                        smallest_sufficient)
-from planner.strategy import Strategy, strategy_key, union
+from planner.fields import Reader, reads
+from planner.strategy import Strategy, strategy_key
 
-# Cache keys of the builder's composite quantities: the union of what the cost code they call reads
-# (each cost module declares its READS beside its code), plus what the builder itself reads.
-WORK_READS = union(LAYER_SUMS_READS, GROUPS_READS, ("recompute",))  # cheapest block's busy seconds
-LOWER_READS = union(WORK_READS, P2P_READS, ("pp", "vpp"))  # lower_bound
-STAGE_SUMS_READS = union(LAYER_SUMS_READS, ("vpp", "recompute"))  # stage_sums
-PROFILE_READS = union(LAYER_SUMS_READS, GROUPS_READS, COMPOSE_READS)  # _slot_profile (placements: variants)
+# Cache keys of the builder's own quantities: what they and the cost code they run read (planner.fields)
+WORK_READS = reads(Reader.WORK)  # cheapest block's busy seconds
+LOWER_READS = reads(Reader.LOWER)  # lower_bound
+STAGE_SUMS_READS = reads(Reader.STAGE_SUMS)  # stage_sums
+PROFILE_READS = reads(Reader.PROFILE)  # _slot_profile (placements: variants)
 
 
 
@@ -184,12 +184,12 @@ class TableBuilder:
         """Sums of one block of `segment` under `mode` (none, selective or full)."""
         return self._sums(self.segments[segment].layers, mode, strategy, site, f"seg{segment}")
 
-    def fixed_sums(self, stage: int, strategy: Strategy, site: StageSite) -> StageSums:
-        """Sums of the non-block layers a stage carries (embedding on the first, head on the last)."""
+    def fixed_sums(self, first: bool, last: bool, strategy: Strategy, site: StageSite) -> StageSums:
+        """Sums of the non-block layers a stage carries: the embedding on the first, the head on the last."""
         total = StageSums()
-        if stage == 0:
+        if first:
             total = total + self._sums(self.before, "none", strategy, site, "before")
-        if stage == strategy.pp - 1:
+        if last:
             total = total + self._sums(self.after, "none", strategy, site, "after")
         return total
 
@@ -297,9 +297,8 @@ class TableBuilder:
                       cap: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> list[float]:
         """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound),
         for every n whose time is at most `cap`."""
-        # the last stage's profile: pp itself matters only to interleaved chunks (their in-flight count)
-        key = ("profile", strategy_key(strategy, PROFILE_READS), strategy.pp if strategy.vpp > 1 else None,
-               variants_key(variants), micro_batches, pool.name)
+        strategy = last_stage_view(strategy)
+        key = ("profile", strategy_key(strategy, PROFILE_READS), variants_key(variants), micro_batches, pool.name)
         cached = self._work_cache.get(key)
         if cached is not None and cached[1] >= cap:
             return cached[0]
@@ -349,9 +348,7 @@ class TableBuilder:
         key = ("work", strategy_key(strategy, WORK_READS), pool.name)
         if key not in self._work_cache:
             site = self.site(0, (pool,))
-            fixed = self.fixed_sums(0, strategy, site)
-            if strategy.pp > 1:
-                fixed = fixed + self.fixed_sums(strategy.pp - 1, strategy, site)
+            fixed = self.fixed_sums(True, True, strategy, site)  # embedding and head, on one stage or two
             blocks = [self.block_sums(k, strategy.recompute, strategy, site) for k in range(len(self.segments))]
             self._work_cache[key] = (_busy(fixed), min((_busy(b) for b in blocks), default=0.0))
         return self._work_cache[key]
@@ -373,17 +370,17 @@ class TableBuilder:
         (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head.
 
         Cached: configurations that differ in dp, ZeRO or placement share them."""
-        key = (with_fixed and stage == 0, with_fixed and stage == strategy.pp - 1, counts, recompute,
-               strategy_key(strategy, STAGE_SUMS_READS), tuple(p.name for p in site.pools))
+        first, last = with_fixed and stage == 0, with_fixed and stage == strategy.pp - 1
+        key = (first, last, counts, recompute, strategy_key(strategy, STAGE_SUMS_READS),
+               tuple(p.name for p in site.pools))
         cached = self._stage_sums_cache.get(key)
         if cached is None:
-            cached = self._stage_sums_cache[key] = self._stage_sums(stage, counts, recompute, strategy, site,
-                                                                    with_fixed)
+            cached = self._stage_sums_cache[key] = self._stage_sums(first, last, counts, recompute, strategy, site)
         return cached
 
-    def _stage_sums(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy,
-                    site: StageSite, with_fixed: bool) -> StageSums:
-        total = self.fixed_sums(stage, strategy, site) if with_fixed else StageSums()
+    def _stage_sums(self, first: bool, last: bool, counts: tuple[int, ...], recompute: int, strategy: Strategy,
+                    site: StageSite) -> StageSums:
+        total = self.fixed_sums(first, last, strategy, site)
         # the positions Strategy.layer_recompute recomputes: the first `recompute` of each chunk
         chunk = max(1, sum(counts) // strategy.vpp)
         position = 0
@@ -409,6 +406,10 @@ class TableBuilder:
         found = []
         fewest: dict[tuple, int | None] = {}  # by the placement's HBM-relevant keys (the FCDP cache is host-only)
         for index, variant in enumerate(variants):
+            if _offloads(variant) and fewest.get(()) == 0:
+                # the content fits in HBM without offload and without recomputation: offload only adds time (a
+                # weight fetch per micro-batch, PCIe and CPU Adam for what HBM would update) and buys nothing
+                continue
             strategy = config.model_copy(update=variant) if variant else config
             hbm_key = tuple(sorted((k, v) for k, v in variant.items() if k != "regather"))
             if hbm_key not in fewest:
@@ -434,7 +435,7 @@ class TableBuilder:
             fewest = self.fewest_recompute(stage, counts, strategy, site, micro_batches)
             if fewest is None:
                 continue
-            top = chunk if strategy.recompute == "none" else fewest
+            top = chunk if strategy.blocks_recomputable else fewest
             for recompute in range(fewest, top + 1):
                 option = self.option(stage, counts, strategy, site, micro_batches, time_cap, recompute,
                                      variant=index)
@@ -451,7 +452,7 @@ class TableBuilder:
         blocks recompute (bisection).  min_recompute: a known lower bound (e.g. what a stage of one
         block fewer of the same kind needed), where the search starts."""
         chunk = sum(counts) // strategy.vpp
-        can_recompute = strategy.recompute == "none"
+        can_recompute = strategy.blocks_recomputable
 
         def memory_at(r: int) -> RankMemory:
             sums = self.stage_sums(stage, counts, r, strategy, site, with_fixed)
@@ -488,6 +489,21 @@ class TableBuilder:
         dp_end, optimizer, offload = (round(x * NS) for x in (cost.dp_exposed_end, cost.optimizer, cost.offload))
         return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS), dp_end=dp_end,
                            optimizer=optimizer, offload=offload, cost=cost, variant=variant)
+
+
+def last_stage_view(strategy: Strategy) -> Strategy:
+    """The strategy whose last stage is this one's last stage, with the fewest stages: under a
+    non-interleaved schedule the last of any number of stages holds one micro-batch in flight and
+    exchanges one direction with one neighbour, so configurations that differ only in pp share its
+    profile (interleaved chunks keep their pp: it sets their warm-up)."""
+    if strategy.pp <= 2 or strategy.vpp > 1:
+        return strategy
+    return strategy.model_copy(update={"pp": 2})
+
+
+def _offloads(variant: dict) -> bool:
+    """Whether a placement variant moves state off the GPU (optimizer or weights)."""
+    return variant.get("offload", "none") != "none"
 
 
 def _busy(sums: StageSums) -> float:
