@@ -202,7 +202,7 @@ def _rope_bytes(plan: Plan) -> int:
 @pytest.mark.parametrize("fix, zero, schedule", [
     ("pp=2,dp=2,zero=3,vpp=1", 3, "1f1b"),       # pipeline + FSDP2 (ZeRO-3)
     ("tp=2,dp=2,zero=2", 2, "1f1b"),         # 2D: tensor parallel + FSDP2 without reshard after forward
-    ("pp=2,tp=2,vpp=1", 0, "1f1b"),              # pipeline + tensor parallel, no data parallelism (autocast)
+    ("pp=2,tp=2,vpp=1,zero=0", 0, "1f1b"),       # pipeline + tensor parallel, no data parallelism (autocast)
     ("pp=2,vpp=2,dp=2,zero=2", 2, "interleaved"),  # interleaved pipeline: two chunks per rank
     ("cp=2,dp=2,zero=2", 2, "1f1b"),         # context parallel: FSDP2 over dp x cp
 ])
