@@ -42,15 +42,26 @@ line naming the file and the field path, e.g.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hardware.catalog import DeviceSpec, NodeSpec, load_catalog
 from hardware.errors import HardwareInputError
-from hardware.yamlio import read_mapping
+from hardware.yamlio import as_name, name_problem, read_mapping
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+def _name(value: str) -> str:
+    problem = name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+# cluster and pool names reach plan.json, strategy specs (stage_pools=a/b) and launch-file comments
+Name = Annotated[str, AfterValidator(_name)]
 
 
 class Fabric(BaseModel):
@@ -82,7 +93,7 @@ class Pool(BaseModel):
     """`count` identical nodes of one type."""
 
     model_config = _FROZEN
-    name: str = Field(min_length=1, description="Pool name, unique in its cluster.")
+    name: Name = Field(description="Pool name, unique in its cluster (letters, digits and ._+:-).")
     node: NodeSpec = Field(description="The node type (a catalog preset, possibly overridden).")
     count: int = Field(gt=0, description="Number of nodes in the pool.")
 
@@ -100,7 +111,7 @@ class Cluster(BaseModel):
     """Pools of nodes joined by one fabric."""
 
     model_config = _FROZEN
-    name: str = Field(description="Cluster name (the shorthand or the file's `name`).")
+    name: Name = Field(description="Cluster name (the shorthand or the file's `name`).")
     pools: list[Pool] = Field(min_length=1, description="The node pools, in file order.")
     fabric: Fabric = Field(default_factory=Fabric, description="The inter-node network.")
 
@@ -173,7 +184,7 @@ class PoolEntry(BaseModel):
     """One pool as written in a cluster file."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, description="Pool name, unique in the file.")
+    name: Name = Field(description="Pool name, unique in the file (letters, digits and ._+:-).")
     nodes: int = Field(description="Number of nodes (a positive integer).")
     preset: str | None = Field(default=None, description="Node preset key; or give `node`.")
     node: dict[str, Any] | None = Field(default=None, description="Inline NodeSpec fields.")
@@ -194,7 +205,8 @@ class ClusterFile(BaseModel):
     """A cluster file: optional name and fabric, one or more pools."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(default=None, description="Cluster name; default: the file stem.")
+    name: Name | None = Field(default=None, description="Cluster name (letters, digits and ._+:-); default: the "
+                              "file stem, other characters made '-'.")
     fabric: Fabric = Field(default_factory=Fabric, description="The inter-node network.")
     pools: list[PoolEntry] = Field(min_length=1, description="The node pools.")
 
@@ -279,7 +291,7 @@ def _load_file(path: Path, label: str) -> Cluster:
             raise HardwareInputError(f"{label}: pools[{i}].name: duplicate pool name {entry.name!r}")
         seen.add(entry.name)
         pools.append(Pool(name=entry.name, node=_build_node(entry, i, label), count=entry.nodes))
-    return Cluster(name=spec.name or path.stem, pools=pools, fabric=spec.fabric)
+    return Cluster(name=spec.name or as_name(path.stem, "cluster"), pools=pools, fabric=spec.fabric)
 
 
 def _load_shorthand(arg: str) -> Cluster:

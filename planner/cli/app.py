@@ -24,7 +24,7 @@ from planner.cli import sweep_cmd
 from planner.cli import replan_cmd
 from planner.cli.signals import interrupted_by_sigint
 from planner.cli.options import (Infeasible, InputError, job_options, json_option, memory_margin_option, one_line,
-                                 runtime_option, user_errors)
+                                 printable, runtime_option, user_errors)
 from planner.cost import evaluate
 from planner.cost.layout import split_blocks
 from planner.job import Job
@@ -50,6 +50,7 @@ class PlannerGroup(click.Group):
             click.echo(f"Error: {one_line(err.format_message())}{hint}", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
+            err.message = printable(err.message)  # an Infeasible explanation keeps its lines
             err.show()
             sys.exit(err.exit_code)
         except click.Abort:

@@ -15,6 +15,7 @@ ValidationError), 1 for infeasible jobs (InfeasibleError).
 from __future__ import annotations
 
 import functools
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,16 @@ class Infeasible(click.ClickException):
     exit_code = 1
 
 
+def printable(message: str) -> str:
+    """`message` with every control or format character but the line break escaped: a name or path quoted in
+    an error never reaches the terminal as an escape sequence."""
+    return "".join(c if c == "\n" or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+                   else c.encode("unicode_escape").decode("ascii") for c in str(message))
+
+
 def one_line(message: str) -> str:
-    """Collapse a message to one line (library messages should already be one)."""
-    return " ".join(str(message).split())
+    """Collapse a message to one printable line (library messages should already be one)."""
+    return printable(" ".join(str(message).split()))
 
 
 def validation_message(err: ValidationError) -> str:
@@ -166,7 +174,12 @@ def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs["inputs"] = LaunchInputs(**{field: kwargs.pop(field) for field in fields})
+        try:
+            kwargs["inputs"] = LaunchInputs(**{field: kwargs.pop(field) for field in fields})
+        except ValidationError as err:  # the first bad value, named by its option
+            first = err.errors()[0]
+            option = "--" + str(first["loc"][0]).replace("_", "-")
+            raise click.BadParameter(first["msg"].removeprefix("Value error, "), param_hint=option) from None
         return func(*args, **kwargs)
 
     for decorator in reversed(decorators):
