@@ -21,9 +21,10 @@ import yaml
 MAX_INPUT_BYTES = 8 * 2**20
 
 # A model, cluster or pool name is shown in reports and launch-file comments and becomes part of job names and
-# strategy specs (stage_pools=a/b): a conservative set, one line, nothing a shell, YAML or Slurm reads specially.
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:-]{0,127}")
-NAME_RULE = "letters, digits and . _ + : - only, starting with a letter or digit, at most 128 characters"
+# strategy specs: a conservative set, one line, nothing a shell, YAML or Slurm reads specially.  '/' joins a
+# cluster's name and a pool's (a replica group's cluster), so a pool name has none (stage_pools=a/b splits there).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:/-]{0,127}")
+NAME_RULE = "letters, digits and . _ + : - / only, starting with a letter or digit, at most 128 characters"
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -34,19 +35,21 @@ def shown(value: object, limit: int = 60) -> str:
     return "'" + "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in cut) + "'"
 
 
-def name_problem(value: object) -> str | None:
-    """Why `value` is not a name (None when it is one)."""
+def name_problem(value: object, slash: bool = True) -> str | None:
+    """Why `value` is not a name (None when it is one); `slash`: whether it may hold '/' (a pool's may not)."""
     if not isinstance(value, str):
         return f"expected a string, got {type(value).__name__}"
-    if NAME.fullmatch(value):
-        return None
-    return f"{shown(value)} is not a name: use {NAME_RULE}"
+    if not NAME.fullmatch(value):
+        return f"{shown(value)} is not a name: use {NAME_RULE}"
+    if not slash and "/" in value:
+        return f"{shown(value)}: a pool name has no '/' (stage_pools=a/b separates pools with it)"
+    return None
 
 
 def as_name(text: str, fallback: str) -> str:
     """A name made from `text` that need not be one (a file or folder name): each run of other characters
     becomes '-'; `fallback` when nothing is left."""
-    name = re.sub(r"[^A-Za-z0-9._+:-]+", "-", text).lstrip("._+:-")[:128].rstrip("-")
+    name = re.sub(r"[^A-Za-z0-9._+:-]+", "-", text).lstrip("._+:-")[:128].rstrip("-")  # no '/': one part
     return name or fallback
 
 
@@ -70,6 +73,8 @@ def read_text(path: str | Path, where: str, error: type[Exception], what: str = 
     p = Path(path)
     if p.is_dir():
         raise error(f"{where}: is a directory, not a {what}")
+    if p.exists() and not p.is_file():  # a FIFO or device: opening it would block, reading it might never end
+        raise error(f"{where}: is not a regular file (a FIFO, socket or device), not a {what}")
     try:
         with p.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size

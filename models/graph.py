@@ -237,7 +237,7 @@ class ModelGraph(BaseModel):
     """A model: an ordered list of layers plus the sizes users recognise it by."""
 
     model_config = _FIELD
-    name: ModelName = Field(description="Model name (letters, digits and ._+:-).")
+    name: ModelName = Field(description="Model name (letters, digits and ._+:-/).")
     family: Literal["decoder", "encoder", "recsys", "generic"] = Field(description="Model family.")
     layers: list[Layer] = Field(min_length=1, description="Layers in execution order.")
     hidden: Width = Field(gt=0, description="Model width (d_model, or the dense width for recsys).")

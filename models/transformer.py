@@ -69,7 +69,7 @@ class TransformerConfig(BaseModel):
     """Sizes and architecture switches of a decoder or encoder transformer."""
 
     model_config = _CONFIG
-    name: ModelName = Field(description="Model name shown in plans and reports (letters, digits and ._+:-).")
+    name: ModelName = Field(description="Model name shown in plans and reports (letters, digits and ._+:-/).")
     num_layers: LayerCount = Field(gt=0, description="Transformer blocks.")
     hidden: Width = Field(gt=0, description="Model width d_model.")
     heads: Width = Field(gt=0, description="Query heads.")

@@ -163,6 +163,8 @@ def _resolve(arg: str) -> ModelGraph | Cluster | str:
             raise InputError(f"{arg}: neither a model file (expected 'builder', 'zoo', 'layers' or 'model_type') "
                              "nor a cluster file (expected 'pools')")
         return load_cluster(arg) if kind == "cluster" else load_model(arg)
+    if path.exists():  # reading a FIFO or device would block or never end
+        raise InputError(f"{arg}: is not a regular file (a FIFO, socket or device); give a model or cluster file")
     catalog = load_catalog()
     if arg in catalog.nodes:
         return arg

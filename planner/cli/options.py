@@ -15,6 +15,7 @@ ValidationError), 1 for infeasible jobs (InfeasibleError).
 from __future__ import annotations
 
 import functools
+import math
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 from hardware import HardwareInputError
 from models import ModelInputError
 from planner.errors import InfeasibleError, PlannerInputError
+from planner.job import MAX_COUNT  # batch and sequence length: the search counts in 64-bit integers
 from planner.plan.output import refuse_unsafe_path
 
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -82,6 +84,25 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+MAX_STEP_TIME_S = 1e7  # --max-step-time: 115 days a step; the search counts nanoseconds in 64-bit integers
+
+
+def finite_seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Callback of --time-limit and the like: a finite number of seconds (plan.json records it; JSON has no
+    infinity)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number of seconds, got {value}; for a long search give a "
+                                 "large one, e.g. 86400", ctx=ctx, param=param)
+    return value
+
+
+def finite_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Callback of float options: nan and infinity pass click's FloatRange, and are no number of anything."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number, got {value}", ctx=ctx, param=param)
+    return value
+
+
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """`--json`: print the result as JSON (SI units) instead of text; passed as `as_json`."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON (SI units) instead of text.")(func)
@@ -90,9 +111,9 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
 def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The job's batch, sequence length, precision, attention kernel and MoE routing (estimate, compile, compare)."""
     decorators = [
-        click.option("--batch", "-b", type=click.IntRange(min=1), required=True,
+        click.option("--batch", "-b", type=click.IntRange(min=1, max=MAX_COUNT), required=True,
                      help="Global batch in sequences (samples for recsys models) per optimizer step."),
-        click.option("--seq-len", "-s", type=click.IntRange(min=1), required=True,
+        click.option("--seq-len", "-s", type=click.IntRange(min=1, max=MAX_COUNT), required=True,
                      help="Tokens per sequence (1 for recsys models)."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
                      help="bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."),
@@ -134,14 +155,15 @@ def margin_or_default(value: float | None) -> float:
 
 
 def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
-    """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'."""
+    """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'; a leading `~` is the
+    home directory, for the check and the write alike (a shell leaves a quoted '~/x' to us)."""
     if value is None:
         return None
     try:
         refuse_unsafe_path(value)
     except PlannerInputError as err:
         raise click.BadParameter(str(err).removeprefix("output directory "), ctx=ctx, param=param) from None
-    return Path(value)
+    return Path(value).expanduser()
 
 
 def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:

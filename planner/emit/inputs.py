@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -129,6 +130,31 @@ class LaunchInputs(BaseModel):
     def missing(self, fields: tuple[str, ...]) -> tuple[str, ...]:
         """Environment variables the launch reads because `fields` were not given."""
         return tuple(ENV[f][0] for f in fields if getattr(self, f) is None)
+
+
+# targets whose launch runs the trainer from the plan folder: a relative checkpoint folder lands inside it
+PLAN_RELATIVE = ("torch", "slurm")
+
+
+def checkpoints_inside(inputs: LaunchInputs, out_dir: Path, targets: tuple[str, ...]) -> str | None:
+    """Why the given checkpoint folder is refused: it lands inside the output folder `out_dir`, which `--force`
+    replaces (a relative folder of a target run from the plan folder, or an absolute one under it); None when
+    it does not, or cannot be known before launch (relative, for targets run from the launch directory)."""
+    if inputs.checkpoint_dir is None:
+        return None
+    out = Path(out_dir).expanduser().absolute().resolve()
+    given = Path(inputs.checkpoint_dir).expanduser()
+    if given.is_absolute():
+        where = given.resolve()
+    elif any(t in PLAN_RELATIVE for t in targets):
+        where = (out / given).resolve()
+    else:
+        return None
+    if where != out and out not in where.parents:
+        return None
+    return (f"--checkpoint-dir {comment(inputs.checkpoint_dir)}: the checkpoints would live inside the output "
+            f"folder {comment(str(out_dir))}, which planner replaces (--force); give a folder outside it, e.g. "
+            "../checkpoints (the torch and Slurm launches resolve a relative folder from the plan folder)")
 
 
 def input_lines(inputs: LaunchInputs, fields: tuple[str, ...]) -> list[str]:
