@@ -16,7 +16,6 @@ YAML and JSON files are written by their libraries' dumpers, which quote by them
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
@@ -42,6 +41,8 @@ def argument(value: object) -> str:
     if "\x00" in text:
         raise PlannerInputError(f"launch input '{comment(text)}': holds a NUL character, which no command line "
                                 "can carry")
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise PlannerInputError(f"launch input '{comment(text)}': holds a lone surrogate, no Unicode character")
     return text
 
 
@@ -59,8 +60,12 @@ def sh(value: object) -> str:
 
 
 def toml_string(value: str) -> str:
-    """`value` as a TOML basic string: JSON's escapes are TOML's, and DEL, which JSON leaves bare, is escaped."""
-    return json.dumps(value, ensure_ascii=True).replace("\x7f", "\\u007f")
+    """`value` as a TOML basic string: printable ASCII as it is, every other character as \\uXXXX or
+    \\UXXXXXXXX (JSON's surrogate pairs are no TOML escape)."""
+    text = argument(value)
+    return '"' + "".join(
+        "\\" + c if c in '"\\' else c if " " <= c <= "~" else f"\\u{ord(c):04x}" if ord(c) < 0x10000
+        else f"\\U{ord(c):08x}" for c in text) + '"'
 
 
 def sbatch_value(value: str, field: str) -> str:

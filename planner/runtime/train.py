@@ -299,7 +299,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_args(args)
     plan = read_plan(args.plan)
-    config = model_config(plan, args.model_spec)
+    try:
+        config = model_config(plan, args.model_spec)
+    except (ModelInputError, ValueError) as err:  # a model the runtime cannot build: one line
+        fail(f"{args.plan}: job.model: {err}")
     if args.model_spec is not None and config.name != plan.job.model:
         fail(f"{args.model_spec}: name: builds {config.name!r}, the plan is for {plan.job.model!r}")
     check_plan_stages(plan, args.plan, config.num_layers)
