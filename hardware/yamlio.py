@@ -23,8 +23,8 @@ MAX_INPUT_BYTES = 8 * 2**20
 # A model, cluster or pool name is shown in reports and launch-file comments and becomes part of job names and
 # strategy specs: a conservative set, one line, nothing a shell, YAML or Slurm reads specially.  '/' joins a
 # cluster's name and a pool's (a replica group's cluster), so a pool name has none (stage_pools=a/b splits there).
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:/-]{0,127}")
-NAME_RULE = "letters, digits and . _ + : - / only, starting with a letter or digit, at most 128 characters"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,127}")
+NAME_RULE = "letters, digits and . _ + : @ - / only, starting with a letter or digit, at most 128 characters"
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -49,7 +49,7 @@ def name_problem(value: object, slash: bool = True) -> str | None:
 def as_name(text: str, fallback: str) -> str:
     """A name made from `text` that need not be one (a file or folder name): each run of other characters
     becomes '-'; `fallback` when nothing is left."""
-    name = re.sub(r"[^A-Za-z0-9._+:-]+", "-", text).lstrip("._+:-")[:128].rstrip("-")  # no '/': one part
+    name = re.sub(r"[^A-Za-z0-9._+:@-]+", "-", text).lstrip("._+:@-")[:128].rstrip("-")  # no '/': one part
     return name or fallback
 
 

@@ -91,12 +91,18 @@ def foreign_entry(folder: Path) -> str | None:
     if isinstance(files, str):
         return files
     parents = {str(Path(name).parents[i]) for name in files for i in range(len(Path(name).parents) - 1)}
-    for root, dirs, names in os.walk(folder):
+    unreadable: list[OSError] = []  # a folder os.walk cannot list: its contents are unknown
+    for root, dirs, names in os.walk(folder, onerror=unreadable.append):
         dirs.sort()
         base = Path(root).relative_to(folder)
         for name in sorted(dirs + names):
             relative = (base / name).as_posix()
-            problem = _entry_problem(folder, relative, files, parents)
+            try:
+                problem = _entry_problem(folder, relative, files, parents)
+            except OSError as err:  # unreadable, or gone meanwhile: not provably planner's
+                problem = f"not readable ({err.strerror or err})"
             if problem is not None:
                 return f"{relative} is {problem}"
+    if unreadable:
+        return f"{Path(unreadable[0].filename).relative_to(folder).as_posix()} is not readable"
     return None
