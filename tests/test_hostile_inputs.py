@@ -228,7 +228,7 @@ def test_hostile_values_stay_data_in_every_launch_file(plan_and_job, standins, t
     _check_launch(target, files, tmp_path, standins, value, given)
 
 
-def test_the_model_name_reaches_the_torch_comment_escaped(plan_and_job):
+def test_a_cluster_name_reaches_the_torch_comment_escaped(plan_and_job):
     # the torch target builds zoo models only, so its comment carries the cluster's hostile name
     plan, job = _hostile_plan(*plan_and_job, HOSTILE["newline"], model=False)
     text = emitter("torch")(plan, job, LaunchInputs())["launch.sh"]

@@ -154,7 +154,8 @@ def test_compare_files_keep_permissions(tmp_path, option):
     target = tmp_path / "rows.out"
     target.write_text("old")
     target.chmod(0o640)
-    assert run("compare", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--only", "zero1", option, target).exit_code == 0
+    result = run("compare", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--only", "zero1", option, target)
+    assert result.exit_code == 0, result.output
     assert target.read_bytes() != b"old" and stat.S_IMODE(target.stat().st_mode) == 0o640
 
 

@@ -62,7 +62,9 @@ def sh(value: object) -> str:
 def toml_string(value: str) -> str:
     """`value` as a TOML basic string: printable ASCII as it is, every other character as \\uXXXX or
     \\UXXXXXXXX (JSON's surrogate pairs are no TOML escape)."""
-    text = argument(value)
+    text = str(value)
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        raise PlannerInputError(f"'{comment(text)}': holds a lone surrogate, no Unicode character")
     return '"' + "".join(
         "\\" + c if c in '"\\' else c if " " <= c <= "~" else f"\\u{ord(c):04x}" if ord(c) < 0x10000
         else f"\\U{ord(c):08x}" for c in text) + '"'
