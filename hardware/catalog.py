@@ -176,13 +176,18 @@ class NodeSpec(BaseModel):
     gpus_per_node: int = Field(gt=0, strict=True, description="GPUs per node.")
     intra_link: LinkSpec = Field(description="GPU-to-GPU link inside the node.")
     nic_count: int = Field(gt=0, strict=True, description="Network adapters per node.")
+    # numbers are numbers: `true` or "750" in a cluster file is a mistake, and infinity no size (issue #26)
     nic_bandwidth: float = Field(gt=0, strict=True, allow_inf_nan=False, description="Bytes/s per NIC per direction.")
-    host_dram_bytes: float = Field(gt=0, strict=True, allow_inf_nan=False, description="Host DRAM per node, shared by its GPUs.")
+    host_dram_bytes: float = Field(gt=0, strict=True, allow_inf_nan=False,
+                                   description="Host DRAM per node, shared by its GPUs.")
     nvme_bytes: float = Field(ge=0, strict=True, allow_inf_nan=False, description="Local NVMe capacity per node.")
-    nvme_bandwidth: float = Field(ge=0, strict=True, allow_inf_nan=False, description="Aggregate NVMe read bandwidth per node, bytes/s.")
-    pcie_bandwidth: float = Field(gt=0, strict=True, allow_inf_nan=False, description="Host-to-GPU bandwidth per GPU per direction, bytes/s.")
+    nvme_bandwidth: float = Field(ge=0, strict=True, allow_inf_nan=False,
+                                  description="Aggregate NVMe read bandwidth per node, bytes/s.")
+    pcie_bandwidth: float = Field(gt=0, strict=True, allow_inf_nan=False,
+                                  description="Host-to-GPU bandwidth per GPU per direction, bytes/s.")
     gpu_power_limit: float | None = Field(
-        None, gt=0, strict=True, allow_inf_nan=False, description="Board power limit (W) the node's GPUs run under (nvidia-smi --power-limit); "
+        None, gt=0, strict=True, allow_inf_nan=False,
+        description="Board power limit (W) the node's GPUs run under (nvidia-smi --power-limit); "
         "None: the device's tdp_watts.  Lowers tensor throughput along the device's power_curve.")
     gpu_clock_limit: float | None = Field(
         None, ge=MIN_CLOCK_MHZ, le=MAX_CLOCK_MHZ, strict=True, allow_inf_nan=False,
