@@ -155,8 +155,16 @@ class LinkSpec(BaseModel):
 
     model_config = _FIELD
     kind: str = Field(description="nvlink, nvswitch, xgmi, pcie, ethernet, infiniband, loopback.")
-    bandwidth: float = Field(gt=0, description="Bytes/s per GPU per direction.")
-    latency: float = Field(ge=0, description="Per-message latency in seconds (alpha).")
+    bandwidth: float = Field(gt=0, strict=True, allow_inf_nan=False, description="Bytes/s per GPU per direction.")
+    latency: float = Field(ge=0, strict=True, allow_inf_nan=False, description="Per-message latency in seconds "
+                           "(alpha).")
+
+
+# the SM clock limits a node may set: the lowest application clock NVIDIA's data-center GPUs list is 210 MHz
+# (nvidia-smi -q -d SUPPORTED_CLOCKS), and none runs its SMs near 3 GHz; a limit above the device's boost clock
+# does not bind (clock_throughput)
+MIN_CLOCK_MHZ = 200.0
+MAX_CLOCK_MHZ = 3000.0
 
 
 class NodeSpec(BaseModel):
@@ -165,22 +173,28 @@ class NodeSpec(BaseModel):
     model_config = _FIELD
     name: str = Field(description="Preset key, e.g. 'dgx-h100'.")
     device: str = Field(description="Device catalog key of its GPUs.")
-    gpus_per_node: int = Field(gt=0, description="GPUs per node.")
+    gpus_per_node: int = Field(gt=0, strict=True, description="GPUs per node.")
     intra_link: LinkSpec = Field(description="GPU-to-GPU link inside the node.")
-    nic_count: int = Field(gt=0, description="Network adapters per node.")
-    nic_bandwidth: float = Field(gt=0, description="Bytes/s per NIC per direction.")
-    host_dram_bytes: float = Field(gt=0, description="Host DRAM per node, shared by its GPUs.")
-    nvme_bytes: float = Field(ge=0, description="Local NVMe capacity per node.")
-    nvme_bandwidth: float = Field(ge=0, description="Aggregate NVMe read bandwidth per node, bytes/s.")
-    pcie_bandwidth: float = Field(gt=0, description="Host-to-GPU bandwidth per GPU per direction, bytes/s.")
+    nic_count: int = Field(gt=0, strict=True, description="Network adapters per node.")
+    # numbers are numbers: `true` or "750" in a cluster file is a mistake, and infinity no size (issue #26)
+    nic_bandwidth: float = Field(gt=0, strict=True, allow_inf_nan=False, description="Bytes/s per NIC per direction.")
+    host_dram_bytes: float = Field(gt=0, strict=True, allow_inf_nan=False,
+                                   description="Host DRAM per node, shared by its GPUs.")
+    nvme_bytes: float = Field(ge=0, strict=True, allow_inf_nan=False, description="Local NVMe capacity per node.")
+    nvme_bandwidth: float = Field(ge=0, strict=True, allow_inf_nan=False,
+                                  description="Aggregate NVMe read bandwidth per node, bytes/s.")
+    pcie_bandwidth: float = Field(gt=0, strict=True, allow_inf_nan=False,
+                                  description="Host-to-GPU bandwidth per GPU per direction, bytes/s.")
     gpu_power_limit: float | None = Field(
-        None, gt=0, description="Board power limit (W) the node's GPUs run under (nvidia-smi --power-limit); "
+        None, gt=0, strict=True, allow_inf_nan=False,
+        description="Board power limit (W) the node's GPUs run under (nvidia-smi --power-limit); "
         "None: the device's tdp_watts.  Lowers tensor throughput along the device's power_curve.")
     gpu_clock_limit: float | None = Field(
-        None, gt=0, description="SM clock limit (MHz) the node's GPUs run under (nvidia-smi --lock-gpu-clocks); "
-        "None: the boost clock.")
+        None, ge=MIN_CLOCK_MHZ, le=MAX_CLOCK_MHZ, strict=True, allow_inf_nan=False,
+        description="SM clock limit (MHz) the node's GPUs run under (nvidia-smi --lock-gpu-clocks); None: the boost "
+        "clock.")
     host_link_bandwidth: float | None = Field(
-        None, gt=0,
+        None, gt=0, strict=True, allow_inf_nan=False,
         description="Host-side bytes/s per direction the node's GPUs share when they stream from host memory "
         "at once (PCIe switch uplinks / CPU root ports); default: no sharing (gpus x pcie_bandwidth).",
     )

@@ -42,15 +42,34 @@ line naming the file and the field path, e.g.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hardware.catalog import DeviceSpec, NodeSpec, load_catalog
 from hardware.errors import HardwareInputError
-from hardware.yamlio import read_mapping
+from hardware.yamlio import as_name, name_problem, read_mapping
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+def _name(value: str) -> str:
+    problem = name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _pool_name(value: str) -> str:
+    problem = name_problem(value, slash=False)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+# cluster and pool names reach plan.json, strategy specs (stage_pools=a/b) and launch-file comments
+Name = Annotated[str, AfterValidator(_name)]
+PoolName = Annotated[str, AfterValidator(_pool_name)]
 
 
 class Fabric(BaseModel):
@@ -60,6 +79,8 @@ class Fabric(BaseModel):
     latency: float = Field(
         default=5e-6,
         ge=0,
+        strict=True,
+        allow_inf_nan=False,
         description="Inter-node small-message latency in seconds (alpha). Default 5 us: an RDMA "
         "fabric through a few switch tiers plus NCCL protocol overhead (NCCL tuning.cc network "
         "latencies are several us; Calculon's systems/*.json use 2 us for the NIC alone).",
@@ -67,12 +88,16 @@ class Fabric(BaseModel):
     oversubscription: float = Field(
         default=1.0,
         ge=1.0,
+        strict=True,
+        allow_inf_nan=False,
         description="Spine oversubscription ratio: 1.0 is a non-blocking fat tree, 2.0 means "
         "traffic crossing the spine gets half of the NIC rate.",
     )
     bandwidth_per_nic: float | None = Field(
         default=None,
         gt=0,
+        strict=True,
+        allow_inf_nan=False,
         description="Bytes/s per NIC per direction when the fabric is slower than the nodes' "
         "NICs (e.g. 200 Gb/s switches behind 400 Gb/s adapters); None: the NIC rate.",
     )
@@ -82,7 +107,7 @@ class Pool(BaseModel):
     """`count` identical nodes of one type."""
 
     model_config = _FROZEN
-    name: str = Field(min_length=1, description="Pool name, unique in its cluster.")
+    name: PoolName = Field(description="Pool name, unique in its cluster (letters, digits and ._+:-).")
     node: NodeSpec = Field(description="The node type (a catalog preset, possibly overridden).")
     count: int = Field(gt=0, description="Number of nodes in the pool.")
 
@@ -100,7 +125,7 @@ class Cluster(BaseModel):
     """Pools of nodes joined by one fabric."""
 
     model_config = _FROZEN
-    name: str = Field(description="Cluster name (the shorthand or the file's `name`).")
+    name: Name = Field(description="Cluster name (the shorthand or the file's `name`).")
     pools: list[Pool] = Field(min_length=1, description="The node pools, in file order.")
     fabric: Fabric = Field(default_factory=Fabric, description="The inter-node network.")
 
@@ -173,7 +198,7 @@ class PoolEntry(BaseModel):
     """One pool as written in a cluster file."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, description="Pool name, unique in the file.")
+    name: PoolName = Field(description="Pool name, unique in the file (letters, digits and ._+:-).")
     nodes: int = Field(description="Number of nodes (a positive integer).")
     preset: str | None = Field(default=None, description="Node preset key; or give `node`.")
     node: dict[str, Any] | None = Field(default=None, description="Inline NodeSpec fields.")
@@ -194,7 +219,8 @@ class ClusterFile(BaseModel):
     """A cluster file: optional name and fabric, one or more pools."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(default=None, description="Cluster name; default: the file stem.")
+    name: Name | None = Field(default=None, description="Cluster name (letters, digits and ._+:-/); default: the "
+                              "file stem, other characters made '-'.")
     fabric: Fabric = Field(default_factory=Fabric, description="The inter-node network.")
     pools: list[PoolEntry] = Field(min_length=1, description="The node pools.")
 
@@ -279,7 +305,7 @@ def _load_file(path: Path, label: str) -> Cluster:
             raise HardwareInputError(f"{label}: pools[{i}].name: duplicate pool name {entry.name!r}")
         seen.add(entry.name)
         pools.append(Pool(name=entry.name, node=_build_node(entry, i, label), count=entry.nodes))
-    return Cluster(name=spec.name or path.stem, pools=pools, fabric=spec.fabric)
+    return Cluster(name=spec.name or as_name(path.stem, "cluster"), pools=pools, fabric=spec.fabric)
 
 
 def _load_shorthand(arg: str) -> Cluster:
@@ -301,6 +327,8 @@ def load_cluster(arg: str) -> Cluster:
         raise HardwareInputError(f"{arg}: is a directory, not a cluster file")
     if path.is_file():
         return _load_file(path, arg)
+    if path.exists():  # reading a FIFO or device would block or never end
+        raise HardwareInputError(f"{arg}: is not a regular file (a FIFO, socket or device); give a cluster file")
     if path.suffix.lower() in (".yaml", ".yml", ".json"):
         raise HardwareInputError(f"{arg}: no such cluster file")
     if ":" in arg:

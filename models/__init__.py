@@ -46,6 +46,8 @@ def load_model(arg: str) -> ModelGraph:
         raise ModelInputError(f"{arg}: is a directory without a config.json, not a model file")
     if path.is_file():
         return load_hf_config(path) if _is_hf_config(path) else load_model_file(path)
+    if path.exists():  # reading a FIFO or device would block or never end
+        raise ModelInputError(f"{arg}: is not a regular file (a FIFO, socket or device); give a model file")
     raise ModelInputError(
         f"unknown model '{arg}': not a zoo name nor an existing file{close_matches(arg, ZOO)}; "
         f"zoo: {', '.join(sorted(ZOO))}"

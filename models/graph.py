@@ -23,7 +23,9 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from models.yamlio import name_problem
 
 
 class LayerKind(StrEnum):
@@ -57,6 +59,17 @@ RowCount = Annotated[int, Field(strict=True, le=MAX_ROWS)]
 ParamCount = Annotated[int, Field(strict=True, le=MAX_PARAMS)]
 
 _FIELD = ConfigDict(extra="forbid", frozen=True)
+
+
+def _name(value: str) -> str:
+    problem = name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+# a model's name: it reaches plan.json, reports, job names and launch-file comments (models/yamlio.py)
+ModelName = Annotated[str, AfterValidator(_name)]
 
 
 class AttentionShape(BaseModel):
@@ -224,7 +237,7 @@ class ModelGraph(BaseModel):
     """A model: an ordered list of layers plus the sizes users recognise it by."""
 
     model_config = _FIELD
-    name: str = Field(description="Model name.")
+    name: ModelName = Field(description="Model name (letters, digits and ._+:-/).")
     family: Literal["decoder", "encoder", "recsys", "generic"] = Field(description="Model family.")
     layers: list[Layer] = Field(min_length=1, description="Layers in execution order.")
     hidden: Width = Field(gt=0, description="Model width (d_model, or the dense width for recsys).")

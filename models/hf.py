@@ -32,6 +32,7 @@ from models.errors import ModelInputError
 from models.graph import ModelGraph
 from models.spec import format_validation_error, parse_json, read_text
 from models.transformer import TransformerConfig, build_transformer
+from models.yamlio import as_name
 
 _COMMON = {
     "num_layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
@@ -153,6 +154,11 @@ SUPPORTED = tuple(sorted(_MAPPERS))
 
 
 def _default_name(data: Mapping[str, Any], path: Path | None) -> str:
+    # read off the config or its file name, which may hold any character: made a name, not refused
+    return as_name(_raw_name(data, path), "hf-model")
+
+
+def _raw_name(data: Mapping[str, Any], path: Path | None) -> str:
     if data.get("_name_or_path"):
         return str(data["_name_or_path"]).rstrip("/").split("/")[-1]
     if path is None:

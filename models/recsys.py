@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from models.graph import EmbeddingTable, Layer, LayerKind, ModelGraph, Width
+from models.graph import EmbeddingTable, Layer, LayerKind, ModelGraph, ModelName, Width
 
 FP32 = 4  # bytes per activation element
 
@@ -28,7 +28,7 @@ class DLRMConfig(BaseModel):
     """Sizes of a DLRM: MLP widths, tables and the interaction."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, description="Model name shown in plans and reports.")
+    name: ModelName = Field(description="Model name shown in plans and reports (letters, digits and ._+:-/).")
     dense_features: Width = Field(13, gt=0, description="Continuous input features (Criteo: 13).")
     bottom_mlp: list[Width] = Field(
         min_length=1, description="Output widths of the bottom MLP layers; the input width is dense_features."

@@ -25,7 +25,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from models.graph import AttentionShape, Layer, LayerCount, LayerKind, ModelGraph, MoEShape, VocabSize, Width
+from models.graph import (AttentionShape, Layer, LayerCount, LayerKind, ModelGraph, ModelName, MoEShape, VocabSize,
+                          Width)
 
 _CONFIG = ConfigDict(extra="forbid")
 GATED = ("swiglu", "geglu")
@@ -68,7 +69,7 @@ class TransformerConfig(BaseModel):
     """Sizes and architecture switches of a decoder or encoder transformer."""
 
     model_config = _CONFIG
-    name: str = Field(min_length=1, description="Model name shown in plans and reports.")
+    name: ModelName = Field(description="Model name shown in plans and reports (letters, digits and ._+:-/).")
     num_layers: LayerCount = Field(gt=0, description="Transformer blocks.")
     hidden: Width = Field(gt=0, description="Model width d_model.")
     heads: Width = Field(gt=0, description="Query heads.")

@@ -1,5 +1,6 @@
 """Reading a user's file (model spec, config.json, cluster, sweep or sharding file): a size cap, UTF-8 text,
-JSON or YAML (a key given twice is an error, not a silent overwrite), each failure one line naming the file.
+JSON or YAML (a key given twice is an error, not a silent overwrite), each failure one line naming the file;
+and the names such files give (models, clusters, pools), which reach plan.json, reports and launch files.
 
 `models` and `hardware` import nothing from each other, so this module has a twin: hardware/yamlio.py is the
 same file (tests/test_architecture.py fails when they differ).  Each package passes its own error class.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,38 @@ import yaml
 # Model specs, config.json, cluster, sweep and sharding files are kilobytes; refusing bigger ones before
 # parsing bounds memory (a 58 MB spec used to reach 3.4 GB).
 MAX_INPUT_BYTES = 8 * 2**20
+
+# A model, cluster or pool name is shown in reports and launch-file comments and becomes part of job names and
+# strategy specs: a conservative set, one line, nothing a shell, YAML or Slurm reads specially.  '/' joins a
+# cluster's name and a pool's (a replica group's cluster), so a pool name has none (stage_pools=a/b splits there).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:@/-]{0,127}")
+NAME_RULE = "letters, digits and . _ + : @ - / only, starting with a letter or digit, at most 128 characters"
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """`value` quoted for a one-line message: printable ASCII as it is, everything else escaped (a terminal never
+    sees a raw escape sequence or line break), cut after `limit` characters."""
+    text = str(value)
+    cut = text[:limit] + ("..." if len(text) > limit else "")
+    return "'" + "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode("ascii") for c in cut) + "'"
+
+
+def name_problem(value: object, slash: bool = True) -> str | None:
+    """Why `value` is not a name (None when it is one); `slash`: whether it may hold '/' (a pool's may not)."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if not NAME.fullmatch(value):
+        return f"{shown(value)} is not a name: use {NAME_RULE}"
+    if not slash and "/" in value:
+        return f"{shown(value)}: a pool name has no '/' (stage_pools=a/b separates pools with it)"
+    return None
+
+
+def as_name(text: str, fallback: str) -> str:
+    """A name made from `text` that need not be one (a file or folder name): each run of other characters
+    becomes '-'; `fallback` when nothing is left."""
+    name = re.sub(r"[^A-Za-z0-9._+:@-]+", "-", text).lstrip("._+:@-")[:128].rstrip("-")  # no '/': one part
+    return name or fallback
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -39,6 +73,8 @@ def read_text(path: str | Path, where: str, error: type[Exception], what: str = 
     p = Path(path)
     if p.is_dir():
         raise error(f"{where}: is a directory, not a {what}")
+    if p.exists() and not p.is_file():  # a FIFO or device: opening it would block, reading it might never end
+        raise error(f"{where}: is not a regular file (a FIFO, socket or device), not a {what}")
     try:
         with p.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -56,10 +92,20 @@ def read_text(path: str | Path, where: str, error: type[Exception], what: str = 
                     "save the file as UTF-8") from None
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json keeps the last of a repeated key silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {shown(key)}")
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, where: str, error: type[Exception]) -> Any:
-    """json.loads with every failure as one `error` line naming `where`."""
+    """json.loads (a repeated key refused) with every failure as one `error` line naming `where`."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as exc:
         raise error(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except ValueError as exc:  # an integer of thousands of digits

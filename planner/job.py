@@ -11,6 +11,9 @@ from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
 
 Precision = Literal["bf16", "fp16", "fp8"]
+# batch and sequence length at most 2**31 - 1: the search scales times and counts to 64-bit integers, which
+# a batch of 1e20 sequences overflows
+MAX_COUNT = 2**31 - 1
 
 
 class Job(BaseModel):
@@ -19,8 +22,9 @@ class Job(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     model: ModelGraph = Field(description="The model graph.")
     cluster: Cluster = Field(description="The hardware topology.")
-    global_batch: int = Field(gt=0, description="Sequences (samples for recsys) per optimizer step.")
-    seq_len: int = Field(gt=0, description="Tokens per sequence (1 for recsys models).")
+    global_batch: int = Field(gt=0, le=MAX_COUNT, strict=True,
+                              description="Sequences (samples for recsys) per optimizer step.")
+    seq_len: int = Field(gt=0, le=MAX_COUNT, strict=True, description="Tokens per sequence (1 for recsys models).")
     precision: Precision = Field(
         "bf16", description="Compute precision: bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."
     )
@@ -64,14 +68,18 @@ class Job(BaseModel):
 
     @field_validator("precision")
     @classmethod
-    def _fp8_needs_hardware(cls, precision: str, info: ValidationInfo) -> str:
-        # the cost model would score fp8 GEMMs at the bf16 rate while the plan says fp8
+    def _precision_needs_hardware(cls, precision: str, info: ValidationInfo) -> str:
+        # the cost model would score fp8 GEMMs at the bf16 rate, and bf16 at V100's and T4's fp16 rate, while the
+        # plan and its launch files (ds_config.json's bf16 section) say a datatype the GPUs do not have
         cluster = info.data.get("cluster")
-        if precision == "fp8" and cluster is not None:
-            for pool in cluster.pools:
-                if "fp8" not in pool.device_spec().peak_flops:
-                    raise ValueError(f"--precision fp8 needs FP8 hardware: device {pool.node.device} (pool "
-                                     f"{pool.name}) has none in the hardware catalog; use --precision bf16")
+        if precision == "fp16" or cluster is None:
+            return precision
+        for pool in cluster.pools:
+            have = pool.device_spec().peak_flops
+            if precision not in have:
+                instead = "bf16" if precision == "fp8" and "bf16" in have else "fp16"
+                raise ValueError(f"--precision {precision} needs {precision} hardware: device {pool.node.device} "
+                                 f"(pool {pool.name}) has none in the hardware catalog; use --precision {instead}")
         return precision
 
     def on(self, runtime: RuntimeProfile | None) -> "Job":

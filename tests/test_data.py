@@ -154,3 +154,32 @@ def test_reader_names_the_file_and_field_of_a_broken_dataset(tmp_path):
         TokenShards(prefix)
     with pytest.raises(DataError, match="no such file"):
         TokenShards(tmp_path / "absent")
+
+
+def test_a_token_id_beyond_the_vocabulary_stops_every_rank_at_the_same_step(tmp_path):
+    # issue #26: an id the tokenizer does not have would index past the embedding (a device assert on a GPU)
+    prefix = _write(tmp_path)
+    tokens = np.fromfile(f"{prefix}.bin", dtype="<u2")
+    tokens[5] = 256  # the bytes tokenizer has 256 ids
+    tokens.tofile(f"{prefix}.bin")
+    ranks = [_stream_reader(prefix, dp_rank=r, dp_size=2) for r in range(2)]
+    whole = _stream_reader(prefix)
+    steps = []
+    for reader in (*ranks, whole):
+        for step in range(20):  # the samples visit every token within an epoch
+            try:
+                reader.next_batch()
+            except DataError as err:
+                assert "train.bin: token 5: id 256 is not below the vocabulary size 256" in str(err)
+                steps.append(step)
+                break
+    assert len(steps) == 3 and len(set(steps)) == 1, steps  # each rank checks the whole global batch
+
+
+def test_the_writer_refuses_an_output_that_names_no_files(tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_text("hello", encoding="utf-8")
+    for output in ("", str(tmp_path) + "/", str(tmp_path), "."):
+        run = _cli("write", "--tokenizer", "bytes", "--input", str(text), "--output", output)
+        assert run.returncode == 2 and "--output" in run.stderr and "name the files" in run.stderr, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"] and not Path("..bin").exists()

@@ -36,7 +36,8 @@ def test_compile_writes_embedding_plan_files(tmp_path):
     assert result.exit_code == 0, result.output
     assert "samples/s" in result.output and "OPTIMAL" in result.output
     names = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert names == ["plan.json", "ranks.png", "report.md", "sharding_plan.json", "torch/README.md", "torch/launch.sh"]
+    assert names == ["plan.json", "planner-manifest.json", "ranks.png", "report.md", "sharding_plan.json",
+                     "torch/README.md", "torch/launch.sh"]
     assert os.access(out / "torch" / "launch.sh", os.X_OK)
     plan = json.loads((out / "plan.json").read_text())
     assert plan["schema"] == "planner.embedding-plan/1" and plan["strategy"] == "planner"

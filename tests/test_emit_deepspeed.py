@@ -104,7 +104,8 @@ CASES = {
                         3, "cpu", None),
     "zero0-offload-to-1": (direct, ("tiny-llama", "cpu:1", 8, 128, "mbs=1,zero=0,offload=optimizer"), 1, "cpu", None),
 }
-PRECISION = {"fp16-recompute-partial": "fp16", "fp8-hsdp": "fp8"}
+PRECISION = {"fp16-recompute-partial": "fp16", "fp8-hsdp": "fp8", "cpu-offload": "fp16",  # T4s have no bf16
+             "partial-offload": "fp16"}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -200,3 +200,151 @@ def test_sharding_plans(tables, raw):
             data = json.dumps(good).encode("utf-8")
         path = _file(folder, "sharding_plan.json", data)
         _invoke(folder, "estimate", "tiny-dlrm", "cpu:1", "-b", "64", "-s", "1", "--sharding", path)
+
+
+# ---------------------------------------------------------------- issue #26: emitted files, plan.json readers
+
+# names and launch inputs a user (or an attacker) might write: every character class the launch files'
+# languages treat specially, and arbitrary text
+HOSTILE_TEXT = st.one_of(
+    st.text(max_size=24),
+    st.text(alphabet=st.sampled_from(list("\n\r\t\x00\x1b\x7f\x85\u2028\u2029'\"`$(){}[];&|<>#*?~\\ -:=,/.aZ9ü✓")),
+            min_size=1, max_size=24),
+    st.sampled_from(["demo\ntouch PWNED #", "$(touch PWNED)", "`touch PWNED`", "x\n---\nkind: Pod", "a'b\"c",
+                     "#SBATCH --exclusive", "-rf", "--help", "${PLANNER_DATA}", "\\", "nul\x00x"]),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _tiny_plan():
+    from launch_plans import plan_of
+
+    return plan_of("tiny-llama", "cpu:2", "tp=1,pp=2,dp=4,mbs=1,zero=1", batch=8, seq=128)
+
+
+def _emit_hostile(target: str, name: str, value: str):
+    """The target's files for the tiny plan with `name` as cluster, model and strategy line and `value` in
+    every text launch input (no validation: the emitter's quoting alone), or None when it refuses them."""
+    from planner.emit import UnsupportedPlan, emitter
+    from planner.emit.inputs import LaunchInputs
+    from planner.errors import PlannerInputError
+
+    plan, job = _tiny_plan()
+    inputs = LaunchInputs.model_construct(data=value, tokenizer=value, checkpoint_dir=value, image=value,
+                                          partition=None, megatron_dir=value, train_steps=3, save_every=2)
+    for with_model in (True, False):  # torch, Slurm and Kubernetes build zoo models only
+        names = {"cluster": name, **({"model": name} if with_model else {})}
+        hostile = plan.model_copy(update={"job": plan.job.model_copy(update=names),
+                                          "strategy_spec": plan.strategy_spec + name})
+        hostile_job = job.model_copy(update={"model": job.model.model_copy(update={"name": name})}) \
+            if with_model else job
+        try:
+            return emitter(target)(hostile, hostile_job, inputs)
+        except UnsupportedPlan:
+            continue
+        except PlannerInputError as err:  # only a value no file can carry
+            assert "\x00" in value or (target == "k8s" and "$" in value), (target, name, value, err)
+            return None
+    raise AssertionError(f"{target} refused the plan with a zoo model")
+
+
+@settings(SETTINGS, max_examples=30)
+@given(name=HOSTILE_TEXT, value=HOSTILE_TEXT)
+def test_hostile_names_and_inputs_through_every_target(name, value):
+    from launch_checks import check_files
+    from planner.emit import TARGETS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for target in TARGETS:
+            files = _emit_hostile(target, name, value)
+            if files is None:
+                continue
+            folder = Path(tmp) / target
+            for rel, text in files.items():
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (folder / rel).write_text(text, encoding="utf-8")
+            assert check_files(files, str(folder)) == [], (target, name, value)
+
+
+@settings(SETTINGS, max_examples=15)
+@given(name=HOSTILE_TEXT)
+def test_hostile_cluster_names_through_compile(name):
+    from launch_checks import check_files
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cluster = _file(folder, "cluster.yaml", _dump({"name": name, "pools": [{"name": "a", "preset": "cpu",
+                                                                                 "nodes": 2}]}, ".yaml"))
+        out = folder / "out"
+        result = _invoke(folder, "compile", "tiny-llama", cluster, "-b", "8", "-s", "64", "--time-limit", "5",
+                         "--target", "torch", "--target", "slurm", "--target", "k8s", "-o", out)
+        if result.exit_code == 0:  # a name the loader accepts: the files hold it as data
+            files = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()
+                     and p.suffix != ".png"}
+            assert check_files(files, str(out)) == []
+
+
+@functools.lru_cache(maxsize=1)
+def _plan_json() -> str:
+    """The plan.json that `compile` writes for tiny-llama on cpu:2 (compiled once)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ok = CliRunner().invoke(cli, ["compile", "tiny-llama", "cpu:2", "-b", "8", "-s", "64", "--time-limit", "5",
+                                      "--fix", "pp=2", "-o", str(Path(tmp) / "plan")])
+        assert ok.exit_code == 0, ok.output
+        return (Path(tmp) / "plan" / "plan.json").read_text()
+
+
+def _paths(data: object, path: tuple = ()) -> list[tuple]:
+    """Every key or index path of a JSON document (containers and leaves)."""
+    out = [path]
+    if isinstance(data, dict):
+        for key, value in data.items():
+            out += _paths(value, (*path, key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            out += _paths(value, (*path, i))
+    return out
+
+
+def _trainer_contract(path: Path) -> None:
+    """The trainer on `path`, started without torchrun: whatever the plan, one line and exit 2 (the plan is
+    refused, or it is fine and the missing torchrun environment is), never a traceback."""
+    import contextlib
+    import io
+
+    from planner.runtime import train
+
+    saved = {name: os.environ.pop(name) for name in train.TORCHRUN_ENV if name in os.environ}
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                train.main(["--plan", str(path)])
+            except SystemExit as exit_:
+                assert exit_.code == 2, (exit_.code, err.getvalue())
+            else:
+                raise AssertionError("the trainer ran without torchrun")
+    finally:
+        os.environ.update(saved)
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m planner.runtime.train: error: "), err.getvalue()
+
+
+@settings(SETTINGS, max_examples=30)
+@given(data=st.data())
+def test_edited_plan_json_through_replan_simulate_and_the_trainer(data):
+    pytest_torch = __import__("importlib").util.find_spec("torch")
+    plan = json.loads(_plan_json())
+    path = data.draw(st.sampled_from(_paths(plan)[1:]))
+    value = data.draw(st.one_of(VALUES, HOSTILE_TEXT))
+    target = plan
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        edited = _file(folder, "plan.json", json.dumps(plan, allow_nan=True, default=str).encode("utf-8"))
+        _invoke(folder, "simulate", edited)
+        _invoke(folder, "replan", edited, "cpu:1", "--time-limit", "5")
+        if pytest_torch is not None:
+            _trainer_contract(edited)

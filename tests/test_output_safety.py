@@ -73,7 +73,7 @@ def test_home_directory_and_repository_root_are_refused(tmp_path, monkeypatch):
 
 def test_force_replaces_only_what_planner_wrote(tmp_path):
     foreign = _user_files(tmp_path / "results")
-    _one_error_line(run("compile", *TINY, "-o", foreign, "--force"), "not written by planner")
+    _one_error_line(run("compile", *TINY, "-o", foreign, "--force"), "holds no planner-manifest.json")
     assert sorted(p.name for p in foreign.iterdir()) == ["thesis.tex"]
     out = tmp_path / "plan"
     assert run("compile", *TINY, "-o", out).exit_code == 0
@@ -111,9 +111,9 @@ def test_racing_forced_run_does_not_replace_a_foreign_folder(tmp_path, monkeypat
         real(target, content)
 
     monkeypatch.setattr(output, "_write_file", user_swaps_in_own_folder)
-    with pytest.raises(PlannerInputError, match="appeared while planner was working"):
+    with pytest.raises(PlannerInputError, match="thesis.tex is not written by planner; nothing was replaced"):
         write_outputs(out, {"plan.json": "{}"}, force=True)
-    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+    assert sorted(p.name for p in out.iterdir()) == ["planner-manifest.json", "thesis.tex"]
 
 
 # ---------------------------------------------------------------- side files

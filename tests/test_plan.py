@@ -173,7 +173,8 @@ def test_write_outputs_refuses_non_empty_dir_without_force(tmp_path):
         write_outputs(out, {"plan.json": "{}", "a.txt": "two\n"})
     assert (out / "a.txt").read_text() == "one\n"
     write_outputs(out, {"plan.json": "{}", "a.txt": "two\n"}, force=True)
-    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "plan.json"] and (out / "a.txt").read_text() == "two\n"
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "plan.json", "planner-manifest.json"]
+    assert (out / "a.txt").read_text() == "two\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directories left
 
 
@@ -182,7 +183,7 @@ def test_write_outputs_leaves_nothing_on_error(tmp_path):
     with pytest.raises(ValueError):
         write_outputs(out, {"ok.txt": "x", "../escape.txt": "y"})
     with pytest.raises(TypeError):
-        write_outputs(out, {"a_ok.txt": "x", "b_bad.txt": 42})  # fails after a_ok.txt is written  # type: ignore[dict-item]
+        write_outputs(out, {"a_ok.txt": "x", "b_bad.txt": 42})  # not text or bytes  # type: ignore[dict-item]
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("x")
     with pytest.raises(PlannerInputError, match="not a directory"):

@@ -177,10 +177,11 @@ def test_few_steps_left_choose_the_plan_that_moves_least_many_the_fastest(old_pl
 
 def test_outputs_resume_files_and_a_plan_simulate_accepts(old_plan, tmp_path):
     out = tmp_path / "new"
-    result = _run("replan", old_plan, "cpu:1", "--steps-left", 1, "--checkpoint-dir", "ckpt", "-o", out)
+    # the torch launch resolves a relative folder from the plan folder: ../ckpt keeps checkpoints outside it
+    result = _run("replan", old_plan, "cpu:1", "--steps-left", 1, "--checkpoint-dir", "../ckpt", "-o", out)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["memory.png", "migration.json", "plan.json", "report.md",
-                                                     "time.png", "torch"]
+    assert sorted(p.name for p in out.iterdir()) == ["memory.png", "migration.json", "plan.json",
+                                                     "planner-manifest.json", "report.md", "time.png", "torch"]
     migration = json.loads((out / "migration.json").read_text())
     plan = json.loads((out / "plan.json").read_text())
     assert migration["new_strategy"] == plan["strategy_spec"]
@@ -190,11 +191,12 @@ def test_outputs_resume_files_and_a_plan_simulate_accepts(old_plan, tmp_path):
     for heading in ("## What was optimised", "## Candidates", "## Old and new layout", "## What moves",
                     "## Migration against the steps left", "## Resuming"):
         assert heading in report
-    assert "--checkpoint-dir ckpt" in (out / "torch" / "launch.sh").read_text()
+    assert "--checkpoint-dir ../ckpt" in (out / "torch" / "launch.sh").read_text()
     simulated = _run("simulate", out / "plan.json")  # the plan's digest covers its re-plan record
     assert simulated.exit_code == 0, simulated.output
     again = tmp_path / "again"
-    assert _run("replan", old_plan, "cpu:1", "--steps-left", 1, "--checkpoint-dir", "ckpt", "-o", again).exit_code == 0
+    assert _run("replan", old_plan, "cpu:1", "--steps-left", 1, "--checkpoint-dir", "../ckpt", "-o",
+                again).exit_code == 0
     for name in ("plan.json", "migration.json", "report.md", "torch/launch.sh"):
         assert (out / name).read_bytes() == (again / name).read_bytes(), name
 

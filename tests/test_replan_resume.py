@@ -61,18 +61,18 @@ def test_a_replanned_run_resumes_the_checkpoint_under_a_new_layout(tmp_path):
     inputs = ("--data", str(data), "--tokenizer", "bytes", "--train-steps", "4", "--save-every", "2")
     old = tmp_path / "old"
     _planner("compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix", "pp=2,dp=2,zero=3,vpp=1",
-             "--target", "torch", "--checkpoint-dir", "checkpoints", "-o", str(old), *inputs)
+             "--target", "torch", "--checkpoint-dir", "../checkpoints", "-o", str(old), *inputs)
     # uninterrupted: 4 steps, checkpoints after 2 and 4; the one after 2 is what a run stopped there leaves
     # (tests/test_trainer.py: a resume from it repeats this run's steps 3 and 4 exactly)
     whole = _launch(old, tmp_path / "whole.json")
-    shutil.rmtree(old / "checkpoints" / "step-00000004")
+    shutil.rmtree(tmp_path / "checkpoints" / "step-00000004")  # beside the plan folder, never inside
 
     cluster = tmp_path / "cpu-2.yaml"
     cluster.write_text(TWO_GPUS)
     for name, target, fix, shape in (("two", str(cluster), "dp=2", (1, 1, 2)),
                                      ("tp2", "cpu:1", "tp=2,dp=2", (2, 1, 2))):
         checkpoints = tmp_path / f"checkpoints-{name}"  # each re-plan resumes its own copy of step 2
-        shutil.copytree(old / "checkpoints", checkpoints)
+        shutil.copytree(tmp_path / "checkpoints", checkpoints)
         new = tmp_path / name
         _planner("replan", str(old / "plan.json"), target, "--fix", fix, "--steps-left", "2",
                  "--checkpoint-dir", str(checkpoints), "-o", str(new), *inputs)

@@ -140,8 +140,9 @@ def local_sweep(tmp_path_factory):
 def test_cli_writes_every_file_and_prints_the_best_strategy(local_sweep):
     _, out, output = local_sweep
     names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert names == ["plots/compare-0.png", "plots/compare-1.png", "plots/timeline-0.png", "plots/timeline-1.png",
-                     "plots/tiny-llama-b8-s128-bf16.png", "report.md", "results.csv", "summary.md", "timings.csv"]
+    assert names == ["planner-manifest.json", "plots/compare-0.png", "plots/compare-1.png", "plots/timeline-0.png",
+                     "plots/timeline-1.png", "plots/tiny-llama-b8-s128-bf16.png", "report.md", "results.csv",
+                     "summary.md", "timings.csv"]
     assert "6/6" in output  # the progress bar (CliRunner mixes stderr in)
     summary = (out / "summary.md").read_text()
     assert summary.count("| tiny-llama | cpu:") == 2 and "plots/tiny-llama-b8-s128-bf16.png" in summary

@@ -45,7 +45,8 @@ def test_fcdp_moves_gathers_off_the_network_into_host_memory():
 
 
 def test_partial_optimizer_offload_splits_states_and_work():
-    job = Job(model=load_model("llama3-8b"), cluster=load_cluster("pcie-t4:2"), global_batch=16, seq_len=4096)
+    job = Job(model=load_model("llama3-8b"), cluster=load_cluster("pcie-t4:2"), global_batch=16, seq_len=4096,
+              precision="fp16")  # T4s have no bf16
     base = "tp=2,mbs=1,zero=3,recompute=full,offload=optimizer"
     whole = evaluate(job, parse_strategy(base))
     half = evaluate(job, parse_strategy(base + ",offload_ratio=0.5"))

@@ -214,3 +214,23 @@ def test_plan_and_report_carry_the_flag():
     assert json.loads(text)["solver"]["stopped"] == "time_limit"
     assert "stopped by the time limit" in render_report(Plan.model_validate_json(text), ())
     assert json.loads(plan_json(build_plan(job, result, options)))["solver"]["stopped"] is None
+
+
+# ---------------------------------------------------------------- issue #26 defect 9: a first plan past the budget
+
+
+def test_past_the_budget_the_first_plan_comes_from_the_configurations_likeliest_to_fit(monkeypatch):
+    # `compile deepseek-v3 dgx-h100:32 -b 1024 -s 4096 --time-limit 1` ran 17 s: past the budget without a
+    # plan, the search still bounded all 9,608 configurations and then tried them cheapest first, hundreds of
+    # which do not fit; now the most sharded come first, and the first plan is among the first tried
+    from planner.profile import load_runtime
+
+    tried = []
+    real = solve._solve_config
+    monkeypatch.setattr(solve, "_solve_config", lambda search, config, *rest, **kw: (
+        tried.append(config.spec()), real(search, config, *rest, **kw))[1])
+    job = _job(load_model("deepseek-v3"), load_cluster("dgx-h100:32"), batch=1024, seq=4096)
+    result = compile_job(job.on(load_runtime("megatron")), CompileOptions(time_limit=1e-6))
+    cert = result.certificate
+    assert cert.stopped == "time_limit" and cert.status == "FEASIBLE" and cert.bound <= cert.objective
+    assert 1 <= len(tried) <= 3, tried

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,19 +102,38 @@ def compile_plan(out: Path, fix: str, *extra: str) -> Path:
     return out
 
 
-def test_trainer_user_errors_are_one_line(tmp_path, dataset, capsys):
+def _edited(out: Path, name: str, edit) -> str:
+    """A copy of the plan beside it (outside the plan folder) with `edit` applied to its JSON; its path."""
+    plan = json.loads((out / "plan.json").read_text())
+    edit(plan)
+    path = out.parent / name
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+def test_trainer_user_errors_are_one_line(tmp_path, dataset, capsys, monkeypatch):
     from planner.runtime import train
 
+    for name in train.TORCHRUN_ENV:  # started by hand, not by torchrun
+        monkeypatch.delenv(name, raising=False)
     out = compile_plan(tmp_path / "plan", "dp=4,zero=3")
-    plan = json.loads((out / "plan.json").read_text())
-    plan["job"]["precision"] = "fp8"
-    (out / "fp8.json").write_text(json.dumps(plan))
+    fp8 = _edited(out, "fp8.json", lambda plan: plan["job"].update(precision="fp8"))
+    blocks = _edited(out, "blocks.json", lambda plan: plan["stages"][0].update(blocks=[0, 99]))
+    boolean = _edited(out, "boolean.json", lambda plan: plan["strategy"].update(tp=True))
     for args, message in (
         (["--data", str(dataset), "--tokenizer", "gpt2"], "train.idx: tokenizer: written with 'bytes'"),
         (["--data", str(tmp_path / "none")], "none.idx: no such file"),
         (["--stop-at-step", "20", "--train-steps", "10"], "--stop-at-step: must be within 1..--train-steps"),
-        (["--plan", str(out / "fp8.json")], "fp8.json: job.precision: fp8: the planner torch runtime trains in bf16"),
-        (["--plan", str(out / "absent.json")], "absent.json: --plan: No such file"),
+        (["--plan", fp8], "fp8.json: job.precision: fp8: the planner torch runtime trains in bf16"),
+        (["--plan", str(out / "absent.json")], "absent.json: --plan: cannot read: No such file"),
+        # issue #26: an edited plan, non-finite options, checkpoints inside the plan folder, no torchrun
+        (["--plan", blocks], "blocks.json: stages[0].blocks: [0, 99], the strategy puts blocks [0, 3] of the "
+                             "model's 4 there"),
+        (["--plan", boolean], "boolean.json: strategy.tp: expected a number, got bool True"),
+        (["--lr", "nan"], "--lr: must be a finite number above 0, got nan"),
+        (["--grad-clip", "inf"], "--grad-clip: must be a finite number at least 0, got inf"),
+        (["--checkpoint-dir", str(out / "checkpoints")], f"--checkpoint-dir: inside planner's output folder {out}"),
+        ([], "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set: start the trainer with torchrun"),
     ):
         with pytest.raises(SystemExit) as exit_info:  # before any process group: nothing to tear down
             train.main(["--plan", str(out / "plan.json"), *args])
@@ -138,22 +156,53 @@ def _run(out: Path, report: Path, *args: str) -> tuple[dict, str]:
 @MULTIPROCESS
 def test_stop_and_resume_continue_the_uninterrupted_run(tmp_path, dataset):
     fix = "pp=2,dp=2,zero=3,vpp=1"
-    straight = compile_plan(tmp_path / "straight", fix, "--data", str(dataset), "--tokenizer", "bytes",
-                            "--checkpoint-dir", "checkpoints", "--train-steps", "4", "--save-every", "2")
-    stopped = tmp_path / "stopped"
-    shutil.copytree(straight, stopped)  # the same plan and launch files in another folder
+    inputs = ("--data", str(dataset), "--tokenizer", "bytes", "--train-steps", "4", "--save-every", "2")
+    # checkpoints beside each plan folder, never inside one (--force replaces that)
+    straight = compile_plan(tmp_path / "straight", fix, *inputs, "--checkpoint-dir", "../straight-checkpoints")
+    stopped = compile_plan(tmp_path / "stopped", fix, *inputs, "--checkpoint-dir", "../stopped-checkpoints")
     whole, log = _run(straight, tmp_path / "whole.json")
     assert whole["precision"] == "bf16" and set(whole["compute_dtype"].values()) == {"bfloat16"}
     assert len(whole["losses"]) == 4 and whole["losses"][-1] < whole["losses"][0]
-    assert "saved checkpoint" in log and (straight / "checkpoints" / "step-00000002" / ".metadata").is_file()
+    assert "saved checkpoint" in log and (tmp_path / "straight-checkpoints" / "step-00000002" / ".metadata").is_file()
 
     first, log = _run(stopped, tmp_path / "first.json", "--stop-at-step", "2")
     assert first["losses"] == whole["losses"][:2]
-    assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == ["step-00000002"]
+    assert sorted(p.name for p in (tmp_path / "stopped-checkpoints").iterdir()) == ["step-00000002"]
 
     resumed, log = _run(stopped, tmp_path / "resumed.json")
-    assert "resumed from checkpoints/step-00000002 (step 2, data position 16)" in log
+    assert "resumed from ../stopped-checkpoints/step-00000002 (step 2, data position 16)" in log
     assert resumed["first_step"] == 2
     assert resumed["losses"] == whole["losses"][2:]  # exactly: same shards, same data, same optimizer state
     assert resumed["grad_norms"] == whole["grad_norms"][2:]
     assert all(math.isfinite(x) for x in resumed["losses"])
+
+
+@MULTIPROCESS
+def test_a_damaged_newest_checkpoint_is_passed_over(tmp_path, dataset):
+    """Issue #26: the newest checkpoints are damaged (an empty step folder, a garbage .metadata, truncated
+    shards): the run says which it passes over and resumes from the newest one that loads."""
+    out = compile_plan(tmp_path / "plan", "pp=2,dp=2,zero=3,vpp=1", "--data", str(dataset), "--tokenizer", "bytes",
+                       "--train-steps", "4", "--save-every", "2", "--checkpoint-dir", "../ck")
+    whole, _ = _run(out, tmp_path / "whole.json")  # checkpoints after steps 2 and 4
+    ck = tmp_path / "ck"
+    for shard in (ck / "step-00000004").glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:64])
+    (ck / "step-00000008").mkdir()
+    for part in (ck / "step-00000002").iterdir():
+        (ck / "step-00000008" / part.name).write_bytes(part.read_bytes())
+    (ck / "step-00000008" / ".metadata").write_bytes(b"not a pickle")
+    (ck / "step-00000009").mkdir()  # a save that never finished
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "RUN_ID": f"test-{port}"}
+    report = tmp_path / "resumed.json"
+    run = subprocess.run(["bash", str(out / "torch" / "launch.sh"), "--lr", "1e-2", "--warmup-steps", "1",
+                          "--report", str(report)], env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    passed_over = [line for line in run.stderr.splitlines() if "warning: passed over checkpoint" in line]
+    assert [line.split("checkpoint ../ck/")[1].split(":")[0] for line in passed_over] == [
+        "step-00000009", "step-00000008", "step-00000004"], passed_over
+    assert "resumed from ../ck/step-00000002 (step 2, data position 16)" in run.stdout
+    resumed = json.loads(report.read_text())
+    assert resumed["first_step"] == 2 and resumed["losses"] == whole["losses"][2:]

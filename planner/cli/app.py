@@ -24,7 +24,7 @@ from planner.cli import sweep_cmd
 from planner.cli import replan_cmd
 from planner.cli.signals import interrupted_by_sigint
 from planner.cli.options import (Infeasible, InputError, job_options, json_option, memory_margin_option, one_line,
-                                 runtime_option, user_errors)
+                                 printable, runtime_option, user_errors)
 from planner.cost import evaluate, refusals
 from planner.job import Job
 from planner.profile import CLI_RUNTIME, load_runtime
@@ -49,6 +49,7 @@ class PlannerGroup(click.Group):
             click.echo(f"Error: {one_line(err.format_message())}{hint}", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
+            err.message = printable(err.message)  # an Infeasible explanation keeps its lines
             err.show()
             sys.exit(err.exit_code)
         except click.Abort:
@@ -161,6 +162,8 @@ def _resolve(arg: str) -> ModelGraph | Cluster | str:
             raise InputError(f"{arg}: neither a model file (expected 'builder', 'zoo', 'layers' or 'model_type') "
                              "nor a cluster file (expected 'pools')")
         return load_cluster(arg) if kind == "cluster" else load_model(arg)
+    if path.exists():  # reading a FIFO or device would block or never end
+        raise InputError(f"{arg}: is not a regular file (a FIFO, socket or device); give a model or cluster file")
     catalog = load_catalog()
     if arg in catalog.nodes:
         return arg

@@ -12,8 +12,8 @@ import click
 from hardware import load_cluster
 from models import load_model
 from planner.cli import render
-from planner.cli.options import (job_options, json_option, margin_or_default, memory_margin_option, runtime_option,
-                                 user_errors)
+from planner.cli.options import (finite_seconds, job_options, json_option, margin_or_default, memory_margin_option,
+                                 runtime_option, user_errors)
 from planner.compare.plugins import load_strategies
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
@@ -113,6 +113,7 @@ def _legend(rows: list[CompareRow]) -> str:
               "{name, spec: SPEC} or {name, module: 'pkg.mod:function'} (a callable taking the Job, returning a "
               "Strategy), each costed like the built-ins.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              callback=finite_seconds,
               metavar="SEC", help="Search budget of each compiled row.")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False), default=None, metavar="FILE",
               help="Also write the rows as CSV.")

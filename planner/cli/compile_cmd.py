@@ -10,7 +10,6 @@ terminal, or with `--progress`.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.compile_embedding import run_embedding_compile
-from planner.cli.options import (Infeasible, job_options, json_option, launch_options, margin_or_default,
-                                 memory_margin_option, output_dir_path, runtime_option, user_errors)
+from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, finite_seconds, job_options, json_option, launch_options,
+                                 margin_or_default, memory_margin_option, output_dir_path, runtime_option,
+                                 user_errors)
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.fields import fields_with
 from planner.job import Job
@@ -35,7 +35,7 @@ from planner.plan.report import render_report
 from planner.plan.plots import MEMORY_PNG, TIME_PNG, report_plots
 from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, TARGETS, available_targets, primary_runtime
 from planner.emit.check import emit_checked
-from planner.emit.inputs import LaunchInputs, inputs_section
+from planner.emit.inputs import LaunchInputs, checkpoints_inside, inputs_section
 from planner.profile import load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
@@ -60,14 +60,6 @@ def _parse_fixed(spec: str) -> dict[str, int | str]:
     return fixed
 
 
-def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """Callback of --time-limit and --work-limit: a finite budget (plan.json records it; JSON has no infinity)."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"expected a finite number of seconds, got {value}; for a long search give a "
-                                 "large one, e.g. 86400", ctx=ctx, param=param)
-    return value
-
-
 def _emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2))
 
@@ -85,14 +77,15 @@ def _progress(enabled: bool | None):
 @job_options
 @click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
               help="Minimise step time, or cost (USD) per step.")
-@click.option("--max-step-time", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
+@click.option("--max-step-time", type=click.FloatRange(min=0, min_open=True, max=MAX_STEP_TIME_S), default=None,
+              metavar="SEC", callback=finite_seconds,
               help="Only plans at most this many seconds per step (with --objective cost).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              metavar="SEC", callback=_finite_seconds,
+              metavar="SEC", callback=finite_seconds,
               help="Wall-clock budget of the search; past it the plan is FEASIBLE with a gap and marked "
                    "stopped (not reproducible).")
 @click.option("--work-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SEC",
-              callback=_finite_seconds,
+              callback=finite_seconds,
               help="Instead of --time-limit: CP-SAT deterministic seconds each program may spend (about a second "
                    "of solving each), with no wall-clock budget: the same plan on any machine under any load.")
 @click.option("--target", "targets", type=click.Choice(TARGETS), multiple=True,
@@ -110,7 +103,8 @@ def _progress(enabled: bool | None):
                    "(keys: tp pp dp cp ep etp mbs vpp zero shard).")
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, report.md (+ memory.png, time.png) into DIR (atomically).")
-@click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
+@click.option("--force", is_flag=True, help="Replace DIR when it holds only an earlier planner output (the files its "
+              "planner-manifest.json lists, unchanged).")
 @click.option("--embedding-planner", "embedding_planner", type=click.Choice(["planner", "greedy-torchrec-style"]),
               default="planner", show_default=True,
               help="Recommendation models: the compiler's plan, or planner's greedy in TorchRec's style (not "
@@ -164,6 +158,10 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     if embedding_planner != "planner":
         raise click.BadParameter(f"{embedding_planner} plans the tables of recommendation models; {job.model.name} "
                                  "has none", param_hint="--embedding-planner")
+    if out_dir is not None:
+        inside = checkpoints_inside(inputs, out_dir, targets or DEFAULT_TARGETS)
+        if inside is not None:
+            raise PlannerInputError(inside)
     explicit_targets = bool(targets)
     runtime_name, note = (runtime, None) if runtime else primary_runtime(targets, bool(job.model.num_experts))
     if note:

@@ -15,6 +15,8 @@ ValidationError), 1 for infeasible jobs (InfeasibleError).
 from __future__ import annotations
 
 import functools
+import math
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from pydantic import ValidationError
 from hardware import HardwareInputError
 from models import ModelInputError
 from planner.errors import InfeasibleError, PlannerInputError
+from planner.job import MAX_COUNT  # batch and sequence length: the search counts in 64-bit integers
 from planner.plan.output import refuse_unsafe_path
 
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -42,9 +45,16 @@ class Infeasible(click.ClickException):
     exit_code = 1
 
 
+def printable(message: str) -> str:
+    """`message` with every control or format character but the line break escaped: a name or path quoted in
+    an error never reaches the terminal as an escape sequence."""
+    return "".join(c if c == "\n" or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
+                   else c.encode("unicode_escape").decode("ascii") for c in str(message))
+
+
 def one_line(message: str) -> str:
-    """Collapse a message to one line (library messages should already be one)."""
-    return " ".join(str(message).split())
+    """Collapse a message to one printable line (library messages should already be one)."""
+    return printable(" ".join(str(message).split()))
 
 
 def validation_message(err: ValidationError) -> str:
@@ -74,6 +84,25 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+MAX_STEP_TIME_S = 1e7  # --max-step-time: 115 days a step; the search counts nanoseconds in 64-bit integers
+
+
+def finite_seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Callback of --time-limit and the like: a finite number of seconds (plan.json records it; JSON has no
+    infinity)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number of seconds, got {value}; for a long search give a "
+                                 "large one, e.g. 86400", ctx=ctx, param=param)
+    return value
+
+
+def finite_number(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """Callback of float options: nan and infinity pass click's FloatRange, and are no number of anything."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"expected a finite number, got {value}", ctx=ctx, param=param)
+    return value
+
+
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """`--json`: print the result as JSON (SI units) instead of text; passed as `as_json`."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON (SI units) instead of text.")(func)
@@ -82,9 +111,9 @@ def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
 def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """The job's batch, sequence length, precision, attention kernel and MoE routing (estimate, compile, compare)."""
     decorators = [
-        click.option("--batch", "-b", type=click.IntRange(min=1), required=True,
+        click.option("--batch", "-b", type=click.IntRange(min=1, max=MAX_COUNT), required=True,
                      help="Global batch in sequences (samples for recsys models) per optimizer step."),
-        click.option("--seq-len", "-s", type=click.IntRange(min=1), required=True,
+        click.option("--seq-len", "-s", type=click.IntRange(min=1, max=MAX_COUNT), required=True,
                      help="Tokens per sequence (1 for recsys models)."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
                      help="bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."),
@@ -126,14 +155,15 @@ def margin_or_default(value: float | None) -> float:
 
 
 def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
-    """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'."""
+    """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'; a leading `~` is the
+    home directory, for the check and the write alike (a shell leaves a quoted '~/x' to us)."""
     if value is None:
         return None
     try:
         refuse_unsafe_path(value)
     except PlannerInputError as err:
         raise click.BadParameter(str(err).removeprefix("output directory "), ctx=ctx, param=param) from None
-    return Path(value)
+    return Path(value).expanduser()
 
 
 def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,7 +196,12 @@ def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs["inputs"] = LaunchInputs(**{field: kwargs.pop(field) for field in fields})
+        try:
+            kwargs["inputs"] = LaunchInputs(**{field: kwargs.pop(field) for field in fields})
+        except ValidationError as err:  # the first bad value, named by its option
+            first = err.errors()[0]
+            option = "--" + str(first["loc"][0]).replace("_", "-")
+            raise click.BadParameter(first["msg"].removeprefix("Value error, "), param_hint=option) from None
         return func(*args, **kwargs)
 
     for decorator in reversed(decorators):

@@ -10,9 +10,10 @@ import click
 from hardware import load_cluster
 from planner.cli import render
 from planner.cli.compile_cmd import _parse_fixed as parse_fixed
-from planner.cli.options import Infeasible, InputError, json_option, launch_options, output_dir_path, user_errors
+from planner.cli.options import (Infeasible, InputError, finite_number, finite_seconds, json_option, launch_options,
+                                 output_dir_path, user_errors)
 from planner.emit import DEFAULT_TARGETS, TARGETS, available_targets
-from planner.emit.inputs import LaunchInputs
+from planner.emit.inputs import LaunchInputs, checkpoints_inside
 from planner.errors import InfeasibleError
 from planner.plan.output import check_output_dir, write_outputs
 from planner.replan.candidates import ReplanOptions, old_options, replan
@@ -63,17 +64,20 @@ def _summary(choice, migration, spec: str) -> str:
 @click.argument("cluster", metavar="NEW_CLUSTER")
 @click.option("-o", "--output", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, default=None,
               metavar="DIR", help="Write plan.json, migration.json, report.md (+ figures) and launch folders into DIR.")
-@click.option("--force", is_flag=True, help="Replace DIR when it holds an earlier planner output (plan.json).")
+@click.option("--force", is_flag=True, help="Replace DIR when it holds only an earlier planner output (the files its "
+              "planner-manifest.json lists, unchanged).")
 @click.option("--steps-left", type=click.IntRange(min=1), default=DEFAULT_STEPS_LEFT, show_default=True,
               metavar="N", help="Optimizer steps still to train: the choice weighs N x step time against the "
               "migration time.")
-@click.option("--checkpoint-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None, metavar="B",
-              help="Aggregate read rate of the checkpoint storage, bytes/s (e.g. 4e10); default: "
+@click.option("--checkpoint-bandwidth", type=click.FloatRange(min=1e6, max=1e15), default=None, metavar="B",
+              callback=finite_number,
+              help="Aggregate read rate of the checkpoint storage, bytes/s, 1e6..1e15 (e.g. 4e10); default: "
               "checkpoint_read_bandwidth_per_node in hardware/data/constants.yaml per node that reads.")
 @click.option("--lost-nodes", callback=_lost_nodes, default=None, metavar="LIST",
               help="Old nodes that left, e.g. 3,7 (plan.json's node numbers); default: the last nodes of each "
               "pool that shrank.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True, max=86400), default=None, metavar="SEC",
+              callback=finite_seconds,
               help="Search budget of each compile (default: the old plan's).")
 @click.option("--fix", "fixed", default="", metavar="SPEC",
               help="Global choices the new plan must keep, e.g. 'tp=2,dp=2' (as compile --fix; the old plan's "
@@ -110,13 +114,16 @@ def replan_(plan_path: Path, cluster: str, out_dir: Path | None, force: bool, st
     """
     if out_dir is not None:
         check_output_dir(out_dir, force)
+        inside = checkpoints_inside(inputs, out_dir, _targets(plan_path))
+        if inside is not None:
+            raise InputError(inside)
     old = read_plan(plan_path)
     if old.groups:
         raise InputError(f"{plan_path}: strategy: a replica-group plan (a strategy per pool); replan re-plans "
                          "single-strategy plans")
-    # the model and cluster are checked against the plan (parameters, GPUs), not its inputs_digest: that also
-    # covers the runtime profiles and catalog of the planner that wrote it, and a re-plan after an upgrade is fine
-    old_job = plan_job(old.model_copy(update={"options": None}), plan_path, model, old_cluster)
+    # the model, cluster, job and options are checked against the plan's inputs_digest, as simulate checks them:
+    # an edited plan.json is refused rather than re-planned from what it claims
+    old_job = plan_job(old, plan_path, model, old_cluster)
     ask = ReplanOptions(steps_left=steps_left, checkpoint_bandwidth=checkpoint_bandwidth, lost_nodes=lost_nodes,
                         time_limit=time_limit, fixed=parse_fixed(fixed))
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from planner.cli import render
-from planner.cli.options import json_option, user_errors
+from planner.cli.options import json_option, output_dir_path, user_errors
 from planner.plan.output import check_output_dir, write_outputs
 from planner.sweep.executors import EXECUTORS
 from planner.sweep.results import SUMMARY_HEADERS, summary_table
@@ -22,7 +22,7 @@ _NAMED_ROWS = 10  # time-limited rows the warning names; the rest are counted
 
 @click.command(name="sweep")
 @click.argument("scenarios", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), required=True,
+@click.option("-o", "--out", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, required=True,
               metavar="DIR", help="Output directory: results.csv, timings.csv, summary.md, plots/.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: worker processes on this machine; ray: Ray tasks (pip install 'planner[ray]').")
@@ -30,7 +30,8 @@ _NAMED_ROWS = 10  # time-limited rows the warning names; the rest are counted
               help="Ray cluster to join (auto, HOST:PORT or ray://HOST:10001); default: start a local Ray.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="Worker processes (local) or CPUs of a local Ray; default: the CPU count.")
-@click.option("--force", is_flag=True, help="Replace DIR if it exists.")
+@click.option("--force", is_flag=True, help="Replace DIR when it holds only an earlier planner output (its "
+              "planner-manifest.json's files).")
 @click.option("--yes", is_flag=True,
               help=f"Run a sweep of more than {MAX_SCENARIOS:,} scenarios (refused without it, before any work).")
 @json_option

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from planner.embedding.compile import EmbeddingCompileResult
 from planner.embedding.options import ShardingType, TableOption, table_hit_rate
@@ -55,8 +55,8 @@ class ShardMetadata(BaseModel):
     """One shard: where it starts, its size and the device holding it."""
 
     model_config = ConfigDict(extra="forbid")
-    shard_offsets: list[int] = Field(description="[first row, first column] of the shard in the table.")
-    shard_sizes: list[int] = Field(description="[rows, columns] of the shard.")
+    shard_offsets: list[StrictInt] = Field(description="[first row, first column] of the shard in the table.")
+    shard_sizes: list[StrictInt] = Field(description="[rows, columns] of the shard.")
     placement: str = Field(description="TorchRec placement string 'rank:R/cuda:L' (L: GPU index on its node).")
 
 
@@ -64,7 +64,8 @@ class CacheParams(BaseModel):
     """TorchRec CacheParams of a table kept in host DRAM with an HBM cache (the fields the plan decides)."""
 
     model_config = ConfigDict(extra="forbid")
-    load_factor: float = Field(description="Share of the shard's rows cached in HBM (CacheParams.load_factor).")
+    load_factor: float = Field(strict=True, allow_inf_nan=False,
+                               description="Share of the shard's rows cached in HBM (CacheParams.load_factor).")
 
 
 class ParameterSharding(BaseModel):
@@ -74,12 +75,13 @@ class ParameterSharding(BaseModel):
     sharding_type: ShardingType = Field(description="TorchRec sharding type.")
     compute_kernel: str = Field(description="dense (data_parallel), fused (in HBM), fused_uvm_caching (host DRAM + "
                                 "HBM cache) or fused_uvm (host DRAM).")
-    ranks: list[int] = Field(description="Ranks holding shards, in shard order.")
+    ranks: list[StrictInt] = Field(description="Ranks holding shards, in shard order.")
     sharding_spec: list[ShardMetadata] | None = Field(description="The shards; null for data_parallel.")
     cache_params: CacheParams | None = Field(description="The HBM cache (fused_uvm_caching only), else null.")
-    rows: int = Field(description="Rows of the table.")
-    dim: int = Field(description="Embedding dimension.")
-    expected_hit_rate: float = Field(description="Share of lookups the HBM cache serves (Zipf model, or the "
+    rows: int = Field(strict=True, description="Rows of the table.")
+    dim: int = Field(strict=True, description="Embedding dimension.")
+    expected_hit_rate: float = Field(strict=True, allow_inf_nan=False,
+                                     description="Share of lookups the HBM cache serves (Zipf model, or the "
                                      "table's measured access histogram).")
 
 
@@ -97,8 +99,8 @@ class ShardingPlanFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: str = Field(SCHEMA, alias="schema", description="Format of this file.")
     model: str = Field(description="Model name.")
-    world_size: int = Field(description="Ranks of the job.")
-    local_world_size: int = Field(description="GPUs per node (of the first pool).")
+    world_size: int = Field(strict=True, description="Ranks of the job.")
+    local_world_size: int = Field(strict=True, description="GPUs per node (of the first pool).")
     tables: dict[str, ParameterSharding] = Field(description="Per table, by TorchRec table name (table_names).")
 
 

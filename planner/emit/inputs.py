@@ -9,9 +9,13 @@ read at launch (`input_lines`).
 
 from __future__ import annotations
 
-import shlex
+import re
+import unicodedata
+from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from planner.emit.quote import comment, sh
 
 # field -> (environment variable read at launch when the option is not given, what it is)
 ENV: dict[str, tuple[str, str]] = {
@@ -45,6 +49,29 @@ TARGET_INPUTS: dict[str, tuple[str, ...]] = {
 }
 
 
+# what each text input may hold (checked where it enters; the emitters quote whatever they get anyway): a
+# container image reference, a Slurm partition (or a comma-separated list), and paths or names of one line
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
+_PARTITION = re.compile(r"[A-Za-z0-9._-]{1,64}(,[A-Za-z0-9._-]{1,64})*")
+_PATH_LIMIT = 4096  # PATH_MAX
+# control and format characters (NUL, newline, ESC, bidi overrides) and line or paragraph separators
+_UNPRINTABLE = ("Cc", "Cf", "Cs", "Zl", "Zp")
+
+
+def path_problem(value: str) -> str | None:
+    """Why `value` cannot be a launch path (None when it can): it must be one line of printable characters."""
+    if not value.strip():
+        return "must not be empty"
+    if value.startswith("-"):
+        return "starts with '-', which a command line reads as an option (write ./-name for such a file)"
+    if len(value) > _PATH_LIMIT:
+        return f"longer than {_PATH_LIMIT} characters"
+    bad = next((c for c in value if unicodedata.category(c) in _UNPRINTABLE), None)
+    if bad is not None:
+        return f"holds the control character '{comment(bad)}': a path is one line of printable characters"
+    return None
+
+
 class LaunchInputs(BaseModel):
     """Launch inputs given on the command line; None means "read from ENV[field] at launch"."""
 
@@ -59,12 +86,36 @@ class LaunchInputs(BaseModel):
     megatron_dir: str | None = Field(None, description="Megatron-LM checkout (core_v0.16.1) for the megatron target.")
     save_every: int = Field(1000, ge=1, description="Steps between distributed checkpoints.")
 
+    @field_validator("data", "tokenizer", "checkpoint_dir", "megatron_dir")
+    @classmethod
+    def _one_line_path(cls, value: str | None) -> str | None:
+        problem = None if value is None else path_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE.fullmatch(value):
+            raise ValueError(f"'{comment(value)}' is not a container image reference (letters, digits and "
+                             "._/:@- only, e.g. registry.example.com/planner:1.0)")
+        return value
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_name(cls, value: str | None) -> str | None:
+        if value is not None and not _PARTITION.fullmatch(value):
+            raise ValueError(f"'{comment(value)}' is not a Slurm partition name (letters, digits and ._- only; "
+                             "several separated by commas)")
+        return value
+
     def shell(self, field: str) -> str:
         """A shell word for `field`: its quoted value, or a parameter expansion that stops the script with
         a message naming the variable when it is unset."""
         value = getattr(self, field)
         if value is not None:
-            return shlex.quote(str(value))
+            return sh(value)
         var, what = ENV[field]
         # the message is expanded like the rest of the double-quoted word: escape what would run or expand,
         # and the quote bash pairs inside ${...} even there
@@ -81,13 +132,38 @@ class LaunchInputs(BaseModel):
         return tuple(ENV[f][0] for f in fields if getattr(self, f) is None)
 
 
+# targets whose launch runs the trainer from the plan folder: a relative checkpoint folder lands inside it
+PLAN_RELATIVE = ("torch", "slurm")
+
+
+def checkpoints_inside(inputs: LaunchInputs, out_dir: Path, targets: tuple[str, ...]) -> str | None:
+    """Why the given checkpoint folder is refused: it lands inside the output folder `out_dir`, which `--force`
+    replaces (a relative folder of a target run from the plan folder, or an absolute one under it); None when
+    it does not, or cannot be known before launch (relative, for targets run from the launch directory)."""
+    if inputs.checkpoint_dir is None:
+        return None
+    out = Path(out_dir).expanduser().absolute().resolve()
+    given = Path(inputs.checkpoint_dir).expanduser()
+    if given.is_absolute():
+        where = given.resolve()
+    elif any(t in PLAN_RELATIVE for t in targets):
+        where = (out / given).resolve()
+    else:
+        return None
+    if where != out and out not in where.parents:
+        return None
+    return (f"--checkpoint-dir {comment(inputs.checkpoint_dir)}: the checkpoints would live inside the output "
+            f"folder {comment(str(out_dir))}, which planner replaces (--force); give a folder outside it, e.g. "
+            "../checkpoints (the torch and Slurm launches resolve a relative folder from the plan folder)")
+
+
 def input_lines(inputs: LaunchInputs, fields: tuple[str, ...]) -> list[str]:
     """Markdown bullets: each of `fields`, its given value or the variable the launch reads it from."""
     lines = []
     for field in fields:
         var, what = ENV[field]
         value = getattr(inputs, field)
-        given = f"`{value}` (given)" if value is not None else f"read from `${var}` at launch (not given)"
+        given = f"`{comment(value)}` (given)" if value is not None else f"read from `${var}` at launch (not given)"
         lines.append(f"- **{field}**: {given}: {what}")
     return lines
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import posixpath
-import shlex
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,7 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.emit import UnsupportedPlan, strategy_writer
 from planner.emit.inputs import ENV, TARGET_INPUTS, LaunchInputs
 from planner.emit.nodes import EnvSetting, job_name, launch_shape, nccl_env, node_spec, on_gpus
-from planner.emit.torch import runtime_problem, train_args
+from planner.emit.quote import argument, comment
+from planner.emit.torch import runtime_problem, train_argv
+from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
@@ -140,7 +141,7 @@ _Dumper.add_representer(str, _str)
 
 def _dump(comments: list[str], document: dict) -> str:
     body = yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
-    return "".join(f"# {line}\n" if line else "#\n" for line in comments) + body
+    return "".join(f"# {comment(line)}\n" if line else "#\n" for line in comments) + body
 
 
 def pytorchjob_yaml(spec: PodSpec) -> str:
@@ -189,6 +190,13 @@ def _input_checks(spec: PodSpec) -> list[str]:
     """Lines of apply.sh that stop, naming the variable, when a launch input read from the environment is unset
     (or, for the checkpoint folder, not an absolute path: the claim is mounted there)."""
     lines = [f": {LaunchInputs().shell(field)}" for field in spec.from_env]
+    if spec.from_env:  # envsubst pastes the values into double-quoted YAML strings, unescaped
+        lines += ["# envsubst pastes these into double-quoted YAML strings as they are: printable ASCII, no \" or \\",
+                  "yaml_text() {", "  local LC_ALL=C",
+                  '  if [[ $2 == *[![:print:]]* || $2 == *[\\"\\\\]* ]]; then',
+                  '    echo "apply.sh: $1 holds a quote, a backslash, a control or non-ASCII character, which '
+                  'the job\'s YAML cannot take as is" >&2', "    exit 2", "  fi", "}",
+                  *(f'yaml_text {ENV[field][0]} "${ENV[field][0]}"' for field in spec.from_env)]
     if "checkpoint_dir" in spec.from_env and spec.checkpoint_dir is not None:
         var = ENV["checkpoint_dir"][0]
         lines += [f'case "${var}" in', "  /*) ;;",
@@ -207,7 +215,7 @@ def apply_script(spec: PodSpec) -> str:
     claim = ["kubectl apply -f checkpoints-pvc.yaml"] if spec.checkpoint_dir is not None else []
     lines = [
         "#!/usr/bin/env bash",
-        f"# Submit the PyTorchJob {spec.name}: {spec.title}",
+        f"# Submit the PyTorchJob {spec.name}: {comment(spec.title)}",
         "# Run from anywhere (it works in its own folder); kubectl's current context and namespace are used.",
         "set -euo pipefail",
         "cd \"$(dirname \"$0\")\"",
@@ -229,14 +237,19 @@ def emit_files(spec: PodSpec) -> dict[str, str]:
     return files
 
 
-def env_resolved(inputs: LaunchInputs, fields: tuple[str, ...]) -> LaunchInputs:
-    """`inputs` with each of `fields` not given replaced by its ${VAR} (envsubst fills it in)."""
-    return inputs.model_copy(update={f: inputs.env_ref(f) for f in fields if getattr(inputs, f) is None})
-
-
-def container_args(words: list[str] | str) -> list[str]:
-    """Shell words (or a shell fragment) without expansions, as argv."""
-    return shlex.split(words if isinstance(words, str) else " ".join(words))
+def check_values(inputs: LaunchInputs, fields: tuple[str, ...]) -> None:
+    """PlannerInputError when a given value cannot be an argument (a NUL), or holds a `$` while apply.sh runs
+    envsubst over the YAML: envsubst has no escape, so `${PLANNER_DATA}` inside a given path would be replaced."""
+    for field in fields:
+        if isinstance(getattr(inputs, field), str):
+            argument(getattr(inputs, field))
+    if all(getattr(inputs, f) is not None for f in fields):
+        return  # nothing read at launch: apply.sh applies the YAML as it is
+    for field in fields:
+        value = getattr(inputs, field)
+        if isinstance(value, str) and "$" in value:
+            raise PlannerInputError(f"k8s: {field} '{comment(value)}' holds '$', which apply.sh's envsubst would "
+                                    "read as a variable; give the value without it, or every launch input")
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:
@@ -247,14 +260,14 @@ def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[st
         raise UnsupportedPlan(problem)
     shape = launch_shape(plan)
     fields = TARGET_INPUTS["k8s"]
-    resolved = env_resolved(inputs, fields)
+    check_values(inputs, fields)
     checkpoints = (CHECKPOINTS_KEPT if inputs.train_steps is None else
                    max(1, math.ceil(inputs.train_steps / inputs.save_every)))
     spec = PodSpec(
         title=f"{plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}", name=job_name(plan.job.model),
         nnodes=shape["nnodes"], nproc_per_node=shape["nproc_per_node"], gpus=on_gpus(job),
-        host_dram_bytes=node_spec(job).host_dram_bytes, image=resolved.env_ref("image"),
-        module="planner.runtime.train", args=container_args(train_args(plan, job, resolved)), env=nccl_env(job),
+        host_dram_bytes=node_spec(job).host_dram_bytes, image=inputs.env_ref("image"),
+        module="planner.runtime.train", args=train_argv(inputs), env=nccl_env(job),
         checkpoint_dir=(posixpath.join(WORKDIR, inputs.checkpoint_dir) if inputs.checkpoint_dir is not None
                         else inputs.env_ref("checkpoint_dir")),  # the trainer resolves a relative one in WORKDIR
         checkpoints=checkpoints, checkpoint_bytes=checkpoints * CHECKPOINT_BYTES_PER_PARAM * plan.job.model_params,

@@ -12,6 +12,7 @@ from typing import Any
 
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
 from planner.emit.nodes import EnvSetting, nccl_env
+from planner.emit.quote import comment
 from planner.emit.shell import HERE, run_on_every_node, trainer_inputs
 from planner.job import Job
 from planner.plan.schema import Plan
@@ -38,7 +39,7 @@ def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, i
     env = nccl_env(job)
     lines = [
         "#!/usr/bin/env bash",
-        f"# {RELEASE} launch for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}",
+        "# " + comment(f"{RELEASE} launch for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}"),
         f"# {plan.job.num_gpus} ranks = {nnodes} node(s) x {nproc} processes. Run it on EVERY node, from the plan",
         "# folder (bash megatron/launch.sh), with the same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere and",
         "# MEGATRON_DIR set (or compile --megatron-dir). Extra arguments go to pretrain_gpt.py (a flag given again overrides args.txt).",

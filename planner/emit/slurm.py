@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.emit import UnsupportedPlan, strategy_writer
 from planner.emit.inputs import LaunchInputs
 from planner.emit.nodes import EnvSetting, job_name, launch_shape, nccl_env, on_gpus
+from planner.emit.quote import comment, sbatch_value
 from planner.emit.torch import runtime_problem, train_args
 from planner.job import Job
 from planner.plan.schema import Plan
@@ -60,9 +61,9 @@ def trainer_words(plan: Plan, job: Job, inputs: LaunchInputs) -> list[str]:
 
 
 def _directives(spec: SbatchSpec) -> list[str]:
-    lines = [f"#SBATCH --job-name={spec.name}"]
+    lines = [f"#SBATCH --job-name={sbatch_value(spec.name, 'job name')}"]
     if spec.partition is not None:
-        lines.append(f"#SBATCH --partition={spec.partition}")
+        lines.append(f"#SBATCH --partition={sbatch_value(spec.partition, '--partition')}")
     lines += [f"#SBATCH --nodes={spec.nnodes}", "#SBATCH --ntasks-per-node=1"]
     if spec.gpus:
         lines.append(f"#SBATCH --gpus-per-node={spec.nproc_per_node}")
@@ -100,11 +101,11 @@ def _command(spec: SbatchSpec) -> list[str]:
 
 def sbatch_script(spec: SbatchSpec) -> str:
     """job.sbatch text of `spec` (see the module docstring)."""
-    partition = (f"partition {spec.partition}" if spec.partition is not None else
+    partition = (f"partition {comment(spec.partition)}" if spec.partition is not None else
                  "partition from $SBATCH_PARTITION (sbatch reads it; unset: the cluster's default)")
     header = [
         "#!/bin/bash",
-        f"# Slurm batch script: {spec.title}",
+        f"# Slurm batch script: {comment(spec.title)}",
         f"# {spec.nnodes * spec.nproc_per_node} ranks = {spec.nnodes} node(s) x {spec.nproc_per_node}: srun starts one "
         "torchrun per node, c10d rendezvous on the first node.",
         "# Submit from the plan folder (where plan.json is): sbatch slurm/job.sbatch",

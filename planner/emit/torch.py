@@ -34,6 +34,7 @@ from planner.job import Job
 from planner.plan.schema import Plan, ReplicaGroupsStrategy
 from planner.strategy import Strategy
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
+from planner.emit.quote import comment
 
 TRAINED_PRECISIONS = ("bf16",)  # plan precisions planner.runtime.train runs (fp32 too, with --precision fp32)
 _LLAMA_STYLE = {  # TransformerConfig field -> the value the reference model needs
@@ -83,13 +84,25 @@ def runtime_problem(plan: Plan) -> str | None:
     return config_problem(entry.config) or strategy_problem(plan.strategy)
 
 
+TRAIN_INPUTS = ("data", "tokenizer", "checkpoint_dir", "train_steps")  # launch inputs the trainer takes
+
+
 def train_args(plan: Plan, job: Job | None, inputs: LaunchInputs = LaunchInputs()) -> list[str]:
     """The arguments after `python -m planner.runtime.train`, as shell words, run from the plan folder:
     `--plan plan.json`, then each launch input: its quoted value when given to `planner compile`, else a
     `"${VAR:?...}"` expansion that stops the launch naming the variable; `--save-every` always."""
     words = ["--plan", "plan.json"]
-    for field in ("data", "tokenizer", "checkpoint_dir", "train_steps"):
+    for field in TRAIN_INPUTS:
         words += [f"--{field.replace('_', '-')}", inputs.shell(field)]
+    return words + ["--save-every", str(inputs.save_every)]
+
+
+def train_argv(inputs: LaunchInputs) -> list[str]:
+    """The same arguments as an argv (no shell): given values as they are, the others `${VAR}` (Kubernetes
+    fills them in with envsubst)."""
+    words = ["--plan", "plan.json"]
+    for field in TRAIN_INPUTS:
+        words += [f"--{field.replace('_', '-')}", inputs.env_ref(field)]
     return words + ["--save-every", str(inputs.save_every)]
 
 
@@ -104,7 +117,7 @@ def torchrun_script(title: str, ranks: int, nnodes: int, nproc: int, module: str
         lines[-1].append(word)
     words = " \\\n    ".join(" ".join(line) for line in lines)
     return f"""#!/usr/bin/env bash
-# {title}
+# {comment(title)}
 # {ranks} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
 # (same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere); extra arguments go to {module},
 # e.g. ./launch.sh {example_args}

@@ -33,13 +33,13 @@ sections back as the strategy torchtitan runs (planner.emit.check costs it befor
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from planner.emit import one_placement, optim
 from planner.emit.inputs import LaunchInputs
 from planner.emit.megatron import stage_block_counts
+from planner.emit.quote import comment, toml_string
 from planner.emit.slurm import launch_shape
 from planner.emit.torchtitan_launch import launch_script, readme
 from planner.emit.torchtitan_model import RELEASE, torchtitan_model
@@ -58,7 +58,7 @@ def _value(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string for printable ASCII
+        return toml_string(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {value!r}")
@@ -66,7 +66,7 @@ def _value(value: Any) -> str:
 
 def toml_text(sections: dict[str, dict[str, Any]], header: list[str]) -> str:
     """TOML of {section: {key: value}} in the given order, after '# ' header lines."""
-    lines = [f"# {line}" if line else "#" for line in header]
+    lines = [f"# {comment(line)}" if line else "#" for line in header]
     for name, keys in sections.items():
         lines += ["", f"[{name}]"]
         for key, value in keys.items():

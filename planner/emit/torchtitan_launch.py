@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
+from planner.emit.quote import comment
 from planner.emit.shell import HERE, run_on_every_node, trainer_inputs
 from planner.emit.torchtitan_model import RELEASE
 from planner.plan.schema import Plan
@@ -20,7 +21,8 @@ def launch_script(plan: Plan, inputs: LaunchInputs, shape: dict[str, int]) -> st
             "${MASTER_ADDR:?set MASTER_ADDR to the address of one of the nodes, the same on every node}")
     lines = [
         "#!/usr/bin/env bash",
-        f"# torchtitan launch ({RELEASE}) for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}",
+        "# " + comment(f"torchtitan launch ({RELEASE}) for {plan.job.model} on {plan.job.cluster}: "
+                       f"{plan.strategy_spec}"),
         f"# {plan.job.num_gpus} ranks = {nnodes} node(s) x {nproc} processes. Run it on EVERY node, from the plan",
         "# folder (bash torchtitan/launch.sh), with the same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere.",
         "# Extra arguments go to torchtitan.train (they override train.toml, e.g. --metrics.enable_tensorboard).",

@@ -30,6 +30,7 @@ from typing import Annotated, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_serializer, model_validator)
 
+from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
 from planner.strategy import Strategy
@@ -43,10 +44,10 @@ class PlanJob(BaseModel):
     """The job the plan is for."""
 
     model_config = _FIELD
-    model: str = Field(description="Model name.")
+    model: Name = Field(description="Model name.")
     model_params: int = Field(description="Parameters of the model.")
     model_active_params: int = Field(description="Parameters touched per token (differs from model_params for MoE).")
-    cluster: str = Field(description="Cluster name (the PRESET:NODES shorthand or the file's name).")
+    cluster: Name = Field(description="Cluster name (the PRESET:NODES shorthand or the file's name).")
     cluster_description: str = Field(description="One line: nodes, GPUs and pools of the cluster.")
     cluster_gpus: int = Field(description="GPUs in the cluster.")
     num_gpus: int = Field(description="GPUs the plan uses (tp * cp * dp * pp).")
@@ -72,7 +73,7 @@ class RankSpan(BaseModel):
     """
 
     model_config = _FIELD
-    pool: str = Field(description="Pool the GPUs belong to.")
+    pool: Name = Field(description="Pool the GPUs belong to.")
     first_rank: int = Field(description="First global rank of the span.")
     last_rank: int = Field(description="Last global rank of the span (inclusive).")
     first_node: int = Field(description="Node of first_rank: nodes are numbered 0.. across pools in cluster order.")
@@ -135,7 +136,7 @@ class PlanStage(BaseModel):
     layers: int = Field(description="Layers on the stage (embedding, blocks' attention/MLP, norm, head).")
     first_layer: str = Field(description="Name of the stage's first layer.")
     last_layer: str = Field(description="Name of the stage's last layer.")
-    pools: list[str] = Field(description="Cluster pools the stage's GPUs belong to.")
+    pools: list[Name] = Field(description="Cluster pools the stage's GPUs belong to.")
     device: str = Field(description="Device type (the slowest, when the stage spans pools).")
     ranks: StageRanks = Field(description="Global ranks and their (node, local GPU).")
     recompute: str = Field(description="Recompute mode of the stage's blocks: none, selective or full.")
@@ -233,7 +234,7 @@ class GroupStrategy(Strategy):
     """One replica group's strategy: its pool and batch share, then every Strategy field, resolved
     (plan.json writes pool and batch first)."""
 
-    pool: str = Field(description="The cluster pool the group runs on.")
+    pool: Name = Field(description="The cluster pool the group runs on.")
     batch: int = Field(gt=0, description="Sequences (samples) per step the group trains on.")
 
     @model_validator(mode="after")
@@ -281,7 +282,7 @@ class PlanGroup(BaseModel):
     """A replica group: one pool's GPUs, its batch share and its own plan."""
 
     model_config = _FIELD
-    pool: str = Field(description="The cluster pool the group runs on.")
+    pool: Name = Field(description="The cluster pool the group runs on.")
     batch: int = Field(description="Sequences (samples) per step the group trains on.")
     first_rank: int = Field(description="Global rank of the group's rank 0 (pools in cluster order).")
     first_node: int = Field(description="Cluster node index of the group's first node.")

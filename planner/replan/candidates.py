@@ -326,7 +326,8 @@ def replan(old_layout: StateLayout, old_job: Job, old_options: CompileOptions, n
         gap=max(0.0, (total - bound) / total) if total > 0 else 0.0, nodes_used=chosen.job.cluster.num_nodes,
         nodes_compiled=job.cluster.num_nodes,
         batch_policy=policy)
-    return ReplanResult(job=chosen.job, options=options, result=_as_result(best, chosen.strategy, chosen.estimate),
+    return ReplanResult(job=chosen.job, options=options,
+                        result=_as_result(best, chosen.strategy, chosen.estimate, chosen.job),
                         choice=choice, migration=migration, nodes=nodes)
 
 
@@ -347,10 +348,11 @@ def _ranked(weighed: list[_Weighed]) -> list[_Weighed]:
     return out
 
 
-def _as_result(best: CompileResult, strategy: Strategy, estimate: Estimate) -> CompileResult:
+def _as_result(best: CompileResult, strategy: Strategy, estimate: Estimate, job: Job) -> CompileResult:
     """The chosen strategy as a compile result: the step-time search's bound, its own step time as the
     objective (FEASIBLE with a gap when it is not the step-time optimum), the search's runners-up and, when
-    another plan was chosen, the optimum among them."""
+    another plan was chosen, the optimum among them: those that run on the chosen plan's nodes (a plan kept
+    on fewer nodes than were compiled is no place for the others)."""
     cert = best.certificate
     if strategy.spec() == best.strategy.spec():
         return best
@@ -360,7 +362,17 @@ def _as_result(best: CompileResult, strategy: Strategy, estimate: Estimate) -> C
                               solved=cert.solved, pruned=cert.pruned, stopped=cert.stopped)
     others = [RunnerUp(strategy=best.strategy.spec(), objective=cert.objective)]
     others += [r for r in best.runners_up if r.strategy != strategy.spec()]
+    others = [r for r in others if _runs_on(job, r.strategy)]
     return CompileResult(strategy=strategy, estimate=estimate, certificate=certificate, runners_up=others)
+
+
+def _runs_on(job: Job, spec: str) -> bool:
+    """Whether the strategy SPEC holds on `job` (its degrees fill the job's GPUs)."""
+    try:
+        check_strategy(job, parse_strategy(spec))
+    except PlannerInputError:
+        return False
+    return True
 
 
 def old_options(plan_options: dict | None) -> CompileOptions:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 
 from planner.emit.inputs import LaunchInputs
+from planner.emit.quote import comment
 from planner.strategy import Strategy
 
 DS_TO_UNIVERSAL = "deepspeed.checkpoint.ds_to_universal"
@@ -115,7 +116,8 @@ extra=(--ckpt-fully-parallel-load)
 
 def resume_lines(targets: tuple[str, ...], old: Strategy, new: Strategy, inputs: LaunchInputs) -> list[str]:
     """report.md bullets: how each written target resumes the old run's checkpoint."""
-    folder = f"`{inputs.checkpoint_dir}`" if inputs.checkpoint_dir else "`$PLANNER_CHECKPOINTS` (read at launch)"
+    folder = (f"`{comment(inputs.checkpoint_dir)}`" if inputs.checkpoint_dir
+              else "`$PLANNER_CHECKPOINTS` (read at launch)")
     lines = []
     if "torch" in targets:
         lines.append(f"- **torch**: run `torch/launch.sh` as before; it resumes from the latest "

@@ -17,6 +17,7 @@ The names do not depend on the plan's layout, so DCP can also load a checkpoint 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -37,11 +39,52 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def latest(root: Path) -> tuple[int, Path] | None:
-    """(step, folder) of the newest complete checkpoint under `root`, or None."""
+    """(step, folder) of the newest checkpoint folder under `root`, or None."""
+    found = newest_first(root)
+    return found[0] if found else None
+
+
+def newest_first(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint folder under `root`, the newest first."""
     if not root.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return max(found) if found else None
+        return []
+    return sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()),
+                  reverse=True)
+
+
+def resume(root: Path, state: "TrainerState") -> tuple[Path | None, list[str]]:
+    """Load the newest checkpoint under `root` that loads (collective): (its folder, or None when none does;
+    one line per newer folder passed over and why).  A folder without `.metadata` is a save that never
+    finished; one whose files do not read (truncated shards, a garbage `.metadata`) fails on every rank alike
+    (DCP gathers each rank's exception and raises it on all), so every rank passes over the same folders.  A
+    failed load may have overwritten some tensors: the older checkpoint that then loads writes them all."""
+    skipped = []
+    # DCP logs each failed read with its traceback on the root logger; the lines below say why, once
+    quiet, level = logging.getLogger(), logging.getLogger().level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        for _, folder in newest_first(root):
+            if not (folder / ".metadata").is_file():
+                skipped.append(f"{folder}: no .metadata (a save that did not finish)")
+                continue
+            try:
+                load(folder, state)
+            except (Exception, CheckpointException) as err:  # noqa: BLE001 (whatever a damaged file raises)
+                skipped.append(f"{folder}: does not load ({_first_line(err)})")
+                continue
+            return folder, skipped
+    finally:
+        quiet.setLevel(level)
+    return None, skipped
+
+
+def _first_line(err: BaseException) -> str:
+    """The innermost reason a load failed, on one line (DCP wraps each rank's exception with its traceback)."""
+    if isinstance(err, CheckpointException) and err.failures:
+        first = next(iter(err.failures.values()))
+        err = first[0] if isinstance(first, tuple) else first
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
 
 
 class TrainerState(Stateful):

@@ -268,14 +268,30 @@ class SampleReader:
         return np.asarray(self.shards.tokens[start:start + self.seq_len + 1], dtype=np.int64)
 
     def next_batch(self):
-        """(tokens, labels) of this rank's rows, (global_batch / dp, seq_len) int64 each; advances."""
+        """(tokens, labels) of this rank's rows, (global_batch / dp, seq_len) int64 each; advances.  DataError
+        when a token id of the global batch is not below the vocabulary size: every rank reads the whole
+        batch's ids, so all stop at the same step, before an embedding meets the id."""
         import torch
 
+        self.check_ids(self.position)
         first = self.position + self.first_row
         rows = np.stack([self.sample(self.sample_index(first + r)) for r in range(self.per_rank)])
         self.position += self.global_batch
         seq = torch.from_numpy(rows)
         return seq[:, :-1], seq[:, 1:]
+
+    def check_ids(self, position: int) -> None:
+        """DataError naming the file and the token when a sample of the global batch at `position` holds an id
+        the tokenizer does not have (a damaged or foreign PREFIX.bin)."""
+        vocab = self.shards.header.vocab_size
+        for r in range(self.global_batch):
+            index = self.sample_index(position + r)
+            sample = self.sample(index)
+            if sample.size and int(sample.max()) >= vocab:
+                offset = index * self.seq_len + int(np.argmax(sample >= vocab))
+                raise DataError(f"{self.shards.prefix}.bin: token {offset}: id {int(sample.max())} is not below "
+                                f"the vocabulary size {vocab} of {self.shards.prefix}.idx (a damaged or foreign "
+                                "file)")
 
     def state_dict(self) -> dict:
         return {"position": self.position}
@@ -285,6 +301,15 @@ class SampleReader:
 
 
 # ---------------------------------------------------------------- command line
+
+
+def _prefix(value: str) -> Path:
+    """--output: a path whose last part names the files (PREFIX.bin), not a folder or nothing."""
+    path = Path(value)
+    if not value.strip() or value.endswith("/") or path.name in ("", ".", "..") or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r}: name the files, e.g. data/train for data/train.bin and "
+                                         "data/train.idx")
+    return path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -299,7 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="`bytes` (built in), a tokenizer.json file, or a transformers name or folder.")
     write.add_argument("--input", required=True, nargs="+", type=Path, metavar="TEXT",
                        help="Text files: a .jsonl file holds one document per line, any other file is one.")
-    write.add_argument("--output", required=True, type=Path, metavar="PREFIX",
+    write.add_argument("--output", required=True, type=_prefix, metavar="PREFIX",
                        help="Writes PREFIX.bin and PREFIX.idx.")
     write.add_argument("--json-key", default="text", help="Field of each .jsonl line holding the text (default text).")
     return parser.parse_args(argv)

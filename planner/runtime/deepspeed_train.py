@@ -43,13 +43,14 @@ from torch import nn
 
 from models.transformer import TransformerConfig
 from planner.plan.schema import Plan
-from planner.runtime.data import SampleReader
+from planner.runtime.data import DataError, SampleReader
 from planner.runtime.materialize import init_weights
 from planner.runtime.model import TransformerBlock, Transformer, rope_tables
 from planner.runtime.optim import OptimConfig, build_scheduler
 from planner.runtime.parallelize import loss_fn
 from planner.runtime.shutdown import run_then_finish
-from planner.runtime.train import say, fail, model_config, open_data, read_plan
+from planner.runtime.train import (check_checkpoint_dir, check_plan_stages, fail, model_config, open_data, read_plan,
+                                   say)
 
 PROG = "python -m planner.runtime.deepspeed_train"
 
@@ -287,11 +288,13 @@ def run_step(engine, batches: list, pipelined: bool) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_checkpoint_dir(args.checkpoint_dir)
     plan = read_plan(args.plan)
     config = read_json(args.ds_config, "--ds-config")
     pipeline = read_json(args.pipeline, "--pipeline") if args.pipeline is not None else None
     check_plan(plan, pipeline, args.pipeline)
     cfg = model_config(plan)
+    check_plan_stages(plan, args.plan, cfg.num_layers)
     shards = open_data(args, plan, cfg.vocab)
     if shards is None:
         fail("--data: required (token shards written by `python -m planner.runtime.data write`)")
@@ -326,7 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     losses = []
     for step in range(first, last):
         lr = engine.get_lr()[0]
-        tokens, labels = reader.next_batch()
+        try:
+            tokens, labels = reader.next_batch()
+        except DataError as err:  # every rank checks the whole global batch: all stop alike
+            fail(str(err))
         loss = run_step(engine, micro_batches(tokens, labels, engine.gradient_accumulation_steps()), pipelined)
         losses.append(loss)
         norm = engine.get_global_grad_norm()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,11 @@ import torch.distributed as dist
 
 from models.transformer import TransformerConfig
 from models.zoo import get_entry
+from models import ModelInputError
+from models import yamlio
+from planner.errors import PlannerInputError
+from planner.plan.consistency import plan_from_text, stage_problem
+from planner.plan.manifest import MANIFEST, output_folder_holding
 from planner.plan.schema import Plan
 from planner.runtime import checkpoint
 from planner.runtime.data import DataError, SampleReader, TokenShards
@@ -182,12 +188,22 @@ def open_data(args: argparse.Namespace, plan: Plan, vocab: int) -> TokenShards |
 
 def read_plan(path: Path) -> Plan:
     try:
-        return Plan.model_validate_json(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        fail(f"{path}: --plan: {err.strerror}")
-    except ValueError as err:  # pydantic's ValidationError: the first problem, with its field
-        first = err.errors()[0] if hasattr(err, "errors") else {"loc": (), "msg": str(err)}
-        fail(f"{path}: {'.'.join(map(str, first['loc'])) or 'plan'}: {first['msg']}")
+        return plan_from_text(yamlio.read_text(path, f"{path}: --plan", ModelInputError, "plan file"), str(path))
+    except (ModelInputError, PlannerInputError) as err:
+        fail(str(err))
+
+
+def resume(root: Path, state: checkpoint.TrainerState, progress: dict, rank: int) -> None:
+    """Resume from the newest checkpoint under `root` that loads, saying which newer ones were passed over; one
+    line and exit 2 when checkpoints exist and none loads (starting over would silently drop them)."""
+    found, skipped = checkpoint.resume(root, state)
+    if rank == 0:
+        for line in skipped:
+            sys.stderr.write(f"{PROG}: warning: passed over checkpoint {line}\n")
+    if found is None and any("does not load" in line for line in skipped):
+        fail(f"{root}: --checkpoint-dir: no checkpoint there loads ({skipped[0]})")
+    if found is not None and rank == 0:
+        say(f"resumed from {found} (step {progress['step']}, data position {progress['data_position']})")
 
 
 def watch_compute_dtype(par: Parallelized) -> dict[str, str]:
@@ -202,12 +218,48 @@ def watch_compute_dtype(par: Parallelized) -> dict[str, str]:
     return seen
 
 
+# float options and the values they take (nan and inf never)
+FLOAT_RULES = {"lr": ("above 0", lambda v: v > 0), "min_lr_ratio": ("within 0..1", lambda v: 0 <= v <= 1),
+               "weight_decay": ("at least 0", lambda v: v >= 0), "grad_clip": ("at least 0", lambda v: v >= 0)}
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets for init_process_group
+
+
 def check_args(args: argparse.Namespace) -> None:
     for name in ("train_steps", "save_every"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
     if args.stop_at_step is not None and not 1 <= args.stop_at_step <= args.train_steps:
         fail(f"--stop-at-step: must be within 1..--train-steps ({args.train_steps}), got {args.stop_at_step}")
+    for name, (rule, holds) in FLOAT_RULES.items():
+        value = getattr(args, name)
+        if not (math.isfinite(value) and holds(value)):
+            fail(f"--{name.replace('_', '-')}: must be a finite number {rule}, got {value}")
+    if args.warmup_steps is not None and args.warmup_steps < 0:
+        fail(f"--warmup-steps: must be at least 0, got {args.warmup_steps}")
+    check_checkpoint_dir(args.checkpoint_dir)
+
+
+def check_checkpoint_dir(path: Path | None) -> None:
+    """Checkpoints never live inside a folder planner may replace (one holding its manifest)."""
+    folder = output_folder_holding(path) if path is not None else None
+    if folder is not None:
+        fail(f"{path}: --checkpoint-dir: inside planner's output folder {folder} ({MANIFEST}), which planner "
+             "replaces with --force; keep checkpoints outside it")
+
+
+def check_plan_stages(plan: Plan, path: Path, num_blocks: int) -> None:
+    """The plan's stages are the ones its strategy makes (an edited plan.json is refused, not run)."""
+    problem = stage_problem(plan, num_blocks)
+    if problem is not None:
+        fail(f"{path}: {problem}")
+
+
+def check_torchrun() -> None:
+    """One line, not torch's "RANK expected", when the trainer is started without torchrun."""
+    missing = [name for name in TORCHRUN_ENV if name not in os.environ]
+    if missing:
+        fail(f"{', '.join(missing)} not set: start the trainer with torchrun (the plan's torch/launch.sh does), "
+             f"e.g. torchrun --nproc_per_node N -m planner.runtime.train --plan plan.json")
 
 
 def init_distributed() -> torch.device:
@@ -247,13 +299,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     check_args(args)
     plan = read_plan(args.plan)
-    config = model_config(plan, args.model_spec)
+    try:
+        config = model_config(plan, args.model_spec)
+    except (ModelInputError, ValueError) as err:  # a model the runtime cannot build: one line
+        fail(f"{args.plan}: job.model: {err}")
     if args.model_spec is not None and config.name != plan.job.model:
         fail(f"{args.model_spec}: name: builds {config.name!r}, the plan is for {plan.job.model!r}")
+    check_plan_stages(plan, args.plan, config.num_layers)
     dtype = compute_dtype(plan, args.precision, args.plan)
     shards = open_data(args, plan, config.vocab)
     ocfg = optim_config(args)
 
+    check_torchrun()
     device = init_distributed()
     rank, s = dist.get_rank(), plan.strategy
     par, init_peak = build(plan, config, device=device, dtype=dtype, seed=args.seed)
@@ -262,11 +319,8 @@ def main(argv: list[str] | None = None) -> None:
     progress = {"step": 0, "data_position": 0, "lr": ocfg.lr, "warmup_steps": ocfg.warmup_steps,
                 "train_steps": ocfg.train_steps, "min_lr_ratio": ocfg.min_lr_ratio}
     state = checkpoint.TrainerState(par.chunks(), optimizers, progress)
-    found = checkpoint.latest(args.checkpoint_dir) if args.checkpoint_dir is not None else None
-    if found is not None:
-        checkpoint.load(found[1], state)
-        if rank == 0:
-            say(f"resumed from {found[1]} (step {progress['step']}, data position {progress['data_position']})")
+    if args.checkpoint_dir is not None:
+        resume(args.checkpoint_dir, state, progress, rank)
 
     dp_rank = (rank // (s.tp * s.cp)) % s.dp
     cp_index, per_cp = (rank // s.tp) % s.cp, plan.job.seq_len // s.cp
@@ -291,7 +345,10 @@ def main(argv: list[str] | None = None) -> None:
             for group in optimizer.param_groups:
                 group["lr"] = ocfg.lr * factor
             optimizer.zero_grad()
-        tokens, labels = reader.next_batch()
+        try:
+            tokens, labels = reader.next_batch()
+        except DataError as err:  # every rank checks the whole global batch: all stop alike
+            fail(str(err))
         # under cp this rank's contiguous chunk of each sequence
         cols = slice(cp_index * per_cp, (cp_index + 1) * per_cp)
         tokens, labels = tokens[:, cols].to(device), labels[:, cols].to(device)

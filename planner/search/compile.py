@@ -438,24 +438,39 @@ def _legal_configs(job: Job, space: SpaceOptions) -> list[tuple[int, Strategy]]:
 
 
 def _bounded_configs(search: _Search, legal: list[tuple[int, Strategy]]) -> list[tuple[float, int, Strategy]]:
-    """The configurations with their lower bounds, in bound order.  Once the budget is spent the rest
-    get the cheap compute floor instead, and no order but the least bound first (the search stops
-    before solving any of them)."""
+    """The configurations with their lower bounds, in bound order.  Once the budget is spent (a plan or
+    not) the rest get the cheap compute floor instead, the most sharded first: without a plan yet the
+    search then tries the configurations likeliest to fit before the rest (issue #26: a first plan of a
+    big job within seconds of the limit, not after every configuration that does not fit)."""
     out = []
     job = search.job
     for index, (m, config) in enumerate(legal):
-        if search.spent():
+        if search.spent() or search.remaining() <= 0:
             floor = cluster_floor(job, search.catalog)
+            # the least state per GPU first; sorted is stable: space order among ties
+            rest = sorted(legal[index:], key=lambda item: _state_share(job, item[1]))
             if search.options.objective == "cost":
-                out += [(floor * _rate_floor(search, c, _pools(job, c)), n, c) for n, c in legal[index:]]
+                out += [(floor * _rate_floor(search, c, _pools(job, c)), n, c) for n, c in rest]
             else:
-                out += [(floor, n, c) for n, c in legal[index:]]
+                out += [(floor, n, c) for n, c in rest]
             out.sort(key=lambda item: item[0])
             return out
         pools = _pools(job, config)
         out.append((search.builder.lower_bound(config, pools, m) * _rate_floor(search, config, pools), m, config))
     out.sort(key=lambda item: (item[0], item[2].spec()))
     return out
+
+
+def _state_share(job: Job, config: Strategy) -> float:
+    """Bytes of training state one GPU of `config` holds per model parameter, roughly: 2 of weights, 2 of
+    gradients and 12 of optimizer state, ZeRO sharding them over dp x cp by stage, tp x pp splitting all and
+    ep the routed experts (the parameters a token does not touch).  The order a search past its budget
+    tries configurations in: the least first, the likeliest to fit."""
+    shard = config.dp * config.cp
+    per_param = (2 / (shard if config.zero >= 3 else 1) + 2 / (shard if config.zero >= 2 else 1)
+                 + 12 / (shard if config.zero >= 1 else 1))
+    experts = 1 - job.model.active_params / job.model.params if job.model.params else 0.0
+    return per_param / (config.tp * config.pp) * ((1 - experts) + experts / config.ep)
 
 
 def _pools(job: Job, config: Strategy) -> list:

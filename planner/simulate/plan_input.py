@@ -9,19 +9,19 @@ group on its pool and add the cross-group sync (planner.cost.groups).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from hardware import Catalog, HardwareInputError, load_catalog, load_cluster
 from models import ModelInputError, load_model
-from models.spec import read_text
+from models.spec import parse_json, read_text
 from planner.cost.groups import group_job, sync_seconds
 from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.profile import load_runtime
 from planner.plan.build import inputs_digest
+from planner.plan.consistency import plan_from_text, stage_problem
 from planner.plan.schema import Plan
 from planner.simulate.result import TOLERANCE, SimulationResult, summarize
 from planner.simulate.simulator import SimulationRun, simulate
@@ -61,18 +61,13 @@ def read_plan(path: Path) -> Plan:
     except ModelInputError as err:
         raise PlannerInputError(str(err)) from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise PlannerInputError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+        data = parse_json(text, str(path))
+    except ModelInputError as err:
+        raise PlannerInputError(str(err)) from None
     if isinstance(data, dict) and data.get("schema") == EMBEDDING_SCHEMA:
         raise PlannerInputError(f"{path}: schema: a recommendation-model plan ({EMBEDDING_SCHEMA}); simulate covers "
                                 "dense (pipeline) plans only")
-    try:
-        return Plan.model_validate(data)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "plan"
-        raise PlannerInputError(f"{path}: {where}: {first['msg']} (not a planner plan.json, schema 2)") from None
+    return plan_from_text(text, str(path))
 
 
 def _load(loader, error: type[Exception], given: str | None, named: str, path: Path, field: str):
@@ -92,6 +87,9 @@ def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | No
     if graph.params != j.model_params:
         raise PlannerInputError(f"{path}: job.model_params: the plan's model has {j.model_params:,} parameters, "
                                 f"{model or j.model} has {graph.params:,}")
+    problem = stage_problem(plan, graph.num_blocks)
+    if problem is not None:
+        raise PlannerInputError(f"{path}: {problem}")
     topology = _load(load_cluster, HardwareInputError, cluster, j.cluster, path, "cluster")
     if topology.num_gpus != j.cluster_gpus:
         raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "

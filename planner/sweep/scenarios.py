@@ -100,10 +100,12 @@ class SweepSpec(BaseModel):
         "{name, spec} or {name, module: 'pkg.mod:function'} (planner/compare/plugins.py); default: every "
         "built-in one that applies."
     )
-    time_limit: float = Field(60.0, gt=0, description="Search budget in seconds of each compiled strategy.")
+    time_limit: float = Field(60.0, gt=0, strict=True, allow_inf_nan=False,
+                              description="Search budget in seconds of each compiled strategy (finite: plan.json "
+                              "records it).")
     scenarios: list[ExtraScenario] = Field(default_factory=list, description="Explicit scenarios outside the grid.")
     title: str | None = Field(None, description="Heading of summary.md and report.md; default: the file name.")
-    simulate: bool = Field(False, description="Also simulate each scenario's planner plan (`planner simulate`) "
+    simulate: bool = Field(False, strict=True, description="Also simulate each scenario's planner plan (`planner simulate`) "
                            "and report the agreement with the analytic step in report.md.")
 
     @field_validator("runtime")

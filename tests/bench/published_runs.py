@@ -101,6 +101,7 @@ if str(ROOT) not in sys.path:
 from hardware import Catalog, Cluster, NodeSpec, Pool, load_catalog, load_cluster  # noqa: E402
 from models.transformer import MoEConfig, build_transformer  # noqa: E402
 from models.transformer import gpt, llama  # noqa: E402
+from models.yamlio import as_name  # noqa: E402
 from models.zoo import get_entry  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
 from planner.job import Job  # noqa: E402
@@ -191,7 +192,8 @@ def _model(row: dict, runtime: str):
     name = row["model"]
     lower = name.lower()
     layers, hidden, heads = int(row["layers"]), int(row["hidden"]), int(row["heads"])
-    sizes = dict(name=name, num_layers=layers, hidden=hidden, heads=heads,
+    # the row's model is a title ('GPT 1.7B (Megatron-LM SC21 weak scaling)'); a model's name is a name
+    sizes = dict(name=as_name(name, "model"), num_layers=layers, hidden=hidden, heads=heads,
                  kv_heads=_int(row["kv_heads"], heads), ffn=_int(row["ffn"], 4 * hidden),
                  vocab=int(row["vocab"]), max_positions=int(row["seq_len"]))
     moe, mtp = _moe(row)

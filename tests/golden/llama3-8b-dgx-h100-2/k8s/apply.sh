@@ -10,6 +10,19 @@ cd "$(dirname "$0")"
 : "${PLANNER_CHECKPOINTS:?set PLANNER_CHECKPOINTS: folder for distributed checkpoints (saved and resumed from)}"
 : "${PLANNER_TRAIN_STEPS:?set PLANNER_TRAIN_STEPS: optimizer steps to train for}"
 : "${PLANNER_IMAGE:?set PLANNER_IMAGE: container image with the runtime (the repository\'s Dockerfile builds one)}"
+# envsubst pastes these into double-quoted YAML strings as they are: printable ASCII, no " or \
+yaml_text() {
+  local LC_ALL=C
+  if [[ $2 == *[![:print:]]* || $2 == *[\"\\]* ]]; then
+    echo "apply.sh: $1 holds a quote, a backslash, a control or non-ASCII character, which the job's YAML cannot take as is" >&2
+    exit 2
+  fi
+}
+yaml_text PLANNER_DATA "$PLANNER_DATA"
+yaml_text PLANNER_TOKENIZER "$PLANNER_TOKENIZER"
+yaml_text PLANNER_CHECKPOINTS "$PLANNER_CHECKPOINTS"
+yaml_text PLANNER_TRAIN_STEPS "$PLANNER_TRAIN_STEPS"
+yaml_text PLANNER_IMAGE "$PLANNER_IMAGE"
 case "$PLANNER_CHECKPOINTS" in
   /*) ;;
   *) echo "apply.sh: PLANNER_CHECKPOINTS must be an absolute path in the container (the checkpoint volume is mounted there), not '$PLANNER_CHECKPOINTS'" >&2
