@@ -22,6 +22,8 @@ class Reader(str, Enum):
 
     GROUPS = "groups"  # planner.cost.layout.stage_groups: every communicator's shape
     LAYER_SUMS = "layer_sums"  # planner.cost.stage.sum_layers, with the communicators it is handed
+    LAYER_TIMES = "layer_times"  # planner.cost.stage.layer_busy of a layer without experts: the sums' time terms
+    EXPERT_TIMES = "expert_times"  # planner.cost.stage.layer_busy of a mixture-of-experts layer
     P2P = "p2p"  # planner.cost.comm.p2p_seconds: a stage's pipeline transfers
     COMPOSE = "compose"  # planner.cost.stage.compose_stage beyond the sums: memory, dp sync, optimizer, offload
     # the search's own quantities (planner.search.ilp.tables.TableBuilder), each beside the readers it calls
@@ -33,7 +35,8 @@ class Reader(str, Enum):
 
 # which readers each reader runs: its key is its own reads and theirs
 CALLS: Mapping[Reader, tuple[Reader, ...]] = {
-    Reader.WORK: (Reader.LAYER_SUMS,),
+    Reader.EXPERT_TIMES: (Reader.LAYER_TIMES,),
+    Reader.WORK: (Reader.EXPERT_TIMES,),
     Reader.LOWER: (Reader.WORK, Reader.P2P),
     Reader.STAGE_SUMS: (Reader.LAYER_SUMS,),
     Reader.PROFILE: (Reader.STAGE_SUMS, Reader.LAYER_SUMS, Reader.COMPOSE),
@@ -58,23 +61,26 @@ def _as(name: str, *readers: Reader) -> dict[Reader, str]:
     return {reader: name for reader in readers}
 
 
+# a layer's sums and its time terms alone: what a block costs; the expert fields only for MoE layers
+LAYER = (Reader.LAYER_SUMS, Reader.LAYER_TIMES)
+EXPERT = (Reader.LAYER_SUMS, Reader.EXPERT_TIMES)
+
 FIELD_ROLES: Mapping[str, FieldRole] = {
-    "tp": FieldRole(reads=_as("tp", Reader.GROUPS, Reader.LAYER_SUMS, Reader.P2P, Reader.COMPOSE, Reader.LOWER),
-                    layout=True, fixable=True),
-    "pp": FieldRole(reads={**_as("pipelined", Reader.GROUPS, Reader.LAYER_SUMS, Reader.P2P),
+    "tp": FieldRole(reads=_as("tp", Reader.GROUPS, *LAYER, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
+                    fixable=True),
+    "pp": FieldRole(reads={**_as("pipelined", Reader.GROUPS, *LAYER, Reader.P2P),
                            **_as("pp", Reader.COMPOSE, Reader.LOWER, Reader.PROFILE)}, layout=True, fixable=True),
     "dp": FieldRole(reads=_as("dp", Reader.GROUPS, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
                     fixable=True),
-    "cp": FieldRole(reads=_as("cp", Reader.GROUPS, Reader.LAYER_SUMS, Reader.P2P, Reader.COMPOSE, Reader.LOWER),
-                    layout=True, fixable=True),
-    "ep": FieldRole(reads=_as("ep", Reader.GROUPS, Reader.LAYER_SUMS, Reader.COMPOSE), layout=True, fixable=True),
-    "etp": FieldRole(reads=_as("expert_tp", Reader.GROUPS, Reader.LAYER_SUMS, Reader.COMPOSE), layout=True,
-                     fixable=True),
-    "ep_overlap": FieldRole(reads=_as("ep_overlap", Reader.LAYER_SUMS)),
-    "mbs": FieldRole(reads=_as("mbs", Reader.LAYER_SUMS, Reader.P2P, Reader.COMPOSE), fixable=True),
+    "cp": FieldRole(reads=_as("cp", Reader.GROUPS, *LAYER, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
+                    fixable=True),
+    "ep": FieldRole(reads=_as("ep", Reader.GROUPS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
+    "etp": FieldRole(reads=_as("expert_tp", Reader.GROUPS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
+    "ep_overlap": FieldRole(reads=_as("ep_overlap", *EXPERT)),
+    "mbs": FieldRole(reads=_as("mbs", *LAYER, Reader.P2P, Reader.COMPOSE), fixable=True),
     "vpp": FieldRole(reads=_as("vpp", Reader.P2P, Reader.COMPOSE, Reader.LOWER, Reader.STAGE_SUMS),
                      layout=True, fixable=True),
-    "sp": FieldRole(reads=_as("sequence_parallel", Reader.LAYER_SUMS, Reader.P2P, Reader.COMPOSE)),
+    "sp": FieldRole(reads=_as("sequence_parallel", *LAYER, Reader.P2P, Reader.COMPOSE)),
     # the runtime's autocast saves at low ZeRO stages (planner.cost.memory.saved_bytes) make activations read it
     "zero": FieldRole(reads=_as("zero", Reader.LAYER_SUMS, Reader.COMPOSE), layout=True, fixable=True),
     "shard": FieldRole(reads=_as("shard", Reader.GROUPS, Reader.COMPOSE), layout=True, fixable=True),
@@ -85,7 +91,7 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     "offload_device": FieldRole(reads=_as("offload_device", Reader.COMPOSE)),
     "offload_ratio": FieldRole(reads=_as("offload_ratio", Reader.COMPOSE)),
     "schedule": FieldRole(reads=_as("pipeline_schedule", Reader.COMPOSE)),
-    "tp_overlap": FieldRole(reads=_as("tp_overlap", Reader.LAYER_SUMS)),
+    "tp_overlap": FieldRole(reads=_as("tp_overlap", *LAYER)),
     "split": FieldRole(layout=True),  # the tables choose each stage's blocks themselves
     "stage_pools": FieldRole(layout=True),  # the tables choose each stage's pool themselves
     # a configuration's tables take each stage's placement from its variants (search.space.placement_variants);

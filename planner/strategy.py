@@ -7,6 +7,8 @@ reads the SPEC string (docs/strategy-spec.md): comma-separated key=value pairs.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from operator import attrgetter
 from typing import Literal, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -401,11 +403,15 @@ def parse_strategy(spec: str) -> Strategy:
 
 def strategy_key(strategy: Strategy, reads: tuple[str, ...]) -> tuple:
     """The values of the fields (or properties) in `reads`: the cache key of a quantity computed from
-    exactly those.  Each cost function that is cached declares its `reads` beside its code."""
-    return tuple(getattr(strategy, name) for name in reads)
+    exactly those (planner.fields declares what each cached computation reads)."""
+    return _getter(reads)(strategy)
 
 
-def union(*reads: tuple[str, ...]) -> tuple[str, ...]:
-    """The fields several computations read together, each once, in first-seen order."""
-    return tuple(dict.fromkeys(name for group in reads for name in group))
+@lru_cache(maxsize=None)
+def _getter(reads: tuple[str, ...]):
+    """One attrgetter per key shape (the search builds hundreds of thousands of keys), always a tuple."""
+    if len(reads) == 1:
+        single = attrgetter(reads[0])
+        return lambda strategy: (single(strategy),)
+    return attrgetter(*reads)
 

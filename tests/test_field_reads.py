@@ -21,7 +21,7 @@ from models.transformer import llama
 from planner.cost import micro_batches
 from planner.cost.comm import p2p_seconds
 from planner.cost.layout import stage_groups
-from planner.cost.stage import compose_stage, sum_layers
+from planner.cost.stage import compose_stage, layer_busy, sum_layers
 from planner.fields import FIELD_ROLES, Reader, fields_with, reads
 from planner.job import Job
 from planner.profile import load_runtime
@@ -88,6 +88,13 @@ def _computations(job: Job, strategy: Strategy):
             sum_layers([(layer, mode) for layer in (*before, *blocks, *after)], job, r, site, groups_of(r, last),
                        catalog)
 
+    def layer_times(r, experts: bool):
+        site = _builder(job).site(last, tuple(pools))
+        for mode in ("none", "selective", "full"):
+            for layer in (*before, *blocks, *after):
+                if (layer.moe is not None) == experts:
+                    layer_busy(layer, job, r, site, groups_of(r, last), catalog, mode)
+
     def compose(r):
         builder = _builder(job)
         for stage in {0, last}:
@@ -100,6 +107,8 @@ def _computations(job: Job, strategy: Strategy):
     return {
         Reader.GROUPS: lambda r: stage_groups(job, r, _builder(job).site(0, tuple(pools))),
         Reader.LAYER_SUMS: layer_sums,
+        Reader.LAYER_TIMES: lambda r: layer_times(r, experts=False),
+        Reader.EXPERT_TIMES: lambda r: layer_times(r, experts=True),
         Reader.P2P: lambda r: p2p_seconds(float(job.model.hidden), job, r, groups_of(r, 0), catalog),
         Reader.COMPOSE: compose,
         Reader.WORK: lambda r: _builder(job)._work_by_layer_group(r, pools[0]),
@@ -136,7 +145,7 @@ def test_every_cached_computation_reads_only_what_it_declares(runtime):
             assert not undeclared, (f"{reader.value} reads {sorted(undeclared)} under {runtime} for {strategy.spec()} "
                                     f"({job.model.name}): declare them in planner/fields.py")
             checked += 1
-    assert checked == 8 * (len(DENSE_SPECS) + len(MOE_SPECS))
+    assert checked == len(Reader) * (len(DENSE_SPECS) + len(MOE_SPECS))
 
 
 def test_layout_reads_only_the_layout_fields():

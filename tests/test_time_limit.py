@@ -222,7 +222,8 @@ def test_plan_and_report_carry_the_flag():
 def test_past_the_budget_the_first_plan_comes_from_the_configurations_likeliest_to_fit(monkeypatch):
     # `compile deepseek-v3 dgx-h100:32 -b 1024 -s 4096 --time-limit 1` ran 17 s: past the budget without a
     # plan, the search still bounded all 9,608 configurations and then tried them cheapest first, hundreds of
-    # which do not fit; now the most sharded come first, and the first plan is among the first tried
+    # which do not fit; now the search starts from a warm plan (planner.search.warm: the least state per GPU,
+    # scored directly) and past the budget the most sharded configurations come first
     from planner.profile import load_runtime
 
     tried = []
@@ -233,4 +234,4 @@ def test_past_the_budget_the_first_plan_comes_from_the_configurations_likeliest_
     result = compile_job(job.on(load_runtime("megatron")), CompileOptions(time_limit=1e-6))
     cert = result.certificate
     assert cert.stopped == "time_limit" and cert.status == "FEASIBLE" and cert.bound <= cert.objective
-    assert 1 <= len(tried) <= 3, tried
+    assert len(tried) <= 3, tried

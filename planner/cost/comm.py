@@ -89,7 +89,7 @@ def layer_comm(
             cp_s += ring_attention_seconds(layer, job, s, groups, time, catalog, backward=False)
 
     ep_s = 0.0
-    if s.ep > 1 and layer.moe is not None:
+    if layer.moe is not None and s.ep > 1:  # (a layer without experts reads nothing of the expert layout)
         ep_s = expert_all_to_all_seconds(layer, job, s, groups, time, catalog, recompute)
     return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
 

@@ -63,13 +63,26 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     )
 
 
-def _layer_key(layer: Layer, mode: str) -> tuple:
+def layer_busy(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups, catalog: Catalog,
+               mode: RecomputeMode) -> float:
+    """Seconds a layer keeps its stage busy per micro-batch: compute, recomputation and the TP, CP and EP
+    collectives on the critical path (the additive time of `layer_sums`, without its bytes, which read more of
+    the strategy)."""
+    time = layer_time(layer, job, strategy, site.device, catalog, mode)
+    comm = layer_comm(layer, job, strategy, groups, time, catalog, mode)
+    return time.forward + time.backward + time.recompute + comm.tp + comm.cp + comm.ep
+
+
+def layer_key(layer: Layer, mode: str) -> tuple:
     """Layers equal but for name and block cost the same."""
     return (mode, layer.model_dump_json(exclude={"name", "block"}))
 
 
 # what `sum_layers` reads of the strategy (with the layers, their modes and the site's pools): its cache key
 LAYER_SUMS_READS = reads(Reader.LAYER_SUMS)
+# what `layer_busy` reads (the layer sums' time terms alone) of a layer without experts, and of an MoE layer
+LAYER_TIMES_READS = reads(Reader.LAYER_TIMES)
+EXPERT_TIMES_READS = reads(Reader.EXPERT_TIMES)
 # what `compose_stage` adds to the sums' reads (through memory, data-parallel sync, optimizer and offload)
 COMPOSE_READS = reads(Reader.COMPOSE)
 
@@ -80,7 +93,7 @@ def sum_layers(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job, strate
     counts: dict[tuple, int] = {}
     sample: dict[tuple, tuple[Layer, RecomputeMode]] = {}
     for layer, mode in layers_modes:
-        key = _layer_key(layer, mode)
+        key = layer_key(layer, mode)
         counts[key] = counts.get(key, 0) + 1
         sample.setdefault(key, (layer, mode))
     total = StageSums()

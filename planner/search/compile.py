@@ -64,6 +64,7 @@ from planner.job import Job
 from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
 from planner.search.space import (SpaceOptions, global_configs, limits_note, narrow_to_runtime, placement_variants,
                                   ties_recompute)
+from planner.search.warm import state_share, warm_start
 from planner.strategy import Strategy
 
 def _now() -> float:
@@ -344,6 +345,8 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
             search.say(f"[{search.elapsed():6.2f}s] replica groups {grouped.objective:.6g} "
                        f"({grouped.compiled} pool compiles)")
     has_groups = grouped is not None and grouped.groups is not None
+    if not has_groups:
+        _warm(search, [config for _, config in legal])
     # offload only where nothing fits without it: replica groups that fit count
     configs = _search_configs(search, legal, retry_offload=not has_groups)
     if search.best is None and not has_groups:
@@ -356,6 +359,18 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     if search.best is None:
         return _group_result(search, grouped, len(configs))
     return _result(search, len(configs), grouped.bound if grouped is not None else float("inf"))
+
+
+def _warm(search: _Search, configs: list[Strategy]) -> None:
+    """A first incumbent from strategies scored directly (planner.search.warm), for the time objective without a
+    surcharge (the programs' objective is then the step time evaluate gives)."""
+    if search.options.objective != "time" or search.surcharge is not None or search.options.max_step_time:
+        return
+    found = warm_start(search.job, configs, search.options.space, search.catalog)
+    if found is not None:
+        search.best, search.best_step, search.best_peak = found
+        search.incumbent = search.best_step
+        search.say(f"[{search.elapsed():6.2f}s] incumbent {search.incumbent:.6g}  (warm start)  {search.best.spec()}")
 
 
 def _solve_closest_runners_up(search: _Search) -> None:
@@ -448,7 +463,7 @@ def _bounded_configs(search: _Search, legal: list[tuple[int, Strategy]]) -> list
         if search.spent() or search.remaining() <= 0:
             floor = cluster_floor(job, search.catalog)
             # the least state per GPU first; sorted is stable: space order among ties
-            rest = sorted(legal[index:], key=lambda item: _state_share(job, item[1]))
+            rest = sorted(legal[index:], key=lambda item: state_share(job, item[1]))
             if search.options.objective == "cost":
                 out += [(floor * _rate_floor(search, c, _pools(job, c)), n, c) for n, c in rest]
             else:
@@ -460,17 +475,6 @@ def _bounded_configs(search: _Search, legal: list[tuple[int, Strategy]]) -> list
     out.sort(key=lambda item: (item[0], item[2].spec()))
     return out
 
-
-def _state_share(job: Job, config: Strategy) -> float:
-    """Bytes of training state one GPU of `config` holds per model parameter, roughly: 2 of weights, 2 of
-    gradients and 12 of optimizer state, ZeRO sharding them over dp x cp by stage, tp x pp splitting all and
-    ep the routed experts (the parameters a token does not touch).  The order a search past its budget
-    tries configurations in: the least first, the likeliest to fit."""
-    shard = config.dp * config.cp
-    per_param = (2 / (shard if config.zero >= 3 else 1) + 2 / (shard if config.zero >= 2 else 1)
-                 + 12 / (shard if config.zero >= 1 else 1))
-    experts = 1 - job.model.active_params / job.model.params if job.model.params else 0.0
-    return per_param / (config.tp * config.pp) * ((1 - experts) + experts / config.ep)
 
 
 def _pools(job: Job, config: Strategy) -> list:

@@ -30,10 +30,8 @@ from hardware import Catalog, load_catalog
 from planner.cost import evaluate
 from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
-from planner.profile import recompute_counts_allowed
 from planner.search.groups import share_grid
-from planner.cost.layout import split_blocks
-from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
+from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants, shape_allowed
 from planner.strategy import Strategy
 
 
@@ -109,15 +107,6 @@ def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], 
                     yield config.with_stage_placements(placement, **update, stage_pools=stage_pools)
 
 
-def _shape_allowed(job: Job, strategy: Strategy, space: SpaceOptions) -> bool:
-    """The split shape and recompute counts the space allows (the program's add_middle_stages_equal and
-    add_uniform_recompute)."""
-    blocks = [len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split)]
-    if space.split_shape == "ends" and len(set(blocks[1:-1])) > 1:
-        return False
-    return not job.model.num_blocks or recompute_counts_allowed(strategy, tuple(blocks), space.recompute_counts)
-
-
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
     ranks = strategy.tp * strategy.cp * strategy.dp
     names = strategy.stage_pools or (job.cluster.pools[0].name,) * strategy.pp
@@ -138,7 +127,7 @@ def _best(job: Job, configs: list[Strategy], objective: str, catalog: Catalog, l
     for config in configs:
         placements = _placements(config, variants[id(config)], uniform)
         for strategy in _candidates(job, config, placements, space.split_shape == "even"):
-            if not _shape_allowed(job, strategy, space):
+            if not shape_allowed(job, strategy, space):
                 continue
             estimate = evaluate(job, strategy, catalog=catalog)
             if not estimate.memory.fits:

@@ -27,7 +27,8 @@ from typing import Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.job import Job
-from planner.profile import RecomputeCounts, RuntimeProfile
+from planner.cost.layout import split_blocks
+from planner.profile import RecomputeCounts, RuntimeProfile, recompute_counts_allowed
 from planner.strategy import Strategy
 
 
@@ -288,6 +289,15 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
 def _stricter(a: str, b: str, order: tuple[str, ...]) -> str:
     """The narrower of two settings, `order` listing them from the widest."""
     return order[max(order.index(a), order.index(b))]
+
+
+def shape_allowed(job: Job, strategy: Strategy, space: SpaceOptions) -> bool:
+    """The split shape and recompute counts the space allows (the program's add_middle_stages_equal and
+    add_uniform_recompute)."""
+    blocks = [len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split)]
+    if space.split_shape == "ends" and len(set(blocks[1:-1])) > 1:
+        return False
+    return not job.model.num_blocks or recompute_counts_allowed(strategy, tuple(blocks), space.recompute_counts)
 
 
 def ties_recompute(space: SpaceOptions, config: Strategy) -> bool:

@@ -24,7 +24,8 @@ from models.graph import Layer, ModelGraph
 from planner.cost.comm import P2P_READS, p2p_seconds
 from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
 from planner.cost.memory import RankMemory, stage_memory
-from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
+from planner.cost.stage import (EXPERT_TIMES_READS, LAYER_SUMS_READS, LAYER_TIMES_READS, StageCost, compose_stage,
+                                 layer_busy, sum_layers)
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.search.ilp.bounds import (NS, bottleneck_bound, even_pipeline_bound, pipeline_fill_bound, slots_limit,
@@ -348,10 +349,26 @@ class TableBuilder:
         key = ("work", strategy_key(strategy, WORK_READS), pool.name)
         if key not in self._work_cache:
             site = self.site(0, (pool,))
-            fixed = self.fixed_sums(True, True, strategy, site)  # embedding and head, on one stage or two
-            blocks = [self.block_sums(k, strategy.recompute, strategy, site) for k in range(len(self.segments))]
-            self._work_cache[key] = (_busy(fixed), min((_busy(b) for b in blocks), default=0.0))
+            fixed = self._busy("fixed", self.before + self.after, "none", strategy, site)  # on one stage or two
+            blocks = [self._busy(f"seg{k}", seg.layers, strategy.recompute, strategy, site)
+                      for k, seg in enumerate(self.segments)]
+            self._work_cache[key] = (fixed, min(blocks, default=0.0))
         return self._work_cache[key]
+
+    def _busy(self, name: str, layers: tuple[Layer, ...], mode: str, strategy: Strategy, site: StageSite) -> float:
+        """Busy seconds per micro-batch of the layers `name` (a segment's block, or the fixed layers) under
+        `mode` (planner.cost.stage.layer_busy), cached by what the time terms read: configurations that differ
+        only in what the bytes read share it."""
+        pools = tuple(p.name for p in site.pools)
+        total = 0.0
+        for index, layer in enumerate(layers):  # one entry per layer: an attention layer's serves every ep
+            reads = EXPERT_TIMES_READS if layer.moe is not None else LAYER_TIMES_READS
+            key = ("busy", name, index, mode, strategy_key(strategy, reads), pools)
+            if key not in self._work_cache:
+                groups = self.groups(strategy, site)
+                self._work_cache[key] = layer_busy(layer, self.job, strategy, site, groups, self.catalog, mode)
+            total += self._work_cache[key]
+        return total
 
     def _transfer(self, strategy: Strategy, pool: Pool) -> float:
         """Pipeline transfer seconds per micro-batch of a stage on `pool`."""
@@ -405,18 +422,16 @@ class TableBuilder:
                                                  prune)
         found = []
         fewest: dict[tuple, int | None] = {}  # by the placement's HBM-relevant keys (the FCDP cache is host-only)
-        for index, variant in enumerate(variants):
+        for index, variant in enumerate(variants):  # the variants without offload come first
             if _offloads(variant) and fewest.get(()) == 0:
-                # the content fits in HBM without offload and without recomputation: offload only adds time (a
-                # weight fetch per micro-batch, PCIe and CPU Adam for what HBM would update) and buys nothing
-                continue
+                continue  # nothing to buy: see _offload_pays
             strategy = config.model_copy(update=variant) if variant else config
             hbm_key = tuple(sorted((k, v) for k, v in variant.items() if k != "regather"))
             if hbm_key not in fewest:
                 fewest[hbm_key] = self.fewest_recompute(stage, counts, strategy, site, micro_batches, with_fixed,
                                                         min_recompute)
             recompute = fewest[hbm_key]
-            if recompute is None:
+            if recompute is None or not _offload_pays(variant, recompute, fewest.get(())):
                 continue  # does not fit (the cache only adds host bytes: neither does its variant)
             option = self.option(stage, counts, strategy, site, micro_batches, time_cap, recompute, with_fixed,
                                  variant=index)
@@ -430,17 +445,23 @@ class TableBuilder:
         """placed_options at each recompute count from the fewest that fits up to the whole chunk."""
         chunk = sum(counts) // config.vpp
         by_count: dict[int, list[StageOption]] = {}
+        plain: int | None = None  # the fewest without offload (the variants without offload come first)
         for index, variant in enumerate(variants):
             strategy = config.model_copy(update=variant) if variant else config
             fewest = self.fewest_recompute(stage, counts, strategy, site, micro_batches)
             if fewest is None:
                 continue
+            if not _offloads(variant):
+                plain = fewest if plain is None else min(plain, fewest)
             top = chunk if strategy.blocks_recomputable else fewest
             for recompute in range(fewest, top + 1):
+                if not _offload_pays(variant, recompute, plain):
+                    break
                 option = self.option(stage, counts, strategy, site, micro_batches, time_cap, recompute,
                                      variant=index)
-                if option is not None:
-                    by_count.setdefault(recompute, []).append(option)
+                if option is None:
+                    break  # over the time cap: more recomputation is slower still (it fits: HBM only falls)
+                by_count.setdefault(recompute, []).append(option)
         kept = [o for r in sorted(by_count) for o in (pareto(by_count[r]) if prune else by_count[r])]
         return tuple(kept)
 
@@ -506,9 +527,13 @@ def _offloads(variant: dict) -> bool:
     return variant.get("offload", "none") != "none"
 
 
-def _busy(sums: StageSums) -> float:
-    """Per-micro-batch seconds of the additive part of a stage's time."""
-    return sums.compute + sums.recompute + sums.tp + sums.cp + sums.ep
+def _offload_pays(variant: dict, recompute: int, plain: int | None) -> bool:
+    """Whether a variant's option at `recompute` blocks can be on the Pareto front: one with offload only where
+    the same content without offload needs more recomputation (`plain`: its fewest, None when it does not fit).
+    At equal recomputation offload only adds time: a weight fetch per micro-batch, and PCIe transfers and CPU
+    Adam for what HBM would update (tests/test_certificate_oracle.py holds the search to every runtime's whole
+    space, offload included)."""
+    return not _offloads(variant) or plain is None or recompute < plain
 
 
 @lru_cache(maxsize=None)
