@@ -223,7 +223,7 @@ def test_a_cluster_too_small_exits_1_saying_what_does_not_fit(tmp_path):
     tiny = tmp_path / "one-gpu.yaml"
     # one GPU with little host memory and disk: nothing to offload the states to either
     tiny.write_text("pools:\n  - name: dgx-h100\n    nodes: 1\n    preset: dgx-h100\n"
-                    "    overrides: {gpus_per_node: 1, host_dram_bytes: 16.0e9, nvme_bytes: 16.0e9}\n")
+                    "    overrides: {gpus_per_node: 1, host_dram_bytes: 16000000000, nvme_bytes: 16000000000}\n")
     result = _run("replan", out / "plan.json", tiny)
     assert result.exit_code == 1, result.output
     assert "does not fit" in result.output and "GB" in result.output

@@ -363,8 +363,10 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
 
 def _warm(search: _Search, configs: list[Strategy]) -> None:
     """A first incumbent from strategies scored directly (planner.search.warm), for the time objective without a
-    surcharge (the programs' objective is then the step time evaluate gives)."""
-    if search.options.objective != "time" or search.surcharge is not None or search.options.max_step_time:
+    surcharge (the programs' objective is then the step time evaluate gives), on one pool (on several the
+    programs choose each stage's pool, and the replica groups give a first plan)."""
+    if (search.options.objective != "time" or search.surcharge is not None or search.options.max_step_time
+            or len(search.job.cluster.pools) > 1):
         return
     found = warm_start(search.job, configs, search.options.space, search.catalog)
     if found is not None:
