@@ -80,7 +80,7 @@ def test_estimate_json_and_compile_report_carry_the_flag(tmp_path):
     assert data["confidence"]["extrapolated"] is True and data["confidence"]["reasons"][0].startswith("runtime planner")
     assert any("no published run validates it" in r for r in data["confidence"]["reasons"])
     out = tmp_path / "out"
-    result = runner.invoke(cli, ["compile", *args, "--time-limit", "10", "-o", str(out)])
+    result = runner.invoke(cli, ["compile", *args, "--work-limit", "10", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "confidence   extrapolated: runtime planner" in result.output
     plan = json.loads((out / "plan.json").read_text())

@@ -48,7 +48,7 @@ def _plan(path: Path) -> Plan:
 def test_llama3_70b_megatron_report_fits_under_the_megatron_profile(tmp_path):
     out = tmp_path / "o70"
     result = _cli("llama3-70b", "dgx-h100:32", "-b", "1024", "-s", "8192", "--target", "megatron",
-                  "--time-limit", "20", "-o", str(out))
+                  "--work-limit", "20", "-o", str(out))
     assert result.exit_code == 0, result.output
     plan = _plan(out)
     assert plan.job.runtime == "megatron" and plan.solver.status == "OPTIMAL"
@@ -85,7 +85,7 @@ def test_named_target_refused_exits_1_with_the_numbers_and_writes_nothing(tmp_pa
     # does not fit under the megatron profile
     out = tmp_path / "ref"
     result = _cli("llama3-8b", "dgx-h100:1", "-b", "64", "-s", "8192", "--runtime", "reference", "--target",
-                  "megatron", "--time-limit", "20", "--memory-margin", "0", "-o", str(out))
+                  "megatron", "--work-limit", "20", "--memory-margin", "0", "-o", str(out))
     assert result.exit_code == 1
     lines = [line for line in result.output.splitlines() if "megatron:" in line]
     assert len(lines) == 1
@@ -144,7 +144,7 @@ def test_default_target_refused_is_skipped_with_a_note(tmp_path):
 
 def test_moe_model_default_targets_write_no_torch_folder_and_say_why(tmp_path):
     out = tmp_path / "moe"
-    result = _cli("mixtral-8x7b", "dgx-h100:2", "-b", "64", "-s", "4096", "--time-limit", "20", "-o", str(out))
+    result = _cli("mixtral-8x7b", "dgx-h100:2", "-b", "64", "-s", "4096", "--work-limit", "20", "-o", str(out))
     assert result.exit_code == 0, result.output
     assert "note: no torch/ files: the planner runtime cannot run mixture-of-experts models" in result.output
     assert "note: no deepspeed/ files: the deepspeed runtime cannot run mixture-of-experts models" in result.output
@@ -156,7 +156,7 @@ def test_moe_model_default_targets_write_no_torch_folder_and_say_why(tmp_path):
 def test_named_target_that_cannot_express_the_plan_is_skipped_with_a_note(tmp_path):
     # torch (planner's dense runtime) cannot run Mixtral; megatron can: the compile writes megatron/ and notes torch
     out = tmp_path / "moe"
-    result = _cli("mixtral-8x7b", "dgx-h100:2", "-b", "64", "-s", "4096", "--time-limit", "20", "-o", str(out),
+    result = _cli("mixtral-8x7b", "dgx-h100:2", "-b", "64", "-s", "4096", "--work-limit", "20", "-o", str(out),
                   "--target", "torch", "--target", "megatron")
     assert result.exit_code == 0, result.output
     assert "note: no torch/ files: the planner runtime cannot run mixture-of-experts models" in result.output
@@ -193,7 +193,7 @@ JOBS = [
 def test_named_target_written_strategy_costs_what_the_plan_costs(tmp_path, target, model, cluster, batch, seq,
                                                                  fix):
     out = tmp_path / "out"
-    args = [model, cluster, "-b", batch, "-s", seq, "--target", target, "--time-limit", "10", "-o", str(out)]
+    args = [model, cluster, "-b", batch, "-s", seq, "--target", target, "--work-limit", "10", "-o", str(out)]
     result = _cli(*args, *(["--fix", fix] if fix else []))
     if result.exit_code == 1 and "Error: no legal strategy" in result.output:
         pytest.skip(f"--fix {fix} is outside {target}'s space")

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from planner.cli import cli
 from planner.plan.manifest import MANIFEST
 
-TINY = ["tiny-llama", "cpu:2", "-b", "8", "-s", "64", "--time-limit", "5"]
+TINY = ["tiny-llama", "cpu:2", "-b", "8", "-s", "64", "--work-limit", "5"]
 SWEEP = "models: [tiny-llama]\nclusters: [cpu:1]\nbatches: [8]\nseq_lens: [64]\nstrategies: [zero1]\ntime_limit: 5\n"
 
 

@@ -26,7 +26,7 @@ from planner.search.space import SpaceOptions
 from planner.strategy import Strategy
 
 TINY = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128"]
-MID = ["llama3-8b", "dgx-h100:2", "--batch", "16", "--seq-len", "4096", "--time-limit", "30"]
+MID = ["llama3-8b", "dgx-h100:2", "--batch", "16", "--seq-len", "4096", "--work-limit", "30"]
 # the reference runtime: its ZeRO-3 gathers 16-bit layers, so more CPU "nodes" do fit (the planner runtime's fp32
 # gathers of the 617M-parameter embedding never fit a 16 GB device)
 INFEASIBLE = ["gpt3-175b", "cpu:1", "--batch", "8", "--seq-len", "128", "--runtime", "reference"]

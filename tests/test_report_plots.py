@@ -20,7 +20,7 @@ from planner.simulate.plan_input import plan_job
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG, memory_png, report_plots, time_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TINY = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128", "--time-limit", "10"]
+TINY = ["tiny-llama", "cpu:1", "--batch", "8", "--seq-len", "128", "--work-limit", "10"]
 
 
 def run(*args) -> object:

@@ -64,7 +64,7 @@ from planner.job import Job
 from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
 from planner.search.space import (SpaceOptions, global_configs, limits_note, narrow_to_runtime, placement_variants,
                                   ties_recompute)
-from planner.search.warm import state_share, warm_start
+from planner.search.warm import routed_share, state_share, warm_start
 from planner.strategy import Strategy
 
 def _now() -> float:
@@ -183,6 +183,8 @@ def _even_hint(program: Program) -> list[int] | None:
 
 PRICE_UNITS = 1e4  # prices in the program: 1e-4 USD per GPU-hour
 RUNNER_UP_WORK = 1.0  # CP-SAT deterministic time per runner-up re-solve (about a second; its value is informational)
+RUNNER_UP_SPAN = 1.5  # runners-up re-solved for the report: stages no slower than this times the incumbent allows
+RUNNER_UP_SOLVES = 4  # at most this many runner-up programs per runner-up reported
 
 
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float,
@@ -197,10 +199,14 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
                           prune=search.options.space.stage_placement, even=search.options.space.split_shape == "even",
                           every_recompute=ties_recompute(search.options.space, config))
     if tables is None:
+        if cap < float("inf") and not runner_up:  # nothing within the incumbent's cap: a runner-up candidate
+            search.near.append((bound, config.spec(), config, micro_batches, variants))
         return
     table_bound = tables.bottleneck_bound() * floor
-    if table_bound >= search.incumbent * (1 - 1e-9):
+    if table_bound >= search.incumbent * (1 - 1e-9) and not runner_up:
         search.pruned += 1  # its own tables prove it cannot beat the incumbent
+        if not runner_up and table_bound < float("inf"):
+            search.near.append((table_bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate
         return
     bound = max(bound, table_bound)
     program, cutoff = _program(search, tables, micro_batches, runner_up)
@@ -225,9 +231,10 @@ def _stage_cap(search: _Search, config: Strategy, micro_batches: int, pools: lis
     if search.incumbent == float("inf"):
         return float("inf")
     v, m = config.vpp, micro_batches
+    if runner_up:  # slower than the incumbent by definition: the report lists those within RUNNER_UP_SPAN of it
+        return RUNNER_UP_SPAN * search.incumbent / (m * floor)
     cap = search.incumbent / (m * floor)
-    if search.options.objective == "time" and m * v > 1 and not runner_up:
-        # (a runner-up is slower than the incumbent by definition: it keeps the plain cap)
+    if search.options.objective == "time" and m * v > 1:
         least_sum = search.builder.sum_floor(config, pools)
         cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
     return cap
@@ -369,22 +376,29 @@ def _warm(search: _Search, configs: list[Strategy]) -> None:
             or len(search.job.cluster.pools) > 1):
         return
     found = warm_start(search.job, configs, search.options.space, search.catalog)
-    if found is not None:
+    if found is not None and found[1] < search.incumbent:
         search.best, search.best_step, search.best_peak = found
         search.incumbent = search.best_step
         search.say(f"[{search.elapsed():6.2f}s] incumbent {search.incumbent:.6g}  (warm start)  {search.best.spec()}")
 
 
 def _solve_closest_runners_up(search: _Search) -> None:
-    """Values of the closest configurations the incumbent cap closed, for the report's runners-up."""
-    known = {spec for _, spec, _ in search.solved}
-    closest = sorted(search.near, key=lambda item: item[:2])[: search.options.runners_up]
-    for bound, spec, config, m, variants in closest:
-        if spec in known:
+    """Values of the configurations the incumbent closed, for the report's runners-up: in bound order until the
+    next bound cannot beat the k-th best value found (k = runners_up), at most RUNNER_UP_SOLVES x k solves."""
+    k = search.options.runners_up
+    seen = {spec for _, spec, _ in search.solved}
+    solves = 0
+    for bound, spec, config, m, variants in sorted(search.near, key=lambda item: item[:2]):
+        values = sorted(v for v, s, _ in search.solved if s != (search.best and search.best.spec()))
+        if k == 0 or len(values) >= k and bound >= values[k - 1] or solves >= RUNNER_UP_SOLVES * k:
+            return
+        if spec in seen:
             continue
         if search.remaining() <= 0:  # the budget binds the report's extras too
             search.stopped = True
             return
+        seen.add(spec)
+        solves += 1
         _solve_config(search, config, m, bound, variants, runner_up=True)
 
 
@@ -412,7 +426,9 @@ def _compile_pool(parent: _Search, job: Job, cap: float, builder: TableBuilder,
                      start=parent.start, need_plan=parent.need_plan and cap == float("inf"))
     if cap < float("inf"):
         search.incumbent = cap * (1 + 1e-9)
-    configs = _search_configs(search, _legal_configs(job, space))
+    legal = _legal_configs(job, space)
+    _warm(search, [config for _, config in legal])
+    configs = _search_configs(search, legal)
     parent.stopped = parent.stopped or search.stopped
     if search.best is None:
         return float("inf"), min([cap, *search.open_bounds]), None
@@ -465,7 +481,8 @@ def _bounded_configs(search: _Search, legal: list[tuple[int, Strategy]]) -> list
         if search.spent() or search.remaining() <= 0:
             floor = cluster_floor(job, search.catalog)
             # the least state per GPU first; sorted is stable: space order among ties
-            rest = sorted(legal[index:], key=lambda item: state_share(job, item[1]))
+            routed = routed_share(job)
+            rest = sorted(legal[index:], key=lambda item: state_share(item[1], routed))
             if search.options.objective == "cost":
                 out += [(floor * _rate_floor(search, c, _pools(job, c)), n, c) for n, c in rest]
             else:
@@ -496,6 +513,9 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
     for index, (bound, m, config) in enumerate(configs):
         if bound >= search.incumbent * (1 - 1e-9):
             search.pruned += len(configs) - index
+            # the closest of the rest are runner-up candidates (their programs are solved for the report only)
+            search.near += [(b, c.spec(), c, n, placement_variants(search.job, c, search.options.space, offload))
+                            for b, n, c in configs[index:index + search.options.runners_up]]
             return
         if search.spent():
             search.open_bounds.extend(b for b, _, _ in configs[index:])
@@ -510,6 +530,8 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
                                                    variants=variants) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
+                if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
+                    search.near.append((refined, config.spec(), config, m, variants))
                 continue
             bound = max(bound, refined)
         _solve_config(search, config, m, bound, variants)

@@ -21,15 +21,20 @@ from planner.strategy import Strategy
 CONFIGS = 12  # configurations tried, the least state per GPU first
 
 
-def state_share(job: Job, config: Strategy) -> float:
+def routed_share(job: Job) -> float:
+    """The share of the model's parameters a token does not touch (the routed experts')."""
+    params = job.model.params
+    return 1 - job.model.active_params / params if params else 0.0
+
+
+def state_share(config: Strategy, routed: float) -> float:
     """Bytes of training state one GPU of `config` holds per model parameter, roughly: 2 of weights, 2 of
     gradients and 12 of optimizer state, ZeRO sharding them over dp x cp by stage, tp x pp splitting all and
-    ep the routed experts (the parameters a token does not touch)."""
+    ep the routed experts (`routed`: their share of the parameters, routed_share)."""
     shard = config.dp * config.cp
     per_param = (2 / (shard if config.zero >= 3 else 1) + 2 / (shard if config.zero >= 2 else 1)
                  + 12 / (shard if config.zero >= 1 else 1))
-    experts = 1 - job.model.active_params / job.model.params if job.model.params else 0.0
-    return per_param / (config.tp * config.pp) * ((1 - experts) + experts / config.ep)
+    return per_param / (config.tp * config.pp) * ((1 - routed) + routed / config.ep)
 
 
 def _candidates(job: Job, config: Strategy, space: SpaceOptions):
@@ -53,7 +58,8 @@ def warm_start(job: Job, configs: list[Strategy], space: SpaceOptions, catalog: 
                ) -> tuple[Strategy, float, float] | None:
     """(strategy, step seconds, peak HBM bytes) of the fastest fitting candidate, or None."""
     single = [c for c in configs if c.mbs == 1]
-    chosen = sorted(single, key=lambda c: (state_share(job, c), c.tp, c.pp))[:CONFIGS]
+    routed = routed_share(job)
+    chosen = sorted(single, key=lambda c: (state_share(c, routed), c.tp, c.pp))[:CONFIGS]
     best: tuple[float, float, Strategy] | None = None
     for config in chosen:
         for strategy in _candidates(job, config, space):
