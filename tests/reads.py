@@ -4,7 +4,7 @@
 every declared view (a property planner.fields names, such as `pipelined`) that code asks it for is
 noted; any other property is transparent (the fields it reads are noted instead).  A copy made with
 `model_copy(update=...)` records too, except the fields the update set (the code chose their values, as
-planner.search.ilp.tables.last_stage_view does).  `RecordingGroups` stands for a stage's communicators
+planner.search.ilp.floors.last_stage_view does).  `RecordingGroups` stands for a stage's communicators
 and notes, for each one the computation uses, what its shape reads (planner.cost.layout.GROUP_SHAPES).
 """
 

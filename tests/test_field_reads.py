@@ -26,7 +26,8 @@ from planner.fields import FIELD_ROLES, Reader, fields_with, reads
 from planner.job import Job
 from planner.profile import load_runtime
 from planner.replan.layout import strategy_layout
-from planner.search.ilp.tables import TableBuilder, fixed_layers
+from planner.search.ilp.segments import fixed_layers
+from planner.search.ilp.tables import TableBuilder
 from planner.search.space import SpaceOptions, placement_variants
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy

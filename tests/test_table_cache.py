@@ -108,3 +108,26 @@ def test_cached_quantities_equal_fresh_ones_for_every_field(runtime):
             fresh = _quantities(TableBuilder(job, load_catalog()), job, strategy)
             for key in fresh:
                 assert cached[key] == fresh[key], f"{field}={value} ({runtime}): {key} came stale from the cache"
+
+
+def test_every_recompute_count_is_what_the_cost_model_composes():
+    """Tables that tie the stages' recompute counts (Megatron's --recompute-num-layers) hold every count; their
+    times are interpolated from two compositions (a stage's time is affine in its recomputed blocks): each must
+    be the composed cost's, to the nanosecond, and fit."""
+    from planner.search.ilp.tables import NS
+    from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
+
+    job = Job(model=load_model("llama2-7b"), cluster=load_cluster("dgx-h100:2"), global_batch=64, seq_len=8192,
+              runtime=load_runtime("megatron"), memory_margin=0.1)
+    space = narrow_to_runtime(SpaceOptions(), job.runtime, job)
+    builder = TableBuilder(job, load_catalog())
+    checked = 0
+    for config in [c for c in global_configs(job, space) if c.pp in (2, 4) and c.mbs == 1 and c.tp <= 2][:6]:
+        tables = build_tables(builder, config, micro_batches(job, config), float("inf"),
+                              placement_variants(job, config, space, offload=True), every_recompute=True)
+        for per_pool in tables.options:
+            for placed in per_pool[0].values():
+                for option in placed:
+                    assert option.time == round(option.cost.microbatch * NS) and option.cost.memory.fits
+                    checked += 1
+    assert checked > 500  # interpolated counts among them: many per content

@@ -8,7 +8,8 @@ each entry comes from `TableBuilder.placed_options`, the cost model itself.
 from __future__ import annotations
 
 from hardware import Pool
-from planner.search.ilp.tables import ConfigTables, StageOption, TableBuilder, stage_contents
+from planner.search.ilp.segments import stage_contents
+from planner.search.ilp.tables import ConfigTables, StageOption, TableBuilder
 from planner.job import Job
 from planner.strategy import Strategy
 
