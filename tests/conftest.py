@@ -75,6 +75,17 @@ def dataset(tmp_path_factory) -> Path:
     return write_tokens(tmp_path_factory.mktemp("data"))
 
 
+@pytest.fixture(scope="session")
+def pipeline_run(dataset, tmp_path_factory):
+    """One torchrun launch that the runtime's, the trainer's and the re-plan's tests all read
+    (tests/trainer_runs.py PipelineRun): its losses, parameter bytes and checkpoints."""
+    from trainer_runs import pipeline_run as run
+
+    root = tmp_path_factory.mktemp("pipeline-run")
+    with one_launch_at_a_time(tmp_path_factory):
+        return run(root, dataset)
+
+
 # ---------------------------------------------------------------- --dist loadgroup under pytest 9
 #
 # pytest-xdist 3.8 tells its controller a test's xdist_group by renaming the item (`item._nodeid`), which
