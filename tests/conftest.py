@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from hardware import Cluster, load_cluster
 from models import load_model
 from models.graph import ModelGraph
 from planner.job import Job
+from ports import one_launch_at_a_time
 from tools import missing_tools
 
 
@@ -56,14 +63,95 @@ def _one_multiprocess_test_at_a_time(request, tmp_path_factory):
     if request.node.get_closest_marker("multiprocess") is None:
         yield
         return
-    import fcntl
+    with one_launch_at_a_time(tmp_path_factory):
+        yield
 
-    # every worker's basetemp (…/popen-gwN) sits in the session's shared folder
-    root = tmp_path_factory.getbasetemp()
-    shared = root.parent if root.name.startswith("popen-gw") else root
-    with open(shared / "multiprocess.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """The byte-level training set of the runtime's end-to-end tests (tests/tokens.py), written once."""
+    from tokens import write_tokens
+
+    return write_tokens(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def pipeline_run(dataset, tmp_path_factory):
+    """One torchrun launch that the runtime's, the trainer's and the re-plan's tests all read
+    (tests/trainer_runs.py PipelineRun): its losses, parameter bytes and checkpoints."""
+    from trainer_runs import pipeline_run as run
+
+    root = tmp_path_factory.mktemp("pipeline-run")
+    with one_launch_at_a_time(tmp_path_factory):
+        return run(root, dataset)
+
+
+# ---------------------------------------------------------------- --dist loadgroup under pytest 9
+#
+# pytest-xdist 3.8 tells its controller a test's xdist_group by renaming the item (`item._nodeid`), which
+# pytest 9 no longer reads, so every test became its own group and the multiprocess tests were spread
+# over the workers, one waiting for another's lock.  Here each worker writes its tests' groups to a file
+# before it reports its collection, and the controller's scheduler reads them: each group is one unit of
+# work for one worker (the multiprocess tests, run one after another while the other workers run the rest).
+
+GROUPS_KEY = "planner_xdist_groups"
+_GROUPS_FOLDER = pytest.StashKey[Path]()
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
+        config.stash[_GROUPS_FOLDER] = Path(tempfile.mkdtemp(prefix="planner-xdist-groups-"))
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(_GROUPS_FOLDER, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """The controller tells each worker where to write its groups."""
+    node.workerinput[GROUPS_KEY] = str(node.config.stash[_GROUPS_FOLDER])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    folder = getattr(config, "workerinput", {}).get(GROUPS_KEY)
+    if folder is None:
+        return
+    groups = {}
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names:
+            groups[item.nodeid] = "_".join(names)
+    path = Path(folder) / f"{config.workerinput['workerid']}.json"
+    partial = path.with_suffix(".part")
+    partial.write_text(json.dumps(groups))
+    os.replace(partial, path)  # whole, before this worker reports its collection
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    folder = config.stash[_GROUPS_FOLDER]
+
+    class MarkedGroups(LoadGroupScheduling):
+        """loadgroup's scheduling with the groups the workers wrote (every worker has reported its
+        collection, so has written its file, before the first call)."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                for path in sorted(folder.glob("*.json")):
+                    self.groups.update(json.loads(path.read_text()))
+            group = self.groups.get(nodeid)
+            return f"group:{group}" if group is not None else nodeid
+
+    return MarkedGroups(config, log)

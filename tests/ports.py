@@ -7,7 +7,10 @@ another test session on the same machine; asking the kernel for one does not.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -16,10 +19,11 @@ def MULTIPROCESS(test):  # noqa: N802 (reads as a mark)
     """Mark a test that starts several processes (torchrun, DeepSpeed, Ray).
 
     One launch already keeps 2 cores busy; two at once only slow each other towards their
-    rendezvous and subprocess timeouts.  `tests/conftest.py` holds a lock file around every test
-    marked `multiprocess`, so they run one after another whatever the pytest-xdist worker (the
-    xdist_group mark alone does not: pytest-xdist 3.8 names the group through `item._nodeid`,
-    which pytest 9 no longer reads, so `--dist loadgroup` spread them over the workers).
+    rendezvous and subprocess timeouts.  The xdist_group mark sends them all to one pytest-xdist worker
+    under the suite's `--dist loadgroup`, where they run one after another while the other workers run
+    the rest (pytest-xdist 3.8 names the group through `item._nodeid`, which pytest 9 no longer reads, so
+    tests/conftest.py's scheduler reads the mark itself).  `tests/conftest.py` also holds a lock file
+    around each, so that any other mode (`--dist load`) runs them one at a time too.
     `python -m pytest -m multiprocess` selects them (tests/repeat_runs.sh).
     """
     return pytest.mark.multiprocess(pytest.mark.xdist_group("multiprocess")(test))
@@ -30,3 +34,19 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextmanager
+def one_launch_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hold the session's launch lock (a file every pytest-xdist worker opens): around each MULTIPROCESS
+    test (tests/conftest.py), and around a shared fixture's launch, which runs before its test's lock is
+    taken (higher-scoped fixtures are set up first, so the two are never held at once)."""
+    # every worker's basetemp (…/popen-gwN) sits in the session's shared folder
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if root.name.startswith("popen-gw") else root
+    with open(shared / "multiprocess.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

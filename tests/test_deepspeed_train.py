@@ -25,14 +25,8 @@ torch = pytest.importorskip("torch")
 from models.zoo import get_model  # noqa: E402
 from planner.plan.schema import Plan  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
-from tokens import write_tokens  # noqa: E402
 
 CLUSTER = "name: cpu-2\npools:\n  - {name: cpu, preset: cpu, nodes: 1, overrides: {gpus_per_node: 2}}\n"
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return write_tokens(tmp_path_factory.mktemp("data"))
 
 
 def _compile(out: Path, fix: str, dataset: Path) -> Plan:

@@ -115,7 +115,11 @@ def test_bf16_mixed_precision_memory_matches_the_profile_within_3_percent(tmp_pa
     `activations.autocast`, fp32 residual stream, per-op casts and weight copies)."""
     bench = _bench()
     job, plan = bench.build_plan("tiny-llama", 8, 64, spec, precision="bf16")
-    measured = bench.run_plan(plan, tmp_path, steps=2, timeout=180, precision="bf16")
+    report = bench.run_report(plan, tmp_path, steps=2, timeout=180, precision="bf16")
+    measured = {int(rank): mem for rank, mem in report["memory"].items()}
+    assert sorted(measured) == [0, 1, 2, 3]
+    # bf16 matmuls on every rank: FSDP2's MixedPrecisionPolicy (zero >= 1) or torch.autocast (zero 0)
+    assert report["precision"] == "bf16" and set(report["compute_dtype"].values()) == {"bfloat16"}
     predicted = bench.predict(job, plan)
     for rank, mem in measured.items():
         stage = bench.stage_of(plan, rank)

@@ -1,5 +1,6 @@
 """A re-planned run resumes the old run's checkpoint (torchrun, gloo): `planner replan`'s torch/launch.sh,
-pointed at the checkpoint folder of a stopped pp=2 x dp=2 run, trains on under the new layout, and
+pointed at the checkpoint folder of a stopped pp=2 x dp=2 run (the launch tests/conftest.py pipeline_run
+shares with the runtime's and the trainer's tests), trains on under the new layout, and
 
 * its losses equal those of the old layout's uninterrupted run within 1e-4 (same global batch, same
   data order, AdamW state and step restored: torch.distributed.checkpoint reshards on load);
@@ -24,13 +25,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ports import MULTIPROCESS, free_port  # noqa: E402
+from ports import MULTIPROCESS  # noqa: E402
 from conftest import TWO_GPUS  # noqa: E402
-from tokens import write_tokens  # noqa: E402
+from trainer_runs import launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).resolve().parent / "replan_probe"
-TRAIN = ("--precision", "fp32", "--lr", "1e-2", "--warmup-steps", "1")
 
 
 def _planner(*args: str) -> None:
@@ -39,47 +39,28 @@ def _planner(*args: str) -> None:
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
-def _launch(folder: Path, report: Path, *args: str, probe: Path | None = None) -> dict:
-    """folder/torch/launch.sh with the trainer arguments; the JSON report."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RUN_ID": f"replan-{port}"}
-    if probe is not None:
-        probe.mkdir()
-        env.update(REPLAN_PROBE_DIR=str(probe), PYTHONPATH=os.pathsep.join(
-            [str(PROBE), str(ROOT), env.get("PYTHONPATH", "")]))
-    run = subprocess.run(["bash", str(folder / "torch" / "launch.sh"), *TRAIN, "--report", str(report), *args],
-                         env=env, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return json.loads(report.read_text())
-
-
 @MULTIPROCESS
-def test_a_replanned_run_resumes_the_checkpoint_under_a_new_layout(tmp_path):
-    (tmp_path / "data").mkdir()
-    data = write_tokens(tmp_path / "data")
-    inputs = ("--data", str(data), "--tokenizer", "bytes", "--train-steps", "4", "--save-every", "2")
-    old = tmp_path / "old"
-    _planner("compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix", "pp=2,dp=2,zero=3,vpp=1",
-             "--target", "torch", "--checkpoint-dir", "../checkpoints", "-o", str(old), *inputs)
-    # uninterrupted: 4 steps, checkpoints after 2 and 4; the one after 2 is what a run stopped there leaves
-    # (tests/test_trainer.py: a resume from it repeats this run's steps 3 and 4 exactly)
-    whole = _launch(old, tmp_path / "whole.json")
-    shutil.rmtree(tmp_path / "checkpoints" / "step-00000004")  # beside the plan folder, never inside
-
+def test_a_replanned_run_resumes_the_checkpoint_under_a_new_layout(tmp_path, pipeline_run):
+    # the old run (tests/conftest.py pipeline_run): 4 steps uninterrupted, checkpoints after 2 and 4; the one
+    # after 2 is what a run stopped there leaves (tests/test_trainer.py: a resume from it repeats this run's
+    # steps 3 and 4 exactly)
+    old, whole = pipeline_run.plan, pipeline_run.report
     cluster = tmp_path / "cpu-2.yaml"
     cluster.write_text(TWO_GPUS)
     for name, target, fix, shape in (("two", str(cluster), "dp=2", (1, 1, 2)),
                                      ("tp2", "cpu:1", "tp=2,dp=2", (2, 1, 2))):
         checkpoints = tmp_path / f"checkpoints-{name}"  # each re-plan resumes its own copy of step 2
-        shutil.copytree(tmp_path / "checkpoints", checkpoints)
+        shutil.copytree(pipeline_run.checkpoints / "step-00000002", checkpoints / "step-00000002")
         new = tmp_path / name
         _planner("replan", str(old / "plan.json"), target, "--fix", fix, "--steps-left", "2",
-                 "--checkpoint-dir", str(checkpoints), "-o", str(new), *inputs)
+                 "--checkpoint-dir", str(checkpoints), "-o", str(new), *pipeline_run.inputs)
         plan = json.loads((new / "plan.json").read_text())
         assert (plan["strategy"]["tp"], plan["strategy"]["pp"], plan["strategy"]["dp"]) == shape
         probe = tmp_path / f"probe-{name}"
-        resumed = _launch(new, tmp_path / f"{name}.json", probe=probe)
+        probe.mkdir()
+        resumed, _ = launch(new, tmp_path / f"{name}.json", "--precision", "fp32", env={
+            "REPLAN_PROBE_DIR": str(probe),
+            "PYTHONPATH": os.pathsep.join([str(PROBE), str(ROOT), os.environ.get("PYTHONPATH", "")])})
         assert resumed["first_step"] == 2
         assert resumed["losses"] == pytest.approx(whole["losses"][2:], abs=1e-4), (resumed["losses"], whole["losses"])
         migration = json.loads((new / "migration.json").read_text())

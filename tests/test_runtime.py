@@ -1,11 +1,13 @@
 """The torch runtime: reference model vs the planner's parameter counts, the torch emitter, and
 end-to-end runs of the emitted launch.sh under torchrun on CPU (gloo, 4 processes).
 
-End to end, each forced shape is compiled on the cpu preset with the launch inputs, trained for 6
-steps in the plan's bf16 on a tiny byte-level dataset, and every rank's parameter bytes are held to
-the plan's prediction: stages[i].params_per_gpu x 4 bytes (fp32 master parameters under bf16 mixed
-precision), divided by dp when zero >= 1 (FSDP2 keeps parameters sharded at rest for every ZeRO stage;
-see planner/runtime/parallelize.py).  Under tensor parallelism both keep the norm weights whole on
+End to end, each forced shape is compiled on the cpu preset with the launch inputs, trained for 4
+steps in fp32 on a tiny byte-level dataset (one of them is the launch the trainer's and the re-plan's
+tests share: tests/conftest.py pipeline_run), every rank's parameter bytes are held to the plan's
+prediction: stages[i].params_per_gpu x 4 bytes (fp32 parameters; also the master parameters under bf16
+mixed precision, tests/test_memory_fidelity.py), divided by dp when zero >= 1 (FSDP2 keeps parameters
+sharded at rest for every ZeRO stage; see planner/runtime/parallelize.py), and all layouts give the same
+losses and gradient norms.  Under tensor parallelism both keep the norm weights whole on
 every rank (Layer.tp_replicated_params) and split the rest, so the bytes match exactly.  The model is
 built on the meta device: no rank ever holds more than its own shards, one init block and the rotary
 tables (measured by planner.runtime.materialize.InitMemory), far below the whole model.
@@ -13,10 +15,8 @@ tables (measured by planner.runtime.materialize.InitMemory), far below the whole
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,9 +31,9 @@ from planner.emit.torch import train_args  # noqa: E402
 from planner.runtime.model import Transformer  # noqa: E402
 from planner.runtime.parallelize import _check_supported, apply_ac, mesh_shape  # noqa: E402
 from planner.plan.schema import Plan  # noqa: E402
-from planner.runtime.train import synthetic_batch  # noqa: E402
-from ports import MULTIPROCESS, free_port  # noqa: E402
-from tokens import write_tokens  # noqa: E402
+from planner.runtime.train import compute_dtype, synthetic_batch  # noqa: E402
+from ports import MULTIPROCESS  # noqa: E402
+from trainer_runs import PIPELINE_FIX, compile_tiny, launch  # noqa: E402
 
 
 def _count(module) -> int:
@@ -84,21 +84,12 @@ def test_synthetic_data_follows_a_permutation():
 
 
 def _compile(tmp_path: Path, fix: str, *inputs: str) -> Path:
-    out = tmp_path / "out"
-    subprocess.run([sys.executable, "-m", "planner", "compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64",
-                    "--fix", fix, "-o", str(out), "--target", "torch", "--force", *inputs],
-                   check=True, capture_output=True, text=True, timeout=120)
-    return out
+    return compile_tiny(tmp_path / "out", fix, *inputs)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return write_tokens(tmp_path_factory.mktemp("data"))
-
-
-def _inputs(dataset: Path, steps: int) -> tuple[str, ...]:
+def _inputs(dataset: Path) -> tuple[str, ...]:
     # the checkpoint folder is left to $PLANNER_CHECKPOINTS at launch (the environment-variable path)
-    return ("--data", str(dataset), "--tokenizer", "bytes", "--train-steps", str(steps))
+    return ("--data", str(dataset), "--tokenizer", "bytes", "--train-steps", "4")
 
 
 def test_torch_emitter_launch_and_readme(tmp_path):
@@ -118,6 +109,12 @@ def test_torch_emitter_launch_and_readme(tmp_path):
     readme = (out / "torch" / "README.md").read_text()
     assert "every node" in readme and "PLANNER_DATA" in readme and "--stop-at-step" in readme
     plan = Plan.model_validate_json((out / "plan.json").read_text())
+    # launch.sh passes no --precision: the trainer computes in the plan's precision, bf16 mixed precision (the
+    # end-to-end runs below ask for fp32; tests/test_memory_fidelity.py measures bf16 runs)
+    assert "--precision" not in launch and plan.job.precision == "bf16"
+    assert compute_dtype(plan, "plan", out / "plan.json") is torch.bfloat16
+    assert compute_dtype(plan, "bf16", out / "plan.json") is torch.bfloat16
+    assert compute_dtype(plan, "fp32", out / "plan.json") is None
     given = LaunchInputs(data="data/train", tokenizer="bytes", checkpoint_dir="ck dir", train_steps=7, save_every=3)
     assert train_args(plan, None, given) == ["--plan", "plan.json", "--data", "data/train", "--tokenizer", "bytes",
                                              "--checkpoint-dir", "'ck dir'", "--train-steps", "7", "--save-every", "3"]
@@ -174,48 +171,58 @@ def _predicted_bytes(plan: Plan, rank: int) -> float:
     return stage.params_per_gpu * 4 / shards
 
 
-def _launch(out: Path, tmp_path: Path, *args: str) -> tuple[list[float], dict]:
-    """Run the emitted torch/launch.sh on a free port; (losses printed by rank 0, the JSON report)."""
-    report = tmp_path / f"report-{out.parent.name}.json"
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RUN_ID": f"test-{port}", "PLANNER_CHECKPOINTS": str(tmp_path / f"checkpoints-{out.parent.name}")}
-    run = subprocess.run(["bash", str(out / "torch" / "launch.sh"), "--lr", "1e-2", "--warmup-steps", "1",
-                          "--report", str(report), *args], env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    losses = [float(line.split()[3]) for line in run.stdout.splitlines() if line.startswith("step ")]
-    data = json.loads(report.read_text())
-    printed = {line.split()[1]: int(line.split()[2]) for line in run.stdout.splitlines()
-               if line.startswith("param_bytes ")}
-    assert printed == data["param_bytes"]
-    return losses, data
-
-
 def _rope_bytes(plan: Plan) -> int:
     """The rotary tables of one model chunk: cos and sin, max_positions x head_dim / 2 fp32 values each."""
     cfg = get_entry(plan.job.model).config
     return 2 * cfg.max_positions * cfg.head_dim // 2 * 4
 
 
-@MULTIPROCESS
-@pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("fix, zero, schedule", [
-    ("pp=2,dp=2,zero=3,vpp=1", 3, "1f1b"),       # pipeline + FSDP2 (ZeRO-3)
-    ("tp=2,dp=2,zero=2", 2, "1f1b"),         # 2D: tensor parallel + FSDP2 without reshard after forward
-    ("pp=2,tp=2,vpp=1,zero=0", 0, "1f1b"),       # pipeline + tensor parallel, no data parallelism (autocast)
+# Each layout trains 4 steps in fp32 from the same data, as the shared pipeline run (tests/conftest.py
+# pipeline_run: pp=2 x dp=2, ZeRO-3), which is the first case here.
+LAYOUTS = [
+    (PIPELINE_FIX, 3, "1f1b"),               # pipeline + FSDP2 (ZeRO-3)
+    ("tp=2,dp=2,zero=2", 2, "1f1b"),         # 2D: tensor parallel + FSDP2's strided shards, no reshard after forward
+    ("pp=2,tp=2,vpp=1,zero=0", 0, "1f1b"),   # pipeline + tensor parallel, no data parallelism
     ("pp=2,vpp=2,dp=2,zero=2", 2, "interleaved"),  # interleaved pipeline: two chunks per rank
     ("cp=2,dp=2,zero=2", 2, "1f1b"),         # context parallel: FSDP2 over dp x cp
-])
-def test_launch_sh_trains_and_matches_param_prediction(tmp_path, dataset, fix, zero, schedule):
-    out = _compile(tmp_path, fix, *_inputs(dataset, 6))
-    plan = Plan.model_validate_json((out / "plan.json").read_text())
+]
+
+
+@pytest.fixture(scope="module")
+def layout_run(request, tmp_path_factory, dataset):
+    """fix -> (plan, the trainer's report, rank 0's output): each layout compiled and launched once, by
+    the first test that asks for it."""
+    root, runs = tmp_path_factory.mktemp("layouts"), {}
+
+    def run(fix: str) -> tuple[Plan, dict, str]:
+        if fix == PIPELINE_FIX:
+            shared = request.getfixturevalue("pipeline_run")
+            runs[fix] = (Plan.model_validate_json((shared.plan / "plan.json").read_text()), shared.report,
+                         shared.stdout)
+        if fix not in runs:
+            folder = root / fix.replace(",", "_").replace("=", "")
+            out = compile_tiny(folder / "out", fix, *_inputs(dataset))
+            report, done = launch(out, folder / "report.json", "--precision", "fp32",
+                                  env={"PLANNER_CHECKPOINTS": str(folder / "checkpoints")})
+            runs[fix] = (Plan.model_validate_json((out / "plan.json").read_text()), report, done.stdout)
+        return runs[fix]
+
+    return run
+
+
+@MULTIPROCESS
+@pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
+@pytest.mark.parametrize("fix, zero, schedule", LAYOUTS)
+def test_launch_sh_trains_and_matches_param_prediction(layout_run, fix, zero, schedule):
+    plan, data, stdout = layout_run(fix)
     assert plan.strategy.zero == zero and plan.strategy.schedule == schedule and plan.job.num_gpus == 4
-    losses, data = _launch(out, tmp_path)
-    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    losses = [float(line.split()[3]) for line in stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
     assert data["losses"] == pytest.approx(losses, abs=1e-5)
-    # bf16 mixed precision, as the plan says: bf16 matmuls, fp32 parameters (below)
-    assert data["precision"] == plan.job.precision == "bf16"
-    assert set(data["compute_dtype"].values()) == {"bfloat16"}
+    # fp32 throughout, as --precision fp32 asks (the plan's bf16 mixed precision: tests/test_memory_fidelity.py)
+    assert data["precision"] == "fp32" and set(data["compute_dtype"].values()) == {"float32"}
+    printed = {line.split()[1]: int(line.split()[2]) for line in stdout.splitlines() if line.startswith("param_bytes ")}
+    assert printed == data["param_bytes"]
     measured = {int(rank): b for rank, b in data["param_bytes"].items()}
     assert sorted(measured) == [0, 1, 2, 3]
     whole = get_model("tiny-llama").params * 4
@@ -232,16 +239,15 @@ def test_launch_sh_trains_and_matches_param_prediction(tmp_path, dataset, fix, z
 
 @MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
-def test_layouts_train_the_same_model(tmp_path, dataset):
+def test_layouts_train_the_same_model(layout_run):
     # Same init (layout-independent, materialized per rank), same data, same global mean loss and the
-    # same global gradient norm: splitting sequences over cp (K/V all-gathered), layers over interleaved
-    # chunks, or matrices over tp with FSDP2's strided shards must not change the math, only where it
-    # runs.  fp32 (--precision fp32), so that only the reduction order differs.
-    # Two layouts that share no pass (the one shards matrices and norms, the other layers and sequences):
-    # if they agree, neither changed the math.
-    reference, other = (_launch(_compile(tmp_path / fix.replace(",", "_"), fix, *_inputs(dataset, 3)), tmp_path,
-                                "--precision", "fp32")[1]
-                        for fix in ("tp=2,dp=2,zero=3", "pp=2,vpp=2,cp=2"))
-    assert other["losses"] == pytest.approx(reference["losses"], rel=1e-5)
-    assert other["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-5)
+    # same global gradient norm: splitting sequences over cp (K/V all-gathered), layers over (interleaved)
+    # pipeline stages, or matrices over tp with FSDP2's strided shards must not change the math, only where
+    # it runs.  fp32 (--precision fp32), so that only the reduction order differs.  Among the layouts, pairs
+    # share no pass (pp=2 x tp=2 without data parallelism, cp=2 x dp=2): if all agree, none changed the math.
+    reference = layout_run(PIPELINE_FIX)[1]
     assert reference["grad_norms"][0] > 1.0  # clipped: the norm is the one the clipping used
+    for fix, _, _ in LAYOUTS[1:]:
+        other = layout_run(fix)[1]
+        assert other["losses"] == pytest.approx(reference["losses"], rel=1e-5), fix
+        assert other["grad_norms"] == pytest.approx(reference["grad_norms"], rel=1e-5), fix

@@ -1,19 +1,18 @@
 """The torch runtime as a trainer: learning-rate schedule, gradient clipping, meta-device materialization,
 user errors, and (torchrun, gloo, 4 processes) save / stop / resume with torch.distributed.checkpoint.
 
-The resume test trains a pp=2 x dp=2 FSDP2 (ZeRO-3) plan in bf16 on a tiny byte-level dataset: one run
-straight through 4 steps, one stopped after step 2 (`--stop-at-step`, checkpointing it), and one started
-again in the stopped run's folder, which resumes from that checkpoint.  The resumed steps' losses and
-gradient norms equal the uninterrupted run's exactly.
+The resume tests read a pp=2 x dp=2 FSDP2 (ZeRO-3) plan trained in fp32 on a tiny byte-level dataset: the
+run straight through 4 steps that the runtime's and the re-plan's tests share (tests/conftest.py
+pipeline_run), one stopped after step 2 (`--stop-at-step`, checkpointing it), and one started again in the
+stopped run's folder, which passes over damaged newer checkpoints and resumes from step 2.  The resumed
+steps' losses and gradient norms equal the uninterrupted run's exactly.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,8 @@ from models.transformer import llama  # noqa: E402
 from planner.runtime.materialize import InitMemory, materialize  # noqa: E402
 from planner.runtime.model import Transformer  # noqa: E402
 from planner.runtime.optim import OptimConfig, clip_grads, global_grad_norm, lr_factor  # noqa: E402
-from ports import MULTIPROCESS, free_port  # noqa: E402
-from tokens import write_tokens  # noqa: E402
+from ports import MULTIPROCESS, one_launch_at_a_time  # noqa: E402
+from trainer_runs import compile_tiny, launch  # noqa: E402
 
 CFG = llama(name="t", num_layers=2, hidden=32, heads=4, kv_heads=2, ffn=64, vocab=64, max_positions=16)
 
@@ -90,18 +89,6 @@ def test_meta_build_materializes_the_same_model():
 # ---------------------------------------------------------------- end to end
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return write_tokens(tmp_path_factory.mktemp("data"))
-
-
-def compile_plan(out: Path, fix: str, *extra: str) -> Path:
-    subprocess.run([sys.executable, "-m", "planner", "compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64",
-                    "--fix", fix, "-o", str(out), "--target", "torch", "--force", *extra],
-                   check=True, capture_output=True, text=True, timeout=120)
-    return out
-
-
 def _edited(out: Path, name: str, edit) -> str:
     """A copy of the plan beside it (outside the plan folder) with `edit` applied to its JSON; its path."""
     plan = json.loads((out / "plan.json").read_text())
@@ -116,7 +103,7 @@ def test_trainer_user_errors_are_one_line(tmp_path, dataset, capsys, monkeypatch
 
     for name in train.TORCHRUN_ENV:  # started by hand, not by torchrun
         monkeypatch.delenv(name, raising=False)
-    out = compile_plan(tmp_path / "plan", "dp=4,zero=3")
+    out = compile_tiny(tmp_path / "plan", "dp=4,zero=3")
     fp8 = _edited(out, "fp8.json", lambda plan: plan["job"].update(precision="fp8"))
     blocks = _edited(out, "blocks.json", lambda plan: plan["stages"][0].update(blocks=[0, 99]))
     boolean = _edited(out, "boolean.json", lambda plan: plan["strategy"].update(tp=True))
@@ -142,35 +129,41 @@ def test_trainer_user_errors_are_one_line(tmp_path, dataset, capsys, monkeypatch
         assert message in err
 
 
-def _run(out: Path, report: Path, *args: str) -> tuple[dict, str]:
-    """torch/launch.sh of `out` with extra trainer arguments; (the report, rank 0's output)."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RUN_ID": f"test-{port}"}
-    run = subprocess.run(["bash", str(out / "torch" / "launch.sh"), "--lr", "1e-2", "--warmup-steps", "1",
-                          "--report", str(report), *args], env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return json.loads(report.read_text()), run.stdout
+@pytest.fixture(scope="module")
+def stopped_and_resumed(pipeline_run, tmp_path_factory):
+    """The shared pipeline run's plan (tests/conftest.py pipeline_run: 4 steps, checkpoints every 2) stopped
+    after step 2 (`--stop-at-step 2`) into a checkpoint folder of its own, then started again in that folder,
+    where newer checkpoints are damaged (issue #26): a truncated step 4 (the shared run's, its shards cut), a
+    step 8 whose .metadata is garbage and an empty step 9 (a save that never finished).
+    (folder, stopped run's report, its listing of the folder, resumed run's report, the resumed run)."""
+    root = tmp_path_factory.mktemp("stop-resume")
+    ck = root / "ck"
+    plan, fp32 = pipeline_run.plan, ("--precision", "fp32")
+    with one_launch_at_a_time(tmp_path_factory):
+        first, _ = launch(plan, root / "first.json", *fp32, "--stop-at-step", "2", "--checkpoint-dir", str(ck))
+        listing = sorted(p.name for p in ck.iterdir())
+        shutil.copytree(pipeline_run.checkpoints / "step-00000004", ck / "step-00000004")
+        for shard in (ck / "step-00000004").glob("*.distcp"):
+            shard.write_bytes(shard.read_bytes()[:64])
+        shutil.copytree(ck / "step-00000002", ck / "step-00000008")
+        (ck / "step-00000008" / ".metadata").write_bytes(b"not a pickle")
+        (ck / "step-00000009").mkdir()
+        resumed, run = launch(plan, root / "resumed.json", *fp32, "--checkpoint-dir", str(ck))
+    return ck, first, listing, resumed, run
 
 
 @MULTIPROCESS
-def test_stop_and_resume_continue_the_uninterrupted_run(tmp_path, dataset):
-    fix = "pp=2,dp=2,zero=3,vpp=1"
-    inputs = ("--data", str(dataset), "--tokenizer", "bytes", "--train-steps", "4", "--save-every", "2")
-    # checkpoints beside each plan folder, never inside one (--force replaces that)
-    straight = compile_plan(tmp_path / "straight", fix, *inputs, "--checkpoint-dir", "../straight-checkpoints")
-    stopped = compile_plan(tmp_path / "stopped", fix, *inputs, "--checkpoint-dir", "../stopped-checkpoints")
-    whole, log = _run(straight, tmp_path / "whole.json")
-    assert whole["precision"] == "bf16" and set(whole["compute_dtype"].values()) == {"bfloat16"}
+def test_stop_and_resume_continue_the_uninterrupted_run(pipeline_run, stopped_and_resumed):
+    whole = pipeline_run.report
     assert len(whole["losses"]) == 4 and whole["losses"][-1] < whole["losses"][0]
-    assert "saved checkpoint" in log and (tmp_path / "straight-checkpoints" / "step-00000002" / ".metadata").is_file()
+    assert "saved checkpoint" in pipeline_run.stdout
+    assert (pipeline_run.checkpoints / "step-00000002" / ".metadata").is_file()
 
-    first, log = _run(stopped, tmp_path / "first.json", "--stop-at-step", "2")
-    assert first["losses"] == whole["losses"][:2]
-    assert sorted(p.name for p in (tmp_path / "stopped-checkpoints").iterdir()) == ["step-00000002"]
+    ck, first, listing, resumed, run = stopped_and_resumed
+    assert first["losses"] == whole["losses"][:2] and first["grad_norms"] == whole["grad_norms"][:2]
+    assert listing == ["step-00000002"]  # stopped after step 2: saved there, and nothing after
 
-    resumed, log = _run(stopped, tmp_path / "resumed.json")
-    assert "resumed from ../stopped-checkpoints/step-00000002 (step 2, data position 16)" in log
+    assert f"resumed from {ck}/step-00000002 (step 2, data position 16)" in run.stdout
     assert resumed["first_step"] == 2
     assert resumed["losses"] == whole["losses"][2:]  # exactly: same shards, same data, same optimizer state
     assert resumed["grad_norms"] == whole["grad_norms"][2:]
@@ -178,31 +171,13 @@ def test_stop_and_resume_continue_the_uninterrupted_run(tmp_path, dataset):
 
 
 @MULTIPROCESS
-def test_a_damaged_newest_checkpoint_is_passed_over(tmp_path, dataset):
+def test_a_damaged_newest_checkpoint_is_passed_over(stopped_and_resumed):
     """Issue #26: the newest checkpoints are damaged (an empty step folder, a garbage .metadata, truncated
     shards): the run says which it passes over and resumes from the newest one that loads."""
-    out = compile_plan(tmp_path / "plan", "pp=2,dp=2,zero=3,vpp=1", "--data", str(dataset), "--tokenizer", "bytes",
-                       "--train-steps", "4", "--save-every", "2", "--checkpoint-dir", "../ck")
-    whole, _ = _run(out, tmp_path / "whole.json")  # checkpoints after steps 2 and 4
-    ck = tmp_path / "ck"
-    for shard in (ck / "step-00000004").glob("*.distcp"):
-        shard.write_bytes(shard.read_bytes()[:64])
-    (ck / "step-00000008").mkdir()
-    for part in (ck / "step-00000002").iterdir():
-        (ck / "step-00000008" / part.name).write_bytes(part.read_bytes())
-    (ck / "step-00000008" / ".metadata").write_bytes(b"not a pickle")
-    (ck / "step-00000009").mkdir()  # a save that never finished
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "RUN_ID": f"test-{port}"}
-    report = tmp_path / "resumed.json"
-    run = subprocess.run(["bash", str(out / "torch" / "launch.sh"), "--lr", "1e-2", "--warmup-steps", "1",
-                          "--report", str(report)], env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ck, _, _, resumed, run = stopped_and_resumed
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     passed_over = [line for line in run.stderr.splitlines() if "warning: passed over checkpoint" in line]
-    assert [line.split("checkpoint ../ck/")[1].split(":")[0] for line in passed_over] == [
+    assert [line.split(f"checkpoint {ck}/")[1].split(":")[0] for line in passed_over] == [
         "step-00000009", "step-00000008", "step-00000004"], passed_over
-    assert "resumed from ../ck/step-00000002 (step 2, data position 16)" in run.stdout
-    resumed = json.loads(report.read_text())
-    assert resumed["first_step"] == 2 and resumed["losses"] == whole["losses"][2:]
+    assert f"resumed from {ck}/step-00000002 (step 2, data position 16)" in run.stdout
+    assert resumed["first_step"] == 2

@@ -257,6 +257,13 @@ def measured_components(mem: dict) -> dict:
 def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps: int = 2,
              timeout: float = 300, precision: str = "fp32") -> dict[int, dict]:
     """Train `plan` for `steps` steps under torchrun with --measure-memory; each rank's `memory` report."""
+    data = run_report(plan, workdir, model_spec=model_spec, steps=steps, timeout=timeout, precision=precision)
+    return {int(rank): mem for rank, mem in data["memory"].items()}
+
+
+def run_report(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps: int = 2,
+               timeout: float = 300, precision: str = "fp32") -> dict:
+    """run_plan's launch; the trainer's whole JSON report (`memory` per rank, `compute_dtype`, losses, ...)."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path, report = workdir / "plan.json", workdir / "report.json"
     plan_path.write_text(plan_json(plan))
@@ -275,8 +282,7 @@ def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=workdir)
     if run.returncode != 0:
         raise RuntimeError(f"{plan.strategy_spec}: torchrun failed\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
-    data = json.loads(report.read_text())
-    return {int(rank): mem for rank, mem in data["memory"].items()}
+    return json.loads(report.read_text())
 
 
 def stage_of(plan: Plan, rank: int) -> int:
