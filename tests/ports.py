@@ -36,17 +36,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_held = 0  # this process's depth in one_launch_at_a_time
+
+
 @contextmanager
 def one_launch_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Hold the session's launch lock (a file every pytest-xdist worker opens): around each MULTIPROCESS
-    test (tests/conftest.py), and around a shared fixture's launch, which runs before its test's lock is
-    taken (higher-scoped fixtures are set up first, so the two are never held at once)."""
+    test (tests/conftest.py), and around a shared fixture's launch.  Re-entrant within a process: a shared
+    fixture may be set up inside a test that already holds it (request.getfixturevalue), and flock on a
+    second open of the file would wait for the first forever."""
+    global _held
+    if _held:
+        _held += 1
+        try:
+            yield
+        finally:
+            _held -= 1
+        return
     # every worker's basetemp (…/popen-gwN) sits in the session's shared folder
     root = tmp_path_factory.getbasetemp()
     shared = root.parent if root.name.startswith("popen-gw") else root
     with open(shared / "multiprocess.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        _held = 1
         try:
             yield
         finally:
+            _held = 0
             fcntl.flock(lock, fcntl.LOCK_UN)
