@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hardware.errors import HardwareInputError
-from hardware.yamlio import UniqueKeyLoader
+from models.yamlio import DataLoader
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -259,7 +259,7 @@ class Catalog(BaseModel):
 
 def _read_yaml(name: str) -> dict:
     text = resources.files("hardware").joinpath("data", name).read_text()
-    return yaml.load(text, Loader=UniqueKeyLoader)  # a repeated device or node key would hide the first
+    return yaml.load(text, Loader=DataLoader)  # a repeated device or node key would hide the first
 
 
 @lru_cache(maxsize=1)

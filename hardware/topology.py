@@ -48,7 +48,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from hardware.catalog import DeviceSpec, NodeSpec, load_catalog
 from hardware.errors import HardwareInputError
-from hardware.yamlio import as_name, name_problem, read_mapping
+from models.yamlio import as_name, name_problem, read_mapping
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 

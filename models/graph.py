@@ -20,12 +20,14 @@ Units are SI: bytes, FLOP, counts.  Nothing here knows about hardware.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import networkx as nx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from models.yamlio import name_problem
+
+if TYPE_CHECKING:  # networkx costs a sixth of a second to import; only to_networkx needs it
+    import networkx as nx
 
 
 class LayerKind(StrEnum):
@@ -293,6 +295,8 @@ class ModelGraph(BaseModel):
 
     def to_networkx(self) -> nx.DiGraph:
         """A directed graph view: the execution chain plus any extra edges."""
+        import networkx as nx
+
         graph = nx.DiGraph()
         for layer in self.layers:
             graph.add_node(layer.name, kind=str(layer.kind), params=layer.params)

@@ -378,7 +378,8 @@ def parse_strategy(spec: str) -> Strategy:
             try:
                 values[key] = tuple(int(x) for x in raw.split("/"))
             except ValueError:
-                raise PlannerInputError(f"strategy: {key}: expected integers per stage like 10/12/12/10, got {raw!r}") from None
+                raise PlannerInputError(f"strategy: {key}: expected integers per stage like 10/12/12/10, "
+                                        f"got {raw!r}") from None
         elif kind == "names":
             values[key] = tuple(raw.split("/"))
         elif key in PLACEMENT_KEYS and "/" in raw:
@@ -387,7 +388,8 @@ def parse_strategy(spec: str) -> Strategy:
                 try:
                     values[f"stage_{key}"] = tuple(float(x) for x in parts)
                 except ValueError:
-                    raise PlannerInputError(f"strategy: {key}: expected numbers per stage like 1/0.5, got {raw!r}") from None
+                    raise PlannerInputError(f"strategy: {key}: expected numbers per stage like 1/0.5, "
+                                            f"got {raw!r}") from None
             else:
                 values[f"stage_{key}"] = tuple(parts)
         else:

@@ -45,7 +45,9 @@ def assert_one_line_error(result, exit_code: int, *fragments: str) -> str:
 
 
 def all_commands(group: click.Group, prefix: str = "planner"):
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # the top group loads its commands when asked (planner/cli/app.py)
+        command = group.get_command(ctx, name)
         yield f"{prefix} {name}", command
         if isinstance(command, click.Group):
             yield from all_commands(command, f"{prefix} {name}")
@@ -272,3 +274,27 @@ def test_bad_precision():
 
 def test_missing_argument():
     assert_one_line_error(run("estimate", "llama3-8b"), 2, "CLUSTER")
+
+
+def test_the_command_list_summaries_are_the_commands_own():
+    # `planner --help` lists the commands from planner.cli.app.COMMANDS without importing them; each summary
+    # is the first sentence of the command's docstring, as click would shorten it at any width
+    from planner.cli.app import COMMANDS, load_command, summary_at
+
+    for name in COMMANDS:
+        command = load_command(name)
+        assert command.name == name
+        for width in (20, 45, 60, 80, 200):
+            assert summary_at(name, width) == command.get_short_help_str(width), (name, width)
+
+
+def test_help_and_show_load_neither_the_solver_nor_the_cost_model():
+    # the start-up budget (issue #30: under 0.4 s beyond the interpreter; tests/bench/startup.py times it)
+    code = ("import sys; from planner.cli import main\n"
+            "try:\n    main(sys.argv[1:], prog_name='planner')\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('ortools', 'matplotlib', 'numpy', "
+            "'networkx', 'torch') or m in ('planner.cost', 'planner.search'))\n"
+            "print('HEAVY', heavy)")
+    for args in (["--help"], ["show", "llama3-70b"], ["show", "dgx-h100:4"]):
+        run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+        assert run.stdout.strip().splitlines()[-1] == "HEAVY []", (args, run.stdout[-500:], run.stderr[-500:])

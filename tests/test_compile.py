@@ -82,7 +82,8 @@ def assert_matches_oracle(job: Job, space: SpaceOptions) -> tuple[CompileResult,
     if result.groups is not None:
         step, fits, spec = result.groups.step_time_s, result.groups.fits, "replica groups"
     else:
-        step, fits, spec = result.estimate.step_time_s, evaluate(job, result.strategy).memory.fits, result.strategy.spec()
+        step, fits, spec = (result.estimate.step_time_s, evaluate(job, result.strategy).memory.fits,
+                            result.strategy.spec())
     assert cert.status == "OPTIMAL"
     assert step == pytest.approx(best_time, rel=1e-6), f"compile {spec} ({step!r} s) != exhaustive ({best_time!r} s)"
     assert fits

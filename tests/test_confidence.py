@@ -66,9 +66,9 @@ def test_context_parallelism_on_chunks_shorter_than_any_validated_run_is_flagged
     assert c.max_cp >= 4 and c.min_cp_tokens > 512
     job = make_job("gpt3-175b", "dgx-a100-80g:16", batch=1536, seq=2048).on(load_runtime("megatron"))
     short = evaluate(job, parse_strategy("tp=2,pp=16,cp=4,zero=1"))
-    assert short.confidence.reasons == [f"context parallelism cp=4 at 512 tokens per rank: validated runs hold at least "
-                                        f"{c.min_cp_tokens} (ring-step latency and small-chunk attention unvalidated "
-                                        "there)"]
+    assert short.confidence.reasons == [f"context parallelism cp=4 at 512 tokens per rank: validated runs hold at "
+                                        f"least {c.min_cp_tokens} (ring-step latency and small-chunk attention "
+                                        "unvalidated there)"]
     long = make_job("llama3-70b", "dgx-h100:8", batch=64, seq=4 * c.min_cp_tokens).on(load_runtime("megatron"))
     assert evaluate(long, parse_strategy("tp=2,pp=8,cp=4,zero=1")).confidence.reasons == []
 

@@ -46,7 +46,8 @@ def test_compile_writes_embedding_plan_files(tmp_path):
 
 
 def test_compile_greedy_torchrec_style_and_json():
-    result = run("compile", "tiny-dlrm", "cpu:1", "-b", "64", "-s", "1", "--embedding-planner", "greedy-torchrec-style", "--json")
+    result = run("compile", "tiny-dlrm", "cpu:1", "-b", "64", "-s", "1", "--embedding-planner", "greedy-torchrec-style",
+                 "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["solver"]["status"] == "BASELINE" and data["plan"]["strategy"] == "greedy-torchrec-style"
@@ -54,7 +55,8 @@ def test_compile_greedy_torchrec_style_and_json():
 
 
 def test_strategy_flag_refused_for_dense_models():
-    result = run("compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "128", "--embedding-planner", "greedy-torchrec-style")
+    result = run("compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "128",
+                 "--embedding-planner", "greedy-torchrec-style")
     assert result.exit_code == 2 and "recommendation models" in result.output
 
 

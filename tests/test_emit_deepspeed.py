@@ -35,7 +35,7 @@ ds_topology = pytest.importorskip("deepspeed.runtime.pipe.topology")
 from hardware import load_cluster  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
 from models import load_model  # noqa: E402
-from tools import shellcheck
+from tools import shellcheck  # noqa: E402
 from planner.cli import cli  # noqa: E402
 from planner.cost.evaluate import evaluate  # noqa: E402
 from planner.emit import UnsupportedPlan  # noqa: E402

@@ -307,7 +307,8 @@ GOOD = {"tensor-model-parallel-size": 2, "pipeline-model-parallel-size": 1, "con
     ({"overlap-moe-expert-parallel-comm": True, "recompute-granularity": "full"}, "excludes --recompute-granularity"),
     ({"overlap-moe-expert-parallel-comm": True, "pipeline-model-parallel-size": 2, "tensor-model-parallel-size": 1},
      "needs --num-layers-per-virtual-pipeline-stage"),
-    ({"overlap-moe-expert-parallel-comm": True, "expert-model-parallel-size": 1}, "needs expert-model-parallel-size > 1"),
+    ({"overlap-moe-expert-parallel-comm": True, "expert-model-parallel-size": 1},
+     "needs expert-model-parallel-size > 1"),
 ])
 def test_megatron_check_rules_of_the_full_argument_set(change, message):
     assert check_megatron_args(GOOD, 4) == []

@@ -311,7 +311,8 @@ def test_megatron_args_dict_matches_file():
 def test_slurm(big, tiny):
     # the full checks (srun, torchrun rendezvous, inputs, shellcheck) are in tests/test_emit_slurm.py
     text = emitter("slurm")(*big)["job.sbatch"]
-    for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive"):
+    for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --exclusive"):
         assert line in text
     assert "../torch/launch.sh" not in text and "torchrun --nnodes 8 --nproc-per-node 8" in text  # self-contained
     assert "#SBATCH --nodes=2" in emitter("slurm")(*tiny)["job.sbatch"]
@@ -392,7 +393,8 @@ def test_named_targets_search_the_intersection_of_their_runtimes_spaces(tmp_path
 
 
 def test_one_setting_targets_refuse_per_stage_placement():
-    # DeepSpeed, Megatron-LM and torchtitan apply one offload setting to every rank; the torch runtime, its own per stage
+    # DeepSpeed, Megatron-LM and torchtitan apply one offload setting to every rank; the torch runtime, its own
+    # per stage
     job = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=16, seq_len=2048)
     strategy = parse_strategy("tp=2,pp=2,dp=2,zero=3,offload=all/none")
     plan = _plan_of(job, strategy)

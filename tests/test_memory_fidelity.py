@@ -26,7 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ports import MULTIPROCESS  # noqa: E402
-from benches import load_bench
+from benches import load_bench  # noqa: E402
 
 BAR = 0.03  # the bar: each component within 3%
 

@@ -16,7 +16,7 @@ from models import (
 )
 from models.transformer import gpt, llama
 from models.zoo import ZOO
-from models.zoo.recsys import criteo_rows
+from models.zoo.recsys import criteo_rows, meta_2021_csv, meta_2021_synthetic_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "tests" / "fixtures" / "hf"
@@ -60,7 +60,7 @@ def test_decoder_layer_naming(name):
     graph = get_model(name)
     layers = graph.layers
     assert layers[0].name == "embedding" and layers[0].kind == LayerKind.EMBEDDING and layers[0].block is None
-    assert [l.name for l in layers[-2:]] == ["final_norm", "head"]
+    assert [layer.name for layer in layers[-2:]] == ["final_norm", "head"]
     assert layers[-2].kind == LayerKind.NORM and layers[-1].kind == LayerKind.HEAD
     body = layers[1:-2]
     assert len(body) == 2 * graph.num_blocks
@@ -70,7 +70,7 @@ def test_decoder_layer_naming(name):
         assert att.attention is not None and att.tp_splittable
         assert ff.name in (f"block.{i}.mlp", f"block.{i}.moe") and ff.block == i
         assert (ff.kind == LayerKind.MOE) == (ff.moe is not None)
-    assert all(l.hidden == graph.hidden for l in layers)
+    assert all(layer.hidden == graph.hidden for layer in layers)
 
 
 def test_tied_head():
@@ -88,7 +88,7 @@ def test_matmul_flops_are_twice_the_weights():
     h = graph.hidden
     norms = (2 * graph.num_blocks + 1) * h
     embedding = graph.layers[0].params
-    fwd = sum(l.flops_per_token for l in graph.layers)
+    fwd = sum(layer.flops_per_token for layer in graph.layers)
     assert fwd == 2 * (graph.params - embedding - norms)
     att = graph.layers[1]
     assert att.flops_per_token_per_seq == 4 * 32 * 128
@@ -96,7 +96,7 @@ def test_matmul_flops_are_twice_the_weights():
 
 def test_deepseek_structure():
     graph = get_model("deepseek-v3")
-    kinds = [l.kind for l in graph.layers if l.name.endswith((".mlp", ".moe"))]
+    kinds = [layer.kind for layer in graph.layers if layer.name.endswith((".mlp", ".moe"))]
     assert kinds[:3] == [LayerKind.MLP] * 3 and set(kinds[3:]) == {LayerKind.MOE} and len(kinds) == 61
     att = graph.layers[1]
     assert att.attention.head_dim == 192 and att.attention.kv_heads == 128
@@ -129,18 +129,20 @@ def _gpt_block():
 @pytest.mark.parametrize("t", [1, 2, 4, 8])
 def test_korthikanti_tensor_parallel(t):
     block = _gpt_block()
-    got = sum(l.saved_activation_bytes(B, S, tp=t, flash_attention=False) for l in block)
+    got = sum(layer.saved_activation_bytes(B, S, tp=t, flash_attention=False) for layer in block)
     assert got == pytest.approx(S * B * H * (10 + 24 / t + 5 * A * S / (H * t)), rel=1e-12)
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 8])
 def test_korthikanti_sequence_parallel(t):
     block = _gpt_block()
-    got = sum(l.saved_activation_bytes(B, S, tp=t, sequence_parallel=True, flash_attention=False) for l in block)
+    got = sum(
+        layer.saved_activation_bytes(B, S, tp=t, sequence_parallel=True, flash_attention=False) for layer in block
+    )
     assert got == pytest.approx(S * B * H * (34 + 5 * A * S / H) / t, rel=1e-12)
     selective = sum(
-        l.saved_activation_bytes(B, S, tp=t, sequence_parallel=True, recompute="selective", flash_attention=False)
-        for l in block
+        layer.saved_activation_bytes(B, S, tp=t, sequence_parallel=True, recompute="selective", flash_attention=False)
+        for layer in block
     )
     assert selective == pytest.approx(34 * S * B * H / t, rel=1e-12)
 
@@ -170,7 +172,7 @@ def test_dlrm_networkx_fan_in():
     assert preds == {f"table.{j}" for j in range(26)} | {"bottom_mlp.3"}
     assert list(g.successors("interaction")) == ["top_mlp.0"]
     assert g.in_degree("table.0") == 0
-    top0 = next(l for l in graph.layers if l.name == "top_mlp.0")
+    top0 = next(layer for layer in graph.layers if layer.name == "top_mlp.0")
     assert top0.params == (27 * 26 // 2 + 16) * 512 + 512
 
 
@@ -178,12 +180,21 @@ def test_dlrm_tables_from_csv():
     rows = criteo_rows()
     assert len(rows) == 26
     tb = get_model("dlrm-criteo-terabyte")
-    tables = [l for l in tb.layers if l.kind == LayerKind.EMBEDDING_BAG]
+    tables = [layer for layer in tb.layers if layer.kind == LayerKind.EMBEDDING_BAG]
     assert [t.table.rows for t in tables] == [int(r["terabyte_rows_full"]) for r in rows]
     assert [t.table.pooling_factor for t in tables] == [float(r["mlperf_dcnv2_multi_hot_size"]) for r in rows]
     assert all(t.table.dim == 128 and t.params == t.table.rows * 128 for t in tables)
     kaggle = get_model("dlrm-criteo-kaggle")
-    assert sum(l.table.rows for l in kaggle.layers if l.table) == sum(int(r["kaggle_rows"]) for r in rows)
+    assert sum(layer.table.rows for layer in kaggle.layers if layer.table) == sum(int(r["kaggle_rows"]) for r in rows)
+
+
+def test_meta_2021_tables_file_is_what_the_seeded_draw_gives():
+    # the zoo reads the file (no numpy at start-up); the draw (numpy, seed 2021) is the source of truth
+    drawn = meta_2021_synthetic_tables()
+    written = (Path(models.__file__).parent / "data" / "meta_2021_synthetic_tables.csv").read_text()
+    assert written == meta_2021_csv(drawn)
+    tables = [layer.table for layer in get_model("dlrm-meta-2021-synthetic").layers if layer.table is not None]
+    assert tables == drawn and len(tables) == 856
 
 
 def test_dlrm_dot_needs_matching_dims():
@@ -211,7 +222,7 @@ def test_hf_import_matches_zoo(fixture, zoo):
     assert graph.params == pytest.approx(ref.params, rel=0.01)
     assert graph.params == pytest.approx(ZOO[zoo].published_params, rel=0.01)
     assert graph.active_params == pytest.approx(ref.active_params, rel=0.01)
-    assert [l.name for l in graph.layers] == [l.name for l in ref.layers]
+    assert [layer.name for layer in graph.layers] == [layer.name for layer in ref.layers]
 
 
 def test_hf_dict_and_name():
@@ -358,7 +369,12 @@ def test_config_validation_names_field():
 
 
 def test_exports():
-    for name in ("ModelGraph", "Layer", "LayerKind", "ModelInputError", "TransformerConfig", "build_transformer",
-                 "DLRMConfig", "build_dlrm", "get_model", "list_models", "load_model_file", "load_hf_config",
-                 "load_model"):
-        assert hasattr(models, name)
+    # every name in __all__ imports (a stale entry fails the star import) and is the models package's own object
+    namespace: dict = {}
+    exec("from models import *", namespace)
+    exported = {name: obj for name, obj in namespace.items() if name != "__builtins__"}
+    assert set(exported) == set(models.__all__)
+    for name, obj in exported.items():
+        owner = getattr(obj, "__module__", None) or type(obj).__module__
+        assert name == "ZOO" or owner.split(".")[0] == "models", (name, owner)
+    assert exported["ZOO"] is ZOO and exported["get_model"] is get_model

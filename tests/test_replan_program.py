@@ -42,7 +42,8 @@ class Scene:
         self.model = load_model("llama3-8b")
         self.runtime = load_runtime(runtime)
         self.catalog = load_catalog()
-        self.old_cluster, self.new_cluster = load_cluster(f"dgx-h100:{old_nodes}"), load_cluster(f"dgx-h100:{new_nodes}")
+        self.old_cluster, self.new_cluster = (load_cluster(f"dgx-h100:{old_nodes}"),
+                                              load_cluster(f"dgx-h100:{new_nodes}"))
         self.job = Job(model=self.model, cluster=self.new_cluster, global_batch=96, seq_len=4096, runtime=self.runtime)
         old_job = self.job.model_copy(update={"cluster": self.old_cluster})
         self.old = strategy_layout(self.model, self.old_cluster, check_strategy(old_job, parse_strategy(old_spec)))

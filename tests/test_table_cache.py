@@ -85,7 +85,8 @@ def _quantities(builder: TableBuilder, job: Job, strategy: Strategy) -> dict:
     }
     tables = build_tables(builder, strategy, m, float("inf"))
     out["tables"] = None if tables is None else [
-        {counts: [(o.recompute, o.time, o.dp_end, o.update, o.cost) for o in placed] for counts, placed in per_pool[0].items()}
+        {counts: [(o.recompute, o.time, o.dp_end, o.update, o.cost) for o in placed]
+         for counts, placed in per_pool[0].items()}
         for per_pool in tables.options]
     return out
 

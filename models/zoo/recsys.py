@@ -97,10 +97,30 @@ def meta_2021_synthetic_tables(count: int = 856, mean_pooling: float = 15.8, see
             for r, d, p, a in zip(rows, dims, pooling, alphas)]
 
 
+
+META_2021_CSV = "data/meta_2021_synthetic_tables.csv"
+META_2021_COLUMNS = ("rows", "dim", "pooling_factor", "zipf_alpha")
+
+
+def meta_2021_tables() -> list[EmbeddingTable]:
+    """meta_2021_synthetic_tables() as written to models/data/meta_2021_synthetic_tables.csv (numpy, which
+    draws them, takes a tenth of a second to import; tests/test_zoo_tables.py checks the file against it)."""
+    text = resources.files("models").joinpath(META_2021_CSV).read_text(encoding="utf-8")
+    return [EmbeddingTable(rows=int(row["rows"]), dim=int(row["dim"]), pooling_factor=float(row["pooling_factor"]),
+                           zipf_alpha=float(row["zipf_alpha"])) for row in csv.DictReader(io.StringIO(text))]
+
+
+def meta_2021_csv(tables: list[EmbeddingTable]) -> str:
+    """The CSV text of `tables` (python -c "from models.zoo.recsys import *; print(meta_2021_csv(
+    meta_2021_synthetic_tables()), end='')" > models/data/meta_2021_synthetic_tables.csv)."""
+    lines = [",".join(META_2021_COLUMNS)]
+    lines += [",".join(repr(getattr(t, c)) for c in META_2021_COLUMNS) for t in tables]
+    return "\n".join(lines) + "\n"
+
 _META_2021 = DLRMConfig(
     name="dlrm-meta-2021-synthetic",
     dense_features=13, bottom_mlp=[512, 256, 128], top_mlp=[1024, 1024, 512, 256, 1],
-    tables=meta_2021_synthetic_tables(), interaction="cat",
+    tables=meta_2021_tables(), interaction="cat",
     source="synthetic tables with the statistics of Meta's 2021 DLRM dataset (github.com/facebookresearch/"
     "dlrm_datasets; 856 tables, ~15.8 lookups per table per sample); MLPs as MLPerf DLRM; cat interaction "
     "(table dims differ)",

@@ -16,7 +16,8 @@ from planner.cli.options import (finite_seconds, job_options, json_option, margi
                                  runtime_option, user_errors)
 from planner.compare.plugins import load_strategies
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
-from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow, compare
+from planner.compare.table import (BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow,
+                                   compare)
 from planner.emit import primary_runtime
 from planner.job import Job
 from planner.plan.output import check_file_target, write_file
@@ -38,8 +39,9 @@ def _text(rows: list[CompareRow]) -> str:
     def why(text: str) -> str:
         return text if len(text) <= _WHY_WIDTH else text[:_WHY_WIDTH - 3] + "..."
 
-    body = [[r.strategy, r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"), num(r.tokens_per_s_per_gpu, ",.0f"),
-             num(r.mfu and 100 * r.mfu, ".1f"), num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
+    body = [[r.strategy, r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"),
+             num(r.tokens_per_s_per_gpu, ",.0f"), num(r.mfu and 100 * r.mfu, ".1f"),
+             num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
              num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else ("no" if r.applicable else "n/a"),
              "extrap." if r.extrapolated else ("-" if r.extrapolated is None else "ok"),
              f"{r.planning_s:.2f}", r.spec if r.fits else why(r.why)] for r in rows]
@@ -126,8 +128,8 @@ def _legend(rows: list[CompareRow]) -> str:
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              moe_routing: str,
-             only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None, plot_path: Path | None,
-             runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
+             only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None,
+             plot_path: Path | None, runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,

@@ -9,10 +9,8 @@ terminal, or with `--progress`.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -22,9 +20,9 @@ from models import load_model
 from models.graph import ModelGraph
 from planner.cli import render
 from planner.cli.compile_embedding import run_embedding_compile
-from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, finite_seconds, job_options, json_option, launch_options,
-                                 margin_or_default, memory_margin_option, output_dir_path, runtime_option,
-                                 user_errors)
+from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, emit_json, finite_seconds, job_options, json_option,
+                                 launch_options, margin_or_default, memory_margin_option, output_dir_path,
+                                 runtime_option, user_errors)
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.fields import fields_with
 from planner.job import Job
@@ -58,10 +56,6 @@ def _parse_fixed(spec: str) -> dict[str, int | str]:
         except PlannerInputError:
             raise click.BadParameter(f"{key}: expected an integer, got {raw!r}", param_hint="--fix") from None
     return fixed
-
-
-def _emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
 
 
 def _progress(enabled: bool | None):
@@ -200,7 +194,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
                           "work_limit_s": work_limit, "stopped": cert.stopped,
                           "reproducible": cert.stopped is None}
         data["plan"] = plan.model_dump(mode="json")
-        _emit_json(data)
+        emit_json(data)
     else:
         click.echo(render.compile_summary(plan, wall))
     if out_dir is not None:
@@ -246,4 +240,4 @@ def schema(what: str) -> None:
         planner schema model
         planner schema cluster
     """
-    _emit_json(_SCHEMAS[what]())
+    emit_json(_SCHEMAS[what]())

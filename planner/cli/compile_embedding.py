@@ -8,12 +8,11 @@ runtime (planner/emit/dlrm.py); report.md ends with how to start them and the la
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from planner.cli.options import Infeasible
+from planner.cli.options import Infeasible, emit_json
 from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report, summary
@@ -55,7 +54,7 @@ def run_embedding_compile(job: Job, *, strategy: EmbeddingStrategyName, time_lim
         data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
                           "wall_s": wall}
         data["plan"] = plan.model_dump(mode="json", by_alias=True)
-        click.echo(json.dumps(data, indent=2))
+        emit_json(data)
     else:
         click.echo(summary(plan, wall))
     if out_dir is None:

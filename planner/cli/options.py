@@ -15,8 +15,8 @@ ValidationError), 1 for infeasible jobs (InfeasibleError).
 from __future__ import annotations
 
 import functools
+import json
 import math
-import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from hardware import HardwareInputError
 from models import ModelInputError
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import MAX_COUNT  # batch and sequence length: the search counts in 64-bit integers
+from planner.cli.text import one_line
 from planner.plan.output import refuse_unsafe_path
 
 PRECISIONS = ("bf16", "fp16", "fp8")
@@ -43,18 +44,6 @@ class Infeasible(click.ClickException):
     """The job cannot run as asked: `Error: <message>`, exit code 1."""
 
     exit_code = 1
-
-
-def printable(message: str) -> str:
-    """`message` with every control or format character but the line break escaped: a name or path quoted in
-    an error never reaches the terminal as an escape sequence."""
-    return "".join(c if c == "\n" or unicodedata.category(c) not in ("Cc", "Cf", "Zl", "Zp")
-                   else c.encode("unicode_escape").decode("ascii") for c in str(message))
-
-
-def one_line(message: str) -> str:
-    """Collapse a message to one printable line (library messages should already be one)."""
-    return printable(" ".join(str(message).split()))
 
 
 def validation_message(err: ValidationError) -> str:
@@ -101,6 +90,11 @@ def finite_number(ctx: click.Context, param: click.Parameter, value: float | Non
     if value is not None and not math.isfinite(value):
         raise click.BadParameter(f"expected a finite number, got {value}", ctx=ctx, param=param)
     return value
+
+
+def emit_json(data: Any) -> None:
+    """Print `data` as the commands' --json output: indented JSON, one document."""
+    click.echo(json.dumps(data, indent=2))
 
 
 def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,7 +174,8 @@ def launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tokenizer", default=None, metavar="NAME",
                      help=f"Tokenizer the dataset was written with {env('tokenizer')}."),
         click.option("--checkpoint-dir", default=None, metavar="DIR",
-                     help=f"Distributed checkpoints: saved every --save-every steps, resumed from {env('checkpoint_dir')}."),
+                     help="Distributed checkpoints: saved every --save-every steps, resumed from "
+                          f"{env('checkpoint_dir')}."),
         click.option("--save-every", type=click.IntRange(min=1), default=1000, show_default=True, metavar="STEPS",
                      help="Steps between checkpoints."),
         click.option("--train-steps", type=click.IntRange(min=1), default=None, metavar="STEPS",

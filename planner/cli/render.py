@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
 from models.graph import ModelGraph
-from planner.cost import Estimate
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # type names only: `planner show` renders without loading the cost model
+    from planner.cost import Estimate
     from planner.plan.schema import Plan
 
 GB = 1e9

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from planner.cli import render
-from planner.cli.options import json_option, user_errors
+from planner.cli.options import emit_json, json_option, user_errors
 from planner.plan.output import check_file_target, write_file
 from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan, simulate_plan
 from planner.simulate.result import TOLERANCE, SimulationResult
@@ -93,7 +92,7 @@ def simulate_(plan_path: Path, model: str | None, cluster: str | None, trace_pat
     runs, sync = plan_runs(plan, job)
     summary = simulate_plan(plan, runs, sync)
     if as_json:
-        click.echo(json.dumps(summary.model_dump(mode="json"), indent=2))
+        emit_json(summary.model_dump(mode="json"))
     else:
         click.echo(_text(summary, f"{job.model.name} on {job.cluster.describe()}, batch {job.global_batch} x "
                                   f"{job.seq_len}"))

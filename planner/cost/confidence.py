@@ -82,8 +82,8 @@ def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage 
         reasons.append(f"context parallelism cp={s.cp}: validated runs reach cp={c.max_cp} (ring steps, small-chunk "
                        "attention unvalidated)")
     elif s.cp > 1 and job.seq_len // s.cp < c.min_cp_tokens:
-        reasons.append(f"context parallelism cp={s.cp} at {job.seq_len // s.cp} tokens per rank: validated runs hold at "
-                       f"least {c.min_cp_tokens} (ring-step latency and small-chunk attention unvalidated there)")
+        reasons.append(f"context parallelism cp={s.cp} at {job.seq_len // s.cp} tokens per rank: validated runs hold "
+                       f"at least {c.min_cp_tokens} (ring-step latency and small-chunk attention unvalidated there)")
     if job.model.num_experts and not c.moe:
         reasons.append(f"mixture of experts (ep={s.ep}): no validated MoE run (all-to-all, routing imbalance and "
                        "grouped GEMMs unvalidated)")

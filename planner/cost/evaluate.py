@@ -87,7 +87,8 @@ def _reasons(reports: list[StageReport], host: HostMemory) -> list[str]:
         for r in reports if not r.fits
     ]
     if host.dram_bytes > host.dram_capacity_bytes:
-        out.append(f"host DRAM needs {host.dram_bytes / gb:.1f} GB per node, {host.dram_capacity_bytes / gb:.1f} GB usable")
+        out.append(f"host DRAM needs {host.dram_bytes / gb:.1f} GB per node, "
+                   f"{host.dram_capacity_bytes / gb:.1f} GB usable")
     if host.nvme_bytes > host.nvme_capacity_bytes:
         out.append(f"NVMe needs {host.nvme_bytes / gb:.1f} GB per node, has {host.nvme_capacity_bytes / gb:.1f} GB")
     return out

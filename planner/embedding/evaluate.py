@@ -139,7 +139,8 @@ class EmbeddingCostModel:
     def hbm_budget(self, pool: int) -> float:
         """HBM bytes a rank of `pool` has left for embedding units (reserve and fragmentation taken)."""
         c = self.catalog
-        capacity = self.sites.device(pool).hbm_bytes * (1.0 - self.job.memory_margin) - c.constant("memory_reserve_bytes")
+        capacity = (self.sites.device(pool).hbm_bytes * (1.0 - self.job.memory_margin)
+                    - c.constant("memory_reserve_bytes"))
         return capacity / (1.0 + c.constant("memory_fragmentation")) - self.dense[pool].hbm_bytes
 
     @cached_property

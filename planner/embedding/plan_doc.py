@@ -27,7 +27,8 @@ class EmbeddingCompileOptions(BaseModel):
     """What the embedding compile was asked (part of the inputs digest)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    strategy: EmbeddingStrategyName = Field("planner", description="planner (the compiler) or greedy-torchrec-style (planner's own greedy).")
+    strategy: EmbeddingStrategyName = Field("planner", description="planner (the compiler) or greedy-torchrec-style "
+                                            "(planner's own greedy).")
     time_limit: float = Field(60.0, gt=0, description="CP-SAT deterministic work budget (about seconds).")
 
 
@@ -54,7 +55,8 @@ class EmbeddingPlan(BaseModel):
     strategy: EmbeddingStrategyName = Field(description="Who planned it.")
     solver: EmbeddingSolver = Field(description="How good the plan is known to be.")
     estimate: EmbeddingEstimate = Field(description="The cost model's evaluation.")
-    baseline: EmbeddingEstimate | None = Field(description="The greedy TorchRec-style plan's evaluation (planner's own greedy, not TorchRec's planner).")
+    baseline: EmbeddingEstimate | None = Field(description="The greedy TorchRec-style plan's evaluation (planner's own "
+                                                           "greedy, not TorchRec's planner).")
     sharding: ShardingPlanFile = Field(description="Per-table sharding (TorchRec ParameterSharding fields).")
 
 

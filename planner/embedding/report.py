@@ -100,8 +100,8 @@ def estimate_summary(estimate, title: str) -> str:
              f"step time    {e.step_time_s * 1e3:.3f} ms", ""]
     rows = [[label, f"{getattr(e.breakdown, key) * 1e3:.3f}"] for key, label in _TERMS]
     lines += [md_table(["term", "ms"], rows, right=(1,)), "",
-              f"memory       peak HBM {e.peak_hbm_bytes / GB:.1f} GB per GPU, peak host {e.peak_host_bytes / GB:.1f} GB "
-              f"per node", f"fits: {'yes' if e.fits else 'no'}"]
+              f"memory       peak HBM {e.peak_hbm_bytes / GB:.1f} GB per GPU, "
+              f"peak host {e.peak_host_bytes / GB:.1f} GB per node", f"fits: {'yes' if e.fits else 'no'}"]
     lines += [f"  - {problem}" for problem in e.problems[:8]]
     if len(e.problems) > 8:
         lines.append(f"  - ... and {len(e.problems) - 8} more")

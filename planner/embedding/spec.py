@@ -41,7 +41,8 @@ def parse_embedding_spec(spec: str) -> TableOption:
         shards = int(shards_text) if shards_text else (2 if kind == ShardingType.COLUMN_WISE else 1)
         cache = float(values["cache"])
     except ValueError:
-        raise PlannerInputError(f"strategy: expected sharding=column_wise/<int> and cache=<float>, got {spec!r}") from None
+        raise PlannerInputError("strategy: expected sharding=column_wise/<int> and cache=<float>, "
+                                f"got {spec!r}") from None
     if (shards > 1) != (kind == ShardingType.COLUMN_WISE) or not 0.0 <= cache <= 1.0:
         raise PlannerInputError(f"strategy: {spec!r}: /K only with column_wise, cache between 0 and 1")
     if kind == ShardingType.DATA_PARALLEL and cache < 1.0:

@@ -42,7 +42,8 @@ def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, i
         "# " + comment(f"{RELEASE} launch for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}"),
         f"# {plan.job.num_gpus} ranks = {nnodes} node(s) x {nproc} processes. Run it on EVERY node, from the plan",
         "# folder (bash megatron/launch.sh), with the same MASTER_ADDR, MASTER_PORT and RUN_ID everywhere and",
-        "# MEGATRON_DIR set (or compile --megatron-dir). Extra arguments go to pretrain_gpt.py (a flag given again overrides args.txt).",
+        "# MEGATRON_DIR set (or compile --megatron-dir). Extra arguments go to pretrain_gpt.py (a flag given again "
+        "overrides args.txt).",
         "set -euo pipefail",
         HERE,
         f"megatron_dir={inputs.shell('megatron_dir')}",

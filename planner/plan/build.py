@@ -153,7 +153,8 @@ def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[Ra
     blocks = tuple(sorted({layer.block for layer in layers if layer.block is not None}))
     hbm = HbmBreakdown(**report.model_dump(include=set(HbmBreakdown.model_fields)))
     return PlanStage(
-        index=report.stage, blocks=list(report.blocks), chunks=stage_chunks(strategy, report.stage, list(report.blocks)),
+        index=report.stage, blocks=list(report.blocks),
+        chunks=stage_chunks(strategy, report.stage, list(report.blocks)),
         layers=len(layers),
         first_layer=layers[0].name if layers else "", last_layer=layers[-1].name if layers else "",
         pools=[span.pool for span in spans], device=report.device,

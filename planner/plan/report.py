@@ -118,8 +118,8 @@ def _stages_table(plan: Plan) -> str:
          f"{1e3 * st.microbatch_time_s:.2f}"]
         for st in plan.stages
     ]
-    return md_table(["stage", "blocks", "layers", "pool / device", "ranks", "recompute blocks", "HBM GB used / capacity",
-                      "micro-batch ms"], rows, right=(2, 5, 6, 7))
+    return md_table(["stage", "blocks", "layers", "pool / device", "ranks", "recompute blocks",
+                     "HBM GB used / capacity", "micro-batch ms"], rows, right=(2, 5, 6, 7))
 
 
 def _memory_table(plan: Plan) -> str:

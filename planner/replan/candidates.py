@@ -227,7 +227,8 @@ def _keeps_layout(job: Job, old: Strategy) -> tuple[Job, Strategy] | None:
 
 
 def _candidates(job: Job, options: CompileOptions, old: Strategy, best: CompileResult,
-                aware: CompileResult | None, surcharge: MigrationSurcharge | None) -> list[tuple[Source, Strategy, Job]]:
+                aware: CompileResult | None,
+                surcharge: MigrationSurcharge | None) -> list[tuple[Source, Strategy, Job]]:
     out: list[tuple[Source, Strategy, Job]] = [("optimum", best.strategy, job)]
     if aware is not None:
         out.append(("least total", aware.strategy, job))

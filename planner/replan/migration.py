@@ -16,10 +16,10 @@ achieved rate: a GPU's NVLink port in and out (the node's intra link x hardware 
 nvlink_efficiency), a node's NICs in and out (the cluster's inter-node rate x network_efficiency; a
 node's NICs carry both its fabric receives and its checkpoint reads), and the checkpoint reads: each
 node's at hardware constants' checkpoint_read_bandwidth_per_node, or with --checkpoint-bandwidth all of
-them through one storage port at that aggregate rate.  The time is the busiest port's bytes / rate.  When reading every remote byte from the
-checkpoint would be faster than the fabric (a slow fabric, fast storage), the route switches to
-`storage` for them.  Latency, congestion beyond the fabric's oversubscription, and the restart itself
-(process launch, rendezvous, compilation: the same for every candidate) are left out.
+them through one storage port at that aggregate rate.  The time is the busiest port's bytes / rate.  When
+reading every remote byte from the checkpoint would be faster than the fabric (a slow fabric, fast storage),
+the route switches to `storage` for them.  Latency, congestion beyond the fabric's oversubscription, and the
+restart itself (process launch, rendezvous, compilation: the same for every candidate) are left out.
 
 `restart` is what the emitted launch files do: every new rank reads its whole state from the checkpoint
 (torch.distributed.checkpoint resharding on load, DeepSpeed's universal checkpoint, Megatron's torch_dist

@@ -78,7 +78,8 @@ def spec_config(path: Path) -> TransformerConfig:
     return config
 
 
-def synthetic_batch(step: int, *, batch: int, seq_len: int, vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(step: int, *, batch: int, seq_len: int, vocab: int,
+                    seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, labels) of the global batch of `step`: sequences that follow a fixed permutation."""
     perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 1 + step)

@@ -444,7 +444,8 @@ def _group_result(search: _Search, grouped: GroupSearch, configurations: int) ->
                            f"against the search's {grouped.objective:.6g} s")
     return CompileResult(strategy=None, estimate=None,
                          certificate=_certificate(search, grouped.objective, grouped.bound, configurations),
-                         runners_up=_best_runners_up(search, exclude=None), groups=estimate, group_results=grouped.results)
+                         runners_up=_best_runners_up(search, exclude=None), groups=estimate,
+                         group_results=grouped.results)
 
 
 def _certificate(search: _Search, objective: float, other_bound: float, configurations: int) -> Certificate:

@@ -76,7 +76,8 @@ def compute_floor(job: Job, pool: str, batch: int, catalog: Catalog) -> float:
     """Seconds no plan of `batch` sequences on `pool` beats: its FLOPs at the best GEMM rate of every GPU."""
     node = job.cluster.pool(pool)
     device = catalog.node_device(node.node)
-    rate = max(device.peak_flops.values()) * device.throughput_scale * max(s.efficiency for s in device.matmul_efficiency)
+    rate = (max(device.peak_flops.values()) * device.throughput_scale
+            * max(s.efficiency for s in device.matmul_efficiency))
     if job.precision == "fp8":
         rate *= catalog.constant("fp8_gemm_speedup_cap")
     flops = batch * job.seq_len * job.model.model_flops_per_token(job.seq_len)

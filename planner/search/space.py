@@ -270,7 +270,8 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
         "selective_recompute": options.selective_recompute and space.selective_recompute,
         "tp_overlap": options.tp_overlap and space.tp_overlap,
         "micro_batches_cover_stages": options.micro_batches_cover_stages or space.one_f_one_b_needs_stages,
-        "recompute_counts": _stricter(options.recompute_counts, space.recompute_layers, ("per_stage", "uniform", "all")),
+        "recompute_counts": _stricter(options.recompute_counts, space.recompute_layers,
+                                      ("per_stage", "uniform", "all")),
     }
     if "interleaved" not in space.schedules:
         update["max_vpp"] = 1

@@ -41,8 +41,9 @@ def _candidates(job: Job, config: Strategy, space: SpaceOptions):
     """The configuration with nothing and with every block recomputed, under its own placement and under the
     offload variant that frees the most HBM, each as an even split the space allows."""
     variants = placement_variants(job, config, space, offload=space.offload_search == "always")
-    lightest = max(variants, key=lambda v: ({"none": 0, "optimizer": 1, "params": 1, "all": 2}[v.get("offload", "none")],
-                                             -v.get("offload_ratio", 1.0)))
+    lightest = max(variants,
+                   key=lambda v: ({"none": 0, "optimizer": 1, "params": 1, "all": 2}[v.get("offload", "none")],
+                                  -v.get("offload_ratio", 1.0)))
     # as the programs write a plan: the split, and each stage's recomputed blocks per chunk
     split = tuple(len(b) for b in split_blocks(job.model.num_blocks, config.pp, None)) if config.pp > 1 else None
     every = {"recompute": "full", "recompute_layers": tuple(n // config.vpp for n in split or (job.model.num_blocks,))}

@@ -33,7 +33,8 @@ class StageTimes(BaseModel):
     compute_s: float = Field(description="Forward and backward passes (with exposed TP/CP/EP collectives), seconds.")
     p2p_s: float = Field(description="Compute stream blocked by pipeline sends, seconds.")
     dp_wait_s: float = Field(description="Compute stream waiting for ZeRO gathers, seconds.")
-    bubble_s: float = Field(description="Compute stream idle waiting for other stages (fill, drain, imbalance), seconds.")
+    bubble_s: float = Field(description="Compute stream idle waiting for other stages (fill, drain, imbalance), "
+                                        "seconds.")
     utilisation: float = Field(description="compute_s / simulated step time.")
     analytic_microbatch_s: float = Field(description="The analytic per-micro-batch time of the stage, seconds.")
     peak_bytes: float = Field(description="Simulated HBM peak per GPU, bytes.")

@@ -43,5 +43,6 @@ def simulate(job: Job, strategy: Strategy, catalog: Catalog | None = None) -> Si
     tasks, ops = build_graph(works, s.pipeline_schedule, m, s.vpp)
     timeline = run(tasks, catalog.constant("comm_overlap_efficiency"))
     return SimulationRun(job=job, strategy=s, micro_batches=m, works=works, ops=ops, timeline=timeline,
-                         analytic=evaluate(job, s, catalog=catalog), reserve_bytes=catalog.constant("memory_reserve_bytes"),
+                         analytic=evaluate(job, s, catalog=catalog),
+                         reserve_bytes=catalog.constant("memory_reserve_bytes"),
                          fragmentation=catalog.constant("memory_fragmentation"))

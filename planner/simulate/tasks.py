@@ -241,7 +241,8 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
     strategy = strategy.for_stage(stage.index)  # the stage's own offload / regather, as stage_cost prices it
     modes = [strategy.layer_recompute(layer.block, stage.index, stage.blocks) for layer in stage.layers]
     groups = stage_groups(job, strategy, stage.site)
-    layers = [layer_work(layer, mode, job, strategy, stage, groups, catalog) for layer, mode in zip(stage.layers, modes)]
+    layers = [layer_work(layer, mode, job, strategy, stage, groups, catalog)
+              for layer, mode in zip(stage.layers, modes)]
     units, blocks_of = merge_units(layers, [layer.block for layer in stage.layers])
     units = price_units(units, job, strategy, stage, groups, cost, catalog)
     fraction = catalog.constant("pp_p2p_exposed_fraction")

@@ -22,9 +22,10 @@ from planner.sweep.tasks import SweepTask, TaskResult
 # the confidence flag say why a row is what it is (planner.compare.table.CompareRow documents each); torchrec_model_s:
 # a recommendation plan's seconds in TorchRec's own estimators, beside step_time_s in planner's model.
 RESULT_FIELDS = ("scenario", "model", "cluster", "nodes", "gpus", "batch", "seq_len", "precision", "strategy",
-                 "runtime", "gpus_used", "applicable", "fits", "step_time_s", "torchrec_model_s", "tokens_per_s_per_gpu",
-                 "unit", "mfu", "peak_hbm_bytes", "hbm_capacity_bytes", "host_bytes", "nvme_bytes", *BREAKDOWN_TERMS,
-                 "solver_status", "gap", "extrapolated", "confidence", "spec", "why", "source")
+                 "runtime", "gpus_used", "applicable", "fits", "step_time_s", "torchrec_model_s",
+                 "tokens_per_s_per_gpu", "unit", "mfu", "peak_hbm_bytes", "hbm_capacity_bytes", "host_bytes",
+                 "nvme_bytes", *BREAKDOWN_TERMS, "solver_status", "gap", "extrapolated", "confidence", "spec", "why",
+                 "source")
 TIMING_FIELDS = ("scenario", "model", "cluster", "batch", "seq_len", "strategy", "planning_s", "task_s", "worker")
 
 

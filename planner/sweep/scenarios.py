@@ -105,8 +105,8 @@ class SweepSpec(BaseModel):
                               "records it).")
     scenarios: list[ExtraScenario] = Field(default_factory=list, description="Explicit scenarios outside the grid.")
     title: str | None = Field(None, description="Heading of summary.md and report.md; default: the file name.")
-    simulate: bool = Field(False, strict=True, description="Also simulate each scenario's planner plan (`planner simulate`) "
-                           "and report the agreement with the analytic step in report.md.")
+    simulate: bool = Field(False, strict=True, description="Also simulate each scenario's planner plan "
+                           "(`planner simulate`) and report the agreement with the analytic step in report.md.")
 
     @field_validator("runtime")
     @classmethod
@@ -329,8 +329,8 @@ class SweepTasks:
         try:
             return Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
                        flash_attention=self.spec.flash_attention, runtime=self._runtime(graph),
-                       memory_margin=(load_catalog().constant("memory_margin_default") if self.spec.memory_margin is None
-                                      else self.spec.memory_margin))
+                       memory_margin=(load_catalog().constant("memory_margin_default")
+                                      if self.spec.memory_margin is None else self.spec.memory_margin))
         except ValidationError as err:
             why = "; ".join(e["msg"].removeprefix("Value error, ") for e in err.errors())
             raise PlannerInputError(f"{self.path}: {where}: {why}") from None

@@ -31,7 +31,8 @@ def coverage(results: list[bench.Result]) -> dict:
     """The validated regime of the rows within TOLERANCE."""
     good = [r for r in results if r.error is not None and abs(r.error) <= TOLERANCE]
     out: dict = {"tolerance": TOLERANCE, "rows": sorted(int(r.case.row["id"]) for r in good)}
-    for key, of in (("runtimes", lambda r: r.case.runtime), ("devices", lambda r: r.estimate.memory.per_stage[0].device),
+    for key, of in (("runtimes", lambda r: r.case.runtime),
+                    ("devices", lambda r: r.estimate.memory.per_stage[0].device),
                     ("precisions", lambda r: r.case.job.precision)):
         table: dict[str, list[int]] = {}
         for r in good:

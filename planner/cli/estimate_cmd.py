@@ -1,0 +1,110 @@
+"""`planner estimate`: score one strategy on one job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from hardware import load_cluster
+from models import load_model
+from planner.cli import render
+from planner.cli.options import (Infeasible, InputError, emit_json, job_options, json_option, memory_margin_option,
+                                 runtime_option, user_errors)
+from planner.cost import evaluate, refusals
+from planner.job import Job
+from planner.profile import CLI_RUNTIME, load_runtime
+from planner.strategy import parse_strategy
+from planner.validation import check_strategy
+
+
+# ---------------------------------------------------------------- estimate
+
+
+@click.command()
+@click.argument("model")
+@click.argument("cluster")
+@job_options
+@click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
+              help="Comma-separated key=value: tp, pp, dp, cp, ep, etp, mbs, vpp, sp, zero, shard, recompute, "
+                   "recompute_layers, offload, offload_device, offload_ratio, regather, schedule, tp_overlap, "
+                   "ep_overlap, split, "
+                   "stage_pools (offload, offload_device, offload_ratio and regather also one value per stage: "
+                   "a/b/...). Omitted keys take their defaults; dp is derived from the GPU count.")
+@click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              metavar="FILE", help="Recommendation models: score this sharding_plan.json (or plan.json).")
+@runtime_option("Score the strategy as this framework runs it (its memory layout, overlap, kernels); exit 2 when "
+                "it cannot run the strategy at all; default: planner's runtime")
+@memory_margin_option(0.0)
+@json_option
+@user_errors
+def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+             moe_routing: str,
+             spec: str, sharding_file: Path | None, runtime: str | None, memory_margin: float, as_json: bool) -> None:
+    """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
+
+    Exits 1 (after printing the report) when the strategy does not fit in memory.
+
+    \b
+    Examples:
+        planner estimate llama3-8b dgx-h100:1 --batch 8 --seq-len 8192 \\
+            --strategy tp=2,zero=3,mbs=1,recompute=selective
+        planner estimate llama3-70b dgx-h100:8 -b 512 -s 4096 --runtime megatron \\
+            --strategy tp=8,pp=4,vpp=2,sp=on,recompute=selective --json
+        planner estimate llama3-70b dgx-h100:32 -b 1024 -s 8192 --runtime megatron \\
+            --strategy tp=4,sp=on,zero=1,recompute=full,recompute_layers=26
+        planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 \\
+            --strategy sharding=row_wise,cache=0.2
+        planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --sharding out/dlrm/sharding_plan.json
+
+    Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
+    """
+    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
+              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
+              memory_margin=memory_margin)
+    if job.model.family == "recsys":
+        _estimate_embedding(job, spec, sharding_file, as_json)
+        return
+    if sharding_file is not None:
+        raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
+    job = job.on(load_runtime(runtime or CLI_RUNTIME))
+    strategy = check_strategy(job, parse_strategy(spec))
+    missing = refusals(job, strategy)
+    if missing:
+        raise InputError(f"--runtime {job.runtime.name}: {job.runtime.name} cannot run {'; '.join(missing)} "
+                         f"(hardware/data/runtimes/{job.runtime.name}.yaml, space); --runtime reference costs "
+                         "any strategy")
+    result = evaluate(job, strategy)
+    if as_json:
+        emit_json(result.model_dump(mode="json"))
+    else:
+        kernel = "" if flash_attention else ", no flash attention"
+        title = (f"{job.model.name} on {job.cluster.describe()}\n"
+                 f"batch {batch} x {seq_len} tokens, {precision}{kernel}, {job.runtime.name} runtime")
+        click.echo(render.estimate_report(result, title))
+    if not result.memory.fits:
+        raise Infeasible(f"does not fit: {'; '.join(result.memory.reasons) or 'memory exceeds capacity'}")
+
+
+def _estimate_embedding(job: Job, spec: str, sharding_file: Path | None, as_json: bool) -> None:
+    """estimate for a recommendation model: the embedding cost model on a uniform SPEC or a plan file."""
+    from planner.embedding.evaluate import EmbeddingCostModel
+    from planner.embedding.report import estimate_summary
+    from planner.embedding.spec import file_placements, parse_embedding_spec, uniform_placements
+
+    if sharding_file is not None and spec.strip():
+        raise InputError(f"--strategy {spec!r} and --sharding {sharding_file}: give one (the file holds every "
+                         "table's sharding)")
+    model = EmbeddingCostModel(job)
+    if sharding_file is not None:
+        placements = file_placements(model, sharding_file)
+    else:
+        placements = uniform_placements(model, parse_embedding_spec(spec))
+    result = model.evaluate(placements)
+    if as_json:
+        emit_json(result.model_dump(mode="json"))
+    else:
+        title = f"{job.model.name} on {job.cluster.describe()}\nbatch {job.global_batch} samples"
+        click.echo(estimate_summary(result, title))
+    if not result.fits:
+        raise Infeasible(f"does not fit: {result.problems[0]}")
