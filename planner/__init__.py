@@ -1,6 +1,17 @@
 """planner: a constraint-optimization plan compiler for distributed deep-learning training.
 
-The data path, and the package of each step (lower layers never import higher ones: tests/test_architecture.py):
+The entry points (planner/api.py; the command line only parses, calls them and prints)::
+
+    import planner
+
+    job = planner.load_job("llama3-8b", "dgx-h100:1", batch=8, seq_len=8192)
+    planner.estimate(job, "tp=2,sp=on,zero=3").step_time_s     # one strategy, costed
+    compiled = planner.compile(job, targets=("megatron",))       # the fastest plan that fits, certified
+    compiled.write("out/llama3-8b")                              # plan.json, report.md, megatron/
+    planner.compare_baselines(job, only=("megatron", "zero3", "planner"))  # baselines beside the plan
+
+The data path, and the package of each step (lower layers never import higher ones: pyproject.toml's
+import-linter contract):
 
     planner.cli          parse MODEL, CLUSTER, SPEC; print; map typed errors to exit codes
       -> planner.job      Job (models.ModelGraph + hardware.Cluster + batch, sequence, precision)
@@ -15,4 +26,19 @@ The data path, and the package of each step (lower layers never import higher on
     plan), planner.sweep (grids of comparisons), planner.runtime (our torch trainer that runs a plan).
 """
 
-__version__ = "0.1.0"
+from typing import Any
+
+from planner.version import __version__
+
+# not job or compare: planner.job and planner.compare are modules
+__all__ = ["Compiled", "DEFAULT_RUNTIME", "__version__", "compare_baselines", "compile", "estimate", "load_job"]
+
+
+def __getattr__(name: str) -> Any:
+    # the entry points load the whole library (solver, cost model, emitters): only when first asked for, so
+    # that `import planner` (and `planner --help`) stays light
+    if name in __all__:
+        from planner import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from planner import __version__
+from planner.version import __version__
 from planner.cli.signals import interrupted_by_sigint
 from planner.cli.text import one_line, printable
 

@@ -9,17 +9,12 @@ from pathlib import Path
 
 import click
 
-from hardware import load_cluster
-from models import load_model
+from planner import api
 from planner.cli import render
-from planner.cli.options import (finite_seconds, job_options, json_option, margin_or_default, memory_margin_option,
-                                 runtime_option, user_errors)
-from planner.compare.plugins import load_strategies
+from planner.cli.options import (finite_seconds, job_options, json_option, memory_margin_option, runtime_option,
+                                 user_errors)
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
-from planner.compare.table import (BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow,
-                                   compare)
-from planner.emit import primary_runtime
-from planner.job import Job
+from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
 from planner.profile import load_runtime
 
@@ -156,17 +151,13 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     for path in (csv_path, plot_path):
         if path is not None:
             check_file_target(path)  # before minutes of solving, not after
-    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
-              memory_margin=margin_or_default(memory_margin))
-    if job.model.family != "recsys":  # recommendation models have the embedding cost model, no runtime profile
-        name, note = (runtime, None) if runtime else primary_runtime((), bool(job.model.num_experts))
-        if note:
-            click.echo(f"note: {note}", err=True)
-        job = job.on(load_runtime(name))
-    names, plugins = (load_strategies(strategies_file, tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
-                      if strategies_file is not None else ((), ()))
-    rows = compare(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
+    job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
+                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       runtime=runtime)
+    note = None if runtime or job.model.family == "recsys" else api.default_runtime(job)[1]
+    if note:
+        click.echo(f"note: {note}", err=True)
+    rows = api.compare_baselines(job, only=only, strategies_file=strategies_file, time_limit=time_limit)
     labels = {"model": job.model.name, "cluster": cluster, "batch": batch, "seq_len": seq_len, "precision": precision}
     if as_json:
         click.echo(json.dumps([{**labels, **r.as_dict()} for r in rows], indent=2))

@@ -1,8 +1,8 @@
 """`planner compile` and `planner schema`: parse, call the library, print or write.
 
-`compile` searches the strategy space (`planner.search.compile.compile_job`), turns
-the result into a Plan (`planner.plan.build_plan`) and prints a summary, the
-`--json` object, or writes plan.json, report.md and its figures into `-o DIR` atomically.
+`compile` calls the library's `planner.compile` (planner/api.py: the search, the Plan,
+each target's checked launch files) and prints a summary or the `--json` object, or
+writes plan.json, report.md, its figures and launch folders into `-o DIR` atomically.
 Search progress (incumbent and bound) goes to stderr when stderr is a
 terminal, or with `--progress`.
 """
@@ -14,30 +14,21 @@ from pathlib import Path
 
 import click
 
-from hardware import load_cluster
 from hardware.topology import ClusterFile
-from models import load_model
 from models.graph import ModelGraph
+from planner import api
 from planner.cli import render
-from planner.cli.compile_embedding import run_embedding_compile
 from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, emit_json, finite_seconds, job_options, json_option,
-                                 launch_options, margin_or_default, memory_margin_option, output_dir_path,
-                                 runtime_option, user_errors)
+                                 launch_options, memory_margin_option, output_dir_path, runtime_option, user_errors)
+from planner.embedding.plan_doc import EmbeddingPlan
+from planner.embedding.report import summary as embedding_summary
+from planner.emit import DEFAULT_TARGETS, TARGETS
+from planner.emit.inputs import LaunchInputs, checkpoints_inside
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.fields import fields_with
-from planner.job import Job
-from planner.plan.output import check_output_dir, write_outputs
-from planner.plan.groups import build_plan
-from planner.plan.schema import plan_json, plan_json_schema
-from planner.plan.report import render_report
-from planner.plan.plots import MEMORY_PNG, TIME_PNG, report_plots
-from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, TARGETS, available_targets, primary_runtime
-from planner.emit.check import emit_checked
-from planner.emit.inputs import LaunchInputs, checkpoints_inside, inputs_section
-from planner.profile import load_runtime
-from planner.search.compile import compile_job
-from planner.search.result import CompileOptions
-from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.plan.output import check_output_dir
+from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG
+from planner.plan.schema import plan_json_schema
 from planner.strategy import parse_int, spec_kind
 
 _FIXABLE = fields_with("fixable")  # the search's global keys (planner.fields)
@@ -139,86 +130,44 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     """
     if out_dir is not None:
         check_output_dir(out_dir, force)  # before the search, not after it
-    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
-              memory_margin=margin_or_default(memory_margin))
-    if job.model.family == "recsys":
-        chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
-        # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
-        run_embedding_compile(job, strategy=embedding_planner, time_limit=work_limit or time_limit, out_dir=out_dir,
-                              force=force, progress=_progress(progress), as_json=as_json, targets=chosen,
-                              inputs=inputs)
-        return
-    if embedding_planner != "planner":
-        raise click.BadParameter(f"{embedding_planner} plans the tables of recommendation models; {job.model.name} "
-                                 "has none", param_hint="--embedding-planner")
-    if out_dir is not None:
         inside = checkpoints_inside(inputs, out_dir, targets or DEFAULT_TARGETS)
         if inside is not None:
             raise PlannerInputError(inside)
-    explicit_targets = bool(targets)
-    runtime_name, note = (runtime, None) if runtime else primary_runtime(targets, bool(job.model.num_experts))
-    if note:
-        click.echo(f"note: {note}", err=True)
-    job = job.on(load_runtime(runtime_name))
-    space = SpaceOptions(fixed=_parse_fixed(fixed), offload_search=offload_search)
-    narrowed: list[str] = []
-    if explicit_targets:
-        # one plan every named target can express: the intersection of their spaces (a target whose runtime
-        # cannot run the model at all is skipped at emit time instead)
-        space = space.model_copy(update={"replica_groups": False})
-        for target in targets:
-            profile = load_runtime(TARGET_RUNTIMES[target])
-            if profile.space.moe or not job.model.num_experts:
-                space = narrow_to_runtime(space, profile, job)
-                narrowed.append(profile.name)
-    others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)
-    options = CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit,
-                             work_limit=work_limit, space=space,
-                             space_runtimes=others)
-    targets = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
-    missing = [t for t in targets if t not in available_targets()]
-    if missing:
-        raise click.BadParameter(f"no emitter for {', '.join(missing)} in this build", param_hint="--target")
+    job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
+                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       runtime=runtime)
+    if not runtime and not targets and job.model.family != "recsys":
+        note = api.default_runtime(job)[1]
+        if note:
+            click.echo(f"note: {note}", err=True)
     try:
-        result = compile_job(job, options, progress=_progress(progress))
+        compiled = api.compile(job, targets=targets, runtime=runtime, fixed=_parse_fixed(fixed), objective=objective,
+                               max_step_time=max_step_time, time_limit=time_limit, work_limit=work_limit,
+                               offload_search=offload_search, embedding_planner=embedding_planner,
+                               progress=_progress(progress))
     except InfeasibleError as err:
         raise Infeasible(str(err)) from None  # keeps the explanation's lines
-    plan = build_plan(job, result, options)
-    wall = result.certificate.wall_s
+    for note in compiled.notes:
+        click.echo(f"note: {note}", err=True)
     if as_json:
-        data = (result.estimate or result.groups).model_dump(mode="json")
-        cert = result.certificate
-        data["solver"] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound, "gap": cert.gap,
-                          "wall_s": wall, "time_limit_s": None if work_limit else time_limit,
-                          "work_limit_s": work_limit, "stopped": cert.stopped,
-                          "reproducible": cert.stopped is None}
-        data["plan"] = plan.model_dump(mode="json")
-        emit_json(data)
+        emit_json(compiled.as_json(time_limit=time_limit, work_limit=work_limit))
+    elif isinstance(compiled.plan, EmbeddingPlan):
+        click.echo(embedding_summary(compiled.plan, compiled.wall_s))
     else:
-        click.echo(render.compile_summary(plan, wall))
-    if out_dir is not None:
-        files = {"plan.json": plan_json(plan)}
-        checks, refused = [], []
-        for target in targets:  # each target's written strategy is costed under its runtime before its files
-            check, target_files = emit_checked(plan, job, target, inputs)
-            checks.append(check)
-            if check.status == "written":
-                files.update(target_files)
-            elif check.status == "refused" and explicit_targets:
-                refused.append(check.line)
-            else:  # a target that cannot express the plan, or a default target that would not hold it
-                click.echo(f"note: no {target}/ files: {check.why}", err=True)
-        if refused:  # nothing is written: the named targets' files would not run the plan as costed
-            raise Infeasible("\n".join(refused))
-        targets = tuple(c.target for c in checks if c.status == "written")
-        files["report.md"] = render_report(plan, targets, plots=True, checks=tuple(checks),
-                                           launch_inputs=inputs_section(inputs, targets))
-        files.update(report_plots(plan))
-        write_outputs(out_dir, files, force=force)
-        folders = "".join(f", {t}/" for t in targets)
-        click.echo(f"wrote {out_dir}: plan.json, report.md, {MEMORY_PNG}, {TIME_PNG}{folders} "
-                   f"(search {wall:.2f} s)", err=True)
+        click.echo(render.compile_summary(compiled.plan, compiled.wall_s))
+    if out_dir is None:
+        return
+    shown = len(compiled.notes)
+    try:
+        compiled.write(out_dir, inputs=inputs, force=force)
+    except InfeasibleError as err:  # a named target would not run the plan as costed: nothing is written
+        raise Infeasible(str(err)) from None
+    for note in compiled.notes[shown:]:
+        click.echo(f"note: {note}", err=True)
+    listed = ("plan.json, sharding_plan.json, report.md, " + RANKS_PNG if isinstance(compiled.plan, EmbeddingPlan)
+              else f"plan.json, report.md, {MEMORY_PNG}, {TIME_PNG}")
+    folders = "".join(f", {t}/" for t in compiled.written)
+    click.echo(f"wrote {out_dir}: {listed}{folders} (search {compiled.wall_s:.2f} s)", err=True)
 
 
 _SCHEMAS = {

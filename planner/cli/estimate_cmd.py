@@ -6,16 +6,11 @@ from pathlib import Path
 
 import click
 
-from hardware import load_cluster
-from models import load_model
+from planner import api
 from planner.cli import render
 from planner.cli.options import (Infeasible, InputError, emit_json, job_options, json_option, memory_margin_option,
                                  runtime_option, user_errors)
-from planner.cost import evaluate, refusals
 from planner.job import Job
-from planner.profile import CLI_RUNTIME, load_runtime
-from planner.strategy import parse_strategy
-from planner.validation import check_strategy
 
 
 # ---------------------------------------------------------------- estimate
@@ -34,7 +29,8 @@ from planner.validation import check_strategy
 @click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               metavar="FILE", help="Recommendation models: score this sharding_plan.json (or plan.json).")
 @runtime_option("Score the strategy as this framework runs it (its memory layout, overlap, kernels); exit 2 when "
-                "it cannot run the strategy at all; default: planner's runtime")
+                "it cannot run the strategy at all; default: planner's runtime (megatron for mixture-of-experts "
+                "models, which it cannot run)")
 @memory_margin_option(0.0)
 @json_option
 @user_errors
@@ -59,22 +55,18 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
 
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
-    job = Job(model=load_model(model), cluster=load_cluster(cluster), global_batch=batch, seq_len=seq_len,
-              precision=precision, flash_attention=flash_attention, moe_routing=moe_routing,
-              memory_margin=memory_margin)
+    job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
+                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       runtime=runtime)
     if job.model.family == "recsys":
         _estimate_embedding(job, spec, sharding_file, as_json)
         return
     if sharding_file is not None:
         raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
-    job = job.on(load_runtime(runtime or CLI_RUNTIME))
-    strategy = check_strategy(job, parse_strategy(spec))
-    missing = refusals(job, strategy)
-    if missing:
-        raise InputError(f"--runtime {job.runtime.name}: {job.runtime.name} cannot run {'; '.join(missing)} "
-                         f"(hardware/data/runtimes/{job.runtime.name}.yaml, space); --runtime reference costs "
-                         "any strategy")
-    result = evaluate(job, strategy)
+    note = None if runtime else api.default_runtime(job)[1]
+    if note:
+        click.echo(f"note: {note}", err=True)
+    result = api.estimate(job, spec)
     if as_json:
         emit_json(result.model_dump(mode="json"))
     else:

@@ -141,13 +141,6 @@ def memory_margin_option(default: float | None) -> Callable[[Callable[..., Any]]
                         help=f"Share of each GPU's HBM a plan must leave free (default: {shown}).")
 
 
-def margin_or_default(value: float | None) -> float:
-    """The --memory-margin given, or constants.yaml's default."""
-    from hardware import load_catalog
-
-    return load_catalog().constant("memory_margin_default") if value is None else value
-
-
 def output_dir_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
     """Callback of `-o DIR` options: the raw value checked before click turns '' into '.'; a leading `~` is the
     home directory, for the check and the write alike (a shell leaves a quoted '~/x' to us)."""

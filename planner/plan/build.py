@@ -12,7 +12,7 @@ import json
 from pydantic import BaseModel
 
 from hardware import Cluster
-from planner import __version__
+from planner.version import __version__
 from planner.cost.estimate import Estimate, HbmBreakdown, StageReport
 from planner.cost.evaluate import evaluate
 from planner.cost.layout import stage_layers

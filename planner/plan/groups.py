@@ -12,7 +12,7 @@ memory and the certificate of the whole search; `layout` is None and
 
 from __future__ import annotations
 
-from planner import __version__
+from planner.version import __version__
 from planner.cost.confidence import Confidence
 from planner.cost.groups import group_job
 from planner.job import Job

@@ -1,0 +1,260 @@
+"""The library's entry points: what `planner compile`, `estimate` and `compare` run, for a program to call.
+
+    import planner
+
+    job = planner.load_job("llama3-8b", "dgx-h100:1", batch=8, seq_len=8192)
+    print(planner.estimate(job, "tp=2,sp=on,zero=3").step_time_s)
+    compiled = planner.compile(job, targets=("torchtitan",))
+    compiled.write("out/llama3-8b")            # plan.json, report.md, its figures, torchtitan/
+    rows = planner.compare_baselines(job, only=("megatron", "planner"))
+
+The command line parses its arguments, calls these and prints what they return, so the same inputs give the
+same numbers here and there: the default runtime is planner's own (`DEFAULT_RUNTIME`; megatron for
+mixture-of-experts models, which it cannot run), `compile` leaves constants.yaml's memory margin free
+unless told otherwise, `estimate` none.  Errors are the library's typed ones (planner.errors, models and
+hardware input errors, pydantic ValidationError).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hardware import Cluster, load_catalog, load_cluster
+from models import ModelGraph, load_model
+from planner.compare.plugins import load_strategies
+from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
+from planner.cost import Estimate, evaluate, refusals
+from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
+from planner.embedding.plan_doc import EmbeddingCompileOptions, EmbeddingPlan, build_embedding_plan, to_json
+from planner.embedding.report import render_embedding_report
+from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, available_targets, primary_runtime
+from planner.emit.check import TargetCheck, emit_checked
+from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
+from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
+from planner.errors import InfeasibleError, PlannerInputError
+from planner.job import Job, Precision
+from planner.plan.groups import build_plan
+from planner.plan.output import write_outputs
+from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
+from planner.plan.report import LAUNCH_COMMANDS, render_report
+from planner.plan.schema import Plan, plan_json
+from planner.profile import CLI_RUNTIME, load_runtime
+from planner.search.compile import compile_job
+from planner.search.result import CompileOptions, CompileResult
+from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.strategy import Strategy, parse_strategy
+from planner.validation import check_strategy
+
+__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "load_job"]
+
+DEFAULT_RUNTIME = CLI_RUNTIME  # the runtime the library's entry points and the command line cost a job under
+Progress = Callable[[str], None]
+
+
+def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq_len: int,
+             precision: Precision = "bf16", flash_attention: bool = True, moe_routing: str = "learned",
+             memory_margin: float | None = None, runtime: str | None = None) -> Job:
+    """A job from a model (zoo name, spec file, HF config.json, or a graph) and a cluster (PRESET:NODES, a
+    cluster file, or a Cluster).  memory_margin None: constants.yaml's default (what `compile` leaves free);
+    runtime None: DEFAULT_RUNTIME, or megatron for a mixture-of-experts model."""
+    graph = load_model(model) if isinstance(model, str) else model
+    topology = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    margin = load_catalog().constant("memory_margin_default") if memory_margin is None else memory_margin
+    made = Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
+               flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=margin)
+    if graph.family == "recsys":
+        return made  # recommendation models have the embedding cost model, no runtime profile
+    return made.on(load_runtime(runtime or default_runtime(made)[0]))
+
+
+def default_runtime(job: Job, targets: tuple[str, ...] = ()) -> tuple[str, str | None]:
+    """(the runtime a job is costed under when none is named, a note saying why when it is not DEFAULT_RUNTIME):
+    the first named target's, else planner's own, else megatron's for a mixture-of-experts model."""
+    return primary_runtime(targets, bool(job.model.num_experts))
+
+
+def estimate(job: Job, strategy: str | Strategy = "", *, runtime: str | None = None) -> Estimate:
+    """Score one strategy (a SPEC string or a Strategy) on `job` under `runtime` (default: the job's)."""
+    costed = job.on(load_runtime(runtime)) if runtime else job
+    checked = check_strategy(costed, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
+    missing = refusals(costed, checked)
+    if missing:
+        name = costed.runtime.name
+        raise PlannerInputError(f"runtime {name} cannot run {'; '.join(missing)} (hardware/data/runtimes/{name}.yaml, "
+                                "space); the reference runtime costs any strategy")
+    return evaluate(costed, checked)
+
+
+@dataclass
+class Compiled:
+    """A compiled job: its plan and, on demand, the files `planner compile -o DIR` writes."""
+
+    job: Job
+    plan: Plan | EmbeddingPlan
+    result: Any  # CompileResult, or the embedding search's result
+    targets: tuple[str, ...]  # the launch targets asked for (the defaults when none was named)
+    explicit_targets: bool  # named by the caller: one that cannot hold the plan stops the write
+    notes: list[str] = field(default_factory=list)  # what the caller should be told (runtime choice, skipped targets)
+    checks: tuple[TargetCheck, ...] = ()  # each target's check, once files() has run
+
+    @property
+    def wall_s(self) -> float:
+        return self.result.certificate.wall_s
+
+    def as_json(self, *, time_limit: float | None = None, work_limit: float | None = None) -> dict[str, Any]:
+        """`planner compile --json`: the plan's estimate, the solver's certificate and the plan."""
+        cert = self.result.certificate
+        solver: dict[str, Any] = {"status": cert.status, "objective": cert.objective, "bound": cert.bound,
+                                  "gap": cert.gap, "wall_s": cert.wall_s}
+        if isinstance(self.plan, EmbeddingPlan):
+            data = self.result.estimate.model_dump(mode="json")
+            data["solver"] = solver
+            data["plan"] = self.plan.model_dump(mode="json", by_alias=True)
+            return data
+        data = (self.result.estimate or self.result.groups).model_dump(mode="json")
+        data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
+                          "stopped": cert.stopped, "reproducible": cert.stopped is None}
+        data["plan"] = self.plan.model_dump(mode="json")
+        return data
+
+    def files(self, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str | bytes]:
+        """Every file of the output folder by relative path: plan.json, report.md and its figures, and each
+        target's launch folder whose written strategy, costed under the target's runtime, holds the plan.
+        InfeasibleError when a named target would not run the plan as costed (nothing is written then)."""
+        if isinstance(self.plan, EmbeddingPlan):
+            return self._embedding_files(inputs)
+        files: dict[str, str | bytes] = {"plan.json": plan_json(self.plan)}
+        checks, refused = [], []
+        for target in self.targets:  # each target's written strategy is costed under its runtime first
+            check, target_files = emit_checked(self.plan, self.job, target, inputs)
+            checks.append(check)
+            if check.status == "written":
+                files.update(target_files)
+            elif check.status == "refused" and self.explicit_targets:
+                refused.append(check.line)
+            else:  # a target that cannot express the plan, or a default target that would not hold it
+                self.notes.append(f"no {target}/ files: {check.why}")
+        if refused:
+            raise InfeasibleError("\n".join(refused))
+        self.checks = tuple(checks)
+        written = self.written
+        files["report.md"] = render_report(self.plan, written, plots=True, checks=self.checks,
+                                           launch_inputs=inputs_section(inputs, written))
+        files.update(report_plots(self.plan))
+        return files
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """The targets whose launch folders files() wrote."""
+        if isinstance(self.plan, EmbeddingPlan):
+            return tuple(t for t in self.targets if t in DLRM_EMITTERS)
+        return tuple(c.target for c in self.checks if c.status == "written")
+
+    def _embedding_files(self, inputs: LaunchInputs) -> dict[str, str | bytes]:
+        plan = self.plan
+        files: dict[str, str | bytes] = {"plan.json": to_json(plan), "sharding_plan.json": to_json(plan.sharding),
+                                         RANKS_PNG: ranks_png(plan)}
+        for target in self.targets:
+            if target in DLRM_EMITTERS:
+                files.update(DLRM_EMITTERS[target](plan, self.job, inputs))
+            else:
+                self.notes.append(f"no {target}/ files: the {target} target does not run embedding-sharded "
+                                  f"recommendation models ({', '.join(DLRM_EMITTERS)} do)")
+        section = _embedding_launch_section(self.written, inputs)
+        files["report.md"] = render_embedding_report(plan, plots=True) + ("\n" + section if section else "")
+        return files
+
+    def write(self, out_dir: str | Path, *, inputs: LaunchInputs = LaunchInputs(), force: bool = False) -> None:
+        """Write files() to `out_dir` atomically (planner/plan/output.py); force replaces an earlier planner
+        output there (only the files its manifest lists)."""
+        out = Path(out_dir)
+        if not isinstance(self.plan, EmbeddingPlan):
+            inside = checkpoints_inside(inputs, out, self.targets)
+            if inside is not None:
+                raise PlannerInputError(inside)
+        write_outputs(out, self.files(inputs), force=force)
+
+
+def _embedding_launch_section(targets: tuple[str, ...], inputs: LaunchInputs) -> str:
+    """report.md's "Launch" section of a recommendation model's plan: the folders written and the launch inputs
+    they read."""
+    if not targets:
+        return ""
+    fields = tuple(dict.fromkeys(f for t in targets for f in DLRM_INPUTS[t]))
+    lines = ["## Launch", "", "From this directory:", "", "```", *(LAUNCH_COMMANDS[t] for t in targets), "```", ""]
+    if fields:
+        lines += ["Launch inputs (a value not given to `planner compile` is read from its environment variable "
+                  "when the files run):", "", *input_lines(inputs, fields), ""]
+    return "\n".join(lines)
+
+
+def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = None,
+            fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
+            time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
+            embedding_planner: EmbeddingStrategyName = "planner", progress: Progress | None = None) -> Compiled:
+    """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
+
+    targets: launch targets the plan must be expressible in (their spaces intersect; none named: the default
+    targets, written where they hold the plan).  runtime: the runtime the plan is costed under (default: the
+    first named target's, else the job's).  fixed: strategy keys the search must use (`--fix`).  work_limit:
+    CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  InfeasibleError when
+    nothing fits, with what does not fit where and the smallest change that would."""
+    explicit = bool(targets)
+    chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
+    missing = [t for t in chosen if t not in available_targets()]
+    if missing:
+        raise PlannerInputError(f"--target: no emitter for {', '.join(missing)} in this build")
+    if job.model.family == "recsys":
+        # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
+        budget = work_limit or time_limit
+        result = compile_embedding(job, strategy=embedding_planner, time_limit=budget, progress=progress)
+        plan = build_embedding_plan(job, result, EmbeddingCompileOptions(strategy=embedding_planner,
+                                                                         time_limit=budget))
+        return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit)
+    if embedding_planner != "planner":
+        raise PlannerInputError(f"--embedding-planner: {embedding_planner} plans the tables of recommendation "
+                                f"models; {job.model.name} has none")
+    notes: list[str] = []
+    if runtime:
+        job = job.on(load_runtime(runtime))
+    elif explicit:
+        name, note = default_runtime(job, targets)
+        job = job.on(load_runtime(name))
+        notes += [note] if note else []
+    options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search)
+    result: CompileResult = compile_job(job, options, progress=progress)
+    plan = build_plan(job, result, options)
+    return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
+
+
+def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,
+             max_step_time: float | None, time_limit: float, work_limit: float | None,
+             offload_search: str) -> CompileOptions:
+    """The search's options: one plan every named target can express (the intersection of their spaces; a
+    target whose runtime cannot run the model at all is skipped when the files are written instead)."""
+    space = SpaceOptions(fixed=fixed, offload_search=offload_search)
+    narrowed: list[str] = []
+    if targets:
+        space = space.model_copy(update={"replica_groups": False})
+        for target in targets:
+            profile = load_runtime(TARGET_RUNTIMES[target])
+            if profile.space.moe or not job.model.num_experts:
+                space = narrow_to_runtime(space, profile, job)
+                narrowed.append(profile.name)
+    others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)
+    return CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit,
+                          work_limit=work_limit, space=space, space_runtimes=others)
+
+
+def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: str | Path | None = None,
+            time_limit: float = 60.0) -> list[CompareRow]:
+    """Every applicable baseline (or those named in `only`) and the compiler's plan on `job`, each costed as
+    its framework runs it; strategies_file adds the named strategies of a YAML file (examples/strategies/)."""
+    names, plugins = ((), ())
+    if strategies_file is not None:
+        names, plugins = load_strategies(Path(strategies_file),
+                                         tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
+    return compare_rows(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
