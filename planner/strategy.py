@@ -216,12 +216,6 @@ class Strategy(BaseModel):
         return self.tp if self.etp is None else self.etp
 
     @property
-    def expert_dp(self) -> int:
-        """Ranks of a stage that hold the same expert shard (the expert data-parallel group, which shards its
-        optimizer states and reduces its gradients): tp x cp x dp / (etp x ep), at least 1."""
-        return max(1, self.tp * self.cp * (self.dp or 1) // (self.expert_tp * self.ep))
-
-    @property
     def pipeline_schedule(self) -> Schedule:
         """Resolved schedule."""
         if self.schedule is not None:

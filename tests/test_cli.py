@@ -298,3 +298,20 @@ def test_help_and_show_load_neither_the_solver_nor_the_cost_model():
     for args in (["--help"], ["show", "llama3-70b"], ["show", "dgx-h100:4"]):
         run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
         assert run.stdout.strip().splitlines()[-1] == "HEAVY []", (args, run.stdout[-500:], run.stderr[-500:])
+
+
+def test_every_help_example_parses_with_its_commands_options():
+    # each example's arguments are the command's own (tests/bench/help_examples.py runs them all): a renamed or
+    # removed option, or a value of the wrong type, fails here
+    import shlex
+
+    from benches import load_bench
+
+    bench = load_bench("help_examples")
+    examples = bench.all_examples()
+    assert len(examples) > 30
+    for example in examples:
+        words = shlex.split(example.split(">")[0])[1:]
+        command = cli.get_command(click.Context(cli), words[0])
+        assert command is not None, example
+        command.make_context(words[0], words[1:], resilient_parsing=False)

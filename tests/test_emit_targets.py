@@ -436,3 +436,18 @@ def test_target_torch_never_offloads_to_nvme():
     assert torch_only.exit_code == 1
     assert "offload to cpu (the --target's limit)" in torch_only.output
     assert "would fit on 8 nodes" in torch_only.output and "nvme" not in torch_only.output
+
+
+def test_every_registered_target_module_has_the_target_functions():
+    # planner.emit.REGISTRY is the one list of targets: each module writes files and says what they run
+    import inspect
+
+    from planner.emit import REGISTRY, TARGET_RUNTIMES, TARGETS
+    from planner.profile import runtime_names
+
+    assert TARGETS == tuple(REGISTRY) and TARGET_RUNTIMES == {n: t.runtime for n, t in REGISTRY.items()}
+    for name, registered in REGISTRY.items():
+        assert registered.runtime in runtime_names(), name
+        module = registered.code
+        assert list(inspect.signature(module.emit).parameters) == ["plan", "job", "inputs"], name
+        assert list(inspect.signature(module.written_strategy).parameters) == ["plan", "job"], name

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.cli import cli
 from planner.cost.groups import evaluate_groups, sync_seconds
-from planner.emit.torch import strategy_problem
+from planner.plan.runnable import strategy_problem
 from planner.search.exhaustive import batch_splits, exhaustive_groups
 from planner.plan.groups import build_plan
 from planner.plan.schema import Plan, ReplicaGroupsStrategy, plan_json

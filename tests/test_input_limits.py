@@ -210,3 +210,18 @@ def test_escape_sequences_in_names_never_reach_the_terminal(tmp_path):
                                      "heads": 4, "ffn": 128, "vocab": 256}))
     line = one_line(run("show", model), "m.yaml: name:", "is not a name")
     assert "\x1b" not in line
+
+
+def test_lost_nodes_with_a_plan_that_leaves_nodes_idle(tmp_path):
+    # 4 nodes of 4 ranks lose node 1; the new plan (dp only) cannot divide batch 16 over the 3 survivors' 12
+    # ranks and uses the first 2 nodes: the third survivor sits idle (it was refused as too many survivors)
+    old = tmp_path / "old"
+    result = run("compile", "tiny-llama", "cpu:4", "-b", "16", "-s", "64", "--time-limit", "5",
+                 "--fix", "tp=1,pp=1,cp=1", "-o", old)
+    assert result.exit_code == 0, result.output
+    result = run("replan", old / "plan.json", "cpu:3", "--lost-nodes", "1", "--fix", "tp=1,pp=1,cp=1")
+    assert result.exit_code == 0, result.output
+    assert "so the plan uses the first 2 (1 idle)" in result.stdout
+    # naming too few lost nodes is still refused, against the whole new cluster
+    one_line(run("replan", old / "plan.json", "cpu:2", "--lost-nodes", "1"), "--lost-nodes: pool cpu keeps 3 of its 4",
+             "the new cluster has 2 there")

@@ -122,7 +122,7 @@ def test_bad_options_exit_2_before_any_solve(tmp_path, monkeypatch):
     assert local.exit_code == 2 and "--address applies to --executor ray only" in local.output
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     no_ray = runner.invoke(cli, ["sweep", str(path), "-o", str(tmp_path / "o2"), "--executor", "ray"])
-    assert no_ray.exit_code == 2 and "pip install 'planner[ray]'" in no_ray.output, no_ray.output
+    assert no_ray.exit_code == 2 and "pip install -e '.[ray]'" in no_ray.output, no_ray.output
     assert "Traceback" not in no_ray.output and not (tmp_path / "o2").exists()
 
 

@@ -92,7 +92,13 @@ def _quantities(builder: TableBuilder, job: Job, strategy: Strategy) -> dict:
 
 
 def test_every_strategy_field_is_varied():
+    # a case per Strategy field, each setting a value its base (with what the variation needs) does not have:
+    # a case that re-states a default would vary nothing and serve a stale table unnoticed
     assert {field for _, _, field, _, _ in CASES} == set(Strategy.model_fields)
+    jobs = _jobs("reference")
+    for name, base, field, value, needs in CASES:
+        unvaried = check_strategy(jobs[name], Strategy(**{**base, **needs}))
+        assert getattr(unvaried, field) != value, (field, value)
 
 
 @pytest.mark.parametrize("runtime", ["planner", "reference"])

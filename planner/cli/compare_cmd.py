@@ -146,7 +146,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compare gpt3-175b dgx-a100-80g:16 -b 256 -s 2048 --csv out/compare.csv --plot out/compare.png
         planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
-        planner compare llama3-8b dgx-h100:4 -b 256 -s 4096 --strategies examples/strategies.yaml
+        planner compare llama3-8b dgx-h100:4 -b 256 -s 4096 --strategies examples/strategies/strategies.yaml
     """
     for path in (csv_path, plot_path):
         if path is not None:

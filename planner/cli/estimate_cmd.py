@@ -48,7 +48,7 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner estimate llama3-70b dgx-h100:8 -b 512 -s 4096 --runtime megatron \\
             --strategy tp=8,pp=4,vpp=2,sp=on,recompute=selective --json
         planner estimate llama3-70b dgx-h100:32 -b 1024 -s 8192 --runtime megatron \\
-            --strategy tp=4,sp=on,zero=1,recompute=full,recompute_layers=26
+            --strategy tp=8,sp=on,zero=1,recompute=full,recompute_layers=26
         planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 \\
             --strategy sharding=row_wise,cache=0.2
         planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --sharding out/dlrm/sharding_plan.json

@@ -110,7 +110,7 @@ def replan_(plan_path: Path, cluster: str, out_dir: Path | None, force: bool, st
         planner compile llama3-70b dgx-h100:8 -b 128 -s 8192 -o out/70b
         planner replan out/70b/plan.json dgx-h100:7 --steps-left 5000 -o out/70b-7
         planner replan out/70b/plan.json dgx-h100:6 --lost-nodes 2,5 --checkpoint-bandwidth 4e10
-        planner replan out/tiny/plan.json cpu:1 --checkpoint-dir checkpoints -o out/tiny-2
+        planner replan out/tiny/plan.json cpu:1 --checkpoint-dir ../checkpoints -o out/tiny-2
     """
     if out_dir is not None:
         check_output_dir(out_dir, force)

@@ -80,9 +80,9 @@ def simulate_(plan_path: Path, model: str | None, cluster: str | None, trace_pat
 
     \b
     Examples:
-        planner compile llama3-8b dgx-h100:2 -b 64 -s 4096 -o out/llama3-8b
-        planner simulate out/llama3-8b/plan.json --trace out/trace.json --plot out/timeline.png
-        planner simulate out/tiny/plan.json --model examples/models/tiny-llama.yaml --memory-plot out/hbm.png --json
+        planner compile llama3-8b dgx-h100:2 -b 64 -s 4096 -o out/llama3-8b-2n
+        planner simulate out/llama3-8b-2n/plan.json --trace out/trace.json --plot out/timeline.png
+        planner simulate out/tiny/plan.json --memory-plot out/hbm.png --json
     """
     for path in (trace_path, plot_path, memory_path):
         if path is not None:

@@ -25,7 +25,8 @@ _NAMED_ROWS = 10  # time-limited rows the warning names; the rest are counted
 @click.option("-o", "--out", "out_dir", type=click.UNPROCESSED, callback=output_dir_path, required=True,
               metavar="DIR", help="Output directory: results.csv, timings.csv, summary.md, plots/.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
-              help="local: worker processes on this machine; ray: Ray tasks (pip install 'planner[ray]').")
+              help="local: worker processes on this machine; ray: Ray tasks (pip install -e '.[ray]' in planner's "
+                   "checkout).")
 @click.option("--address", default=None, metavar="ADDR",
               help="Ray cluster to join (auto, HOST:PORT or ray://HOST:10001); default: start a local Ray.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from hardware import Catalog, Cluster, DeviceSpec, NodeSpec, Pool
+from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
 from hardware.collectives import intra_efficiency
 
 
@@ -54,10 +54,6 @@ class JobSites:
     def world(self) -> int:
         """Ranks in the job."""
         return len(self.ranks)
-
-    def pool_of(self, rank: int) -> Pool:
-        """The pool of `rank`."""
-        return self.cluster.pools[self.ranks[rank].pool]
 
     def node_spec(self, pool: int) -> NodeSpec:
         """The node type of pool index `pool`."""

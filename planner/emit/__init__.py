@@ -1,6 +1,7 @@
 """Launch files: one module per target, each turning a Plan into files.
 
-Every emitter module has `emit(plan: Plan, job: Job, inputs: LaunchInputs) -> dict[str, str]`
+Each target is one `Target` of `REGISTRY` (its folder name, the runtime profile its files run under, its module);
+every target module has `emit(plan: Plan, job: Job, inputs: LaunchInputs) -> dict[str, str]`
 returning paths relative to its own folder (e.g. "ds_config.json",
 "launch.sh") and their text, and `written_strategy(plan, job) -> Strategy`:
 the strategy those files ask the framework to run, read off the same
@@ -21,12 +22,16 @@ is its profile's `space` section (`compile --target T` searches only that:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib import import_module
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import PLACEMENT_KEYS, Strategy
+
+if TYPE_CHECKING:
+    from planner.emit.inputs import LaunchInputs
 
 
 class UnsupportedPlan(ValueError):
@@ -38,13 +43,40 @@ class RefusedPlan(ValueError):
     plan's strategy, under the target's runtime."""
 
 
-TARGETS = ("deepspeed", "torch", "torchtitan", "megatron", "slurm", "k8s")
-DEFAULT_TARGETS = ("deepspeed", "torch")
-# the runtime profile (hardware/data/runtimes) each target's files run under: Slurm and Kubernetes wrap the
-# torch target's launcher, which runs planner's own runtime
-TARGET_RUNTIMES = {"deepspeed": "deepspeed", "torch": "planner", "torchtitan": "torchtitan", "megatron": "megatron",
-                   "slurm": "planner", "k8s": "planner"}
+class TargetModule(Protocol):
+    """What a target's module (planner/emit/<module>.py) provides."""
 
+    def emit(self, plan: Plan, job: Job, inputs: "LaunchInputs") -> dict[str, str]: ...
+
+    def written_strategy(self, plan: Plan, job: Job) -> Strategy: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """One launch target: its folder name in an output folder, the runtime profile (hardware/data/runtimes) its
+    files run under, and the module that writes them (imported when first used)."""
+
+    name: str
+    runtime: str
+    module: str
+
+    @property
+    def code(self) -> TargetModule:
+        return import_module(f"planner.emit.{self.module}")  # type: ignore[return-value]
+
+
+# Slurm and Kubernetes wrap the torch target's launcher, which runs planner's own runtime.
+REGISTRY: dict[str, Target] = {t.name: t for t in (
+    Target("deepspeed", runtime="deepspeed", module="deepspeed"),
+    Target("torch", runtime="planner", module="torch"),
+    Target("torchtitan", runtime="torchtitan", module="torchtitan"),
+    Target("megatron", runtime="megatron", module="megatron"),
+    Target("slurm", runtime="planner", module="slurm"),
+    Target("k8s", runtime="planner", module="k8s"),
+)}
+TARGETS = tuple(REGISTRY)
+DEFAULT_TARGETS = ("deepspeed", "torch")
+TARGET_RUNTIMES = {name: target.runtime for name, target in REGISTRY.items()}  # a view of REGISTRY
 
 def primary_runtime(targets: tuple[str, ...], model_has_experts: bool) -> tuple[str, str | None]:
     """The runtime a compile searches under when none is named, and a note when it is not the obvious one:
@@ -63,19 +95,21 @@ def primary_runtime(targets: tuple[str, ...], model_has_experts: bool) -> tuple[
 Emitter = Callable[..., dict[str, str]]  # (plan, job, inputs: planner.emit.inputs.LaunchInputs)
 
 
-def emitter(target: str) -> Emitter:
-    """The emit function of `target`."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
-    return import_module(f"planner.emit.{target}").emit
+def target(name: str) -> Target:
+    """The registered target `name`; ValueError naming the known ones."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+    return REGISTRY[name]
 
 
-def strategy_writer(target: str) -> Callable[[Plan, Job], Strategy]:
-    """The `written_strategy` function of `target`."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
-    return import_module(f"planner.emit.{target}").written_strategy
+def emitter(name: str) -> Emitter:
+    """The emit function of target `name`."""
+    return target(name).code.emit
 
+
+def strategy_writer(name: str) -> Callable[[Plan, Job], Strategy]:
+    """The `written_strategy` function of target `name`."""
+    return target(name).code.written_strategy
 
 def one_placement(plan: Plan, target: str) -> None:
     """UnsupportedPlan when the plan's stages keep their state differently: `target` writes one offload
@@ -91,10 +125,10 @@ def one_placement(plan: Plan, target: str) -> None:
 def available_targets() -> tuple[str, ...]:
     """Targets whose emitter module exists in this build."""
     out = []
-    for target in TARGETS:
+    for name, registered in REGISTRY.items():
         try:
-            import_module(f"planner.emit.{target}")
+            import_module(f"planner.emit.{registered.module}")
         except ModuleNotFoundError:
             continue
-        out.append(target)
+        out.append(name)
     return tuple(out)

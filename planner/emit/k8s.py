@@ -42,7 +42,8 @@ from planner.emit import UnsupportedPlan, strategy_writer
 from planner.emit.inputs import ENV, TARGET_INPUTS, LaunchInputs
 from planner.emit.nodes import EnvSetting, job_name, launch_shape, nccl_env, node_spec, on_gpus
 from planner.emit.quote import argument, comment
-from planner.emit.torch import runtime_problem, train_argv
+from planner.emit.torch import train_argv
+from planner.plan.runnable import runtime_problem
 from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.plan.schema import Plan

@@ -29,7 +29,8 @@ from planner.emit import UnsupportedPlan, strategy_writer
 from planner.emit.inputs import LaunchInputs
 from planner.emit.nodes import EnvSetting, job_name, launch_shape, nccl_env, on_gpus
 from planner.emit.quote import comment, sbatch_value
-from planner.emit.torch import runtime_problem, train_args
+from planner.emit.torch import train_args
+from planner.plan.runnable import runtime_problem
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
@@ -110,8 +111,8 @@ def sbatch_script(spec: SbatchSpec) -> str:
         "torchrun per node, c10d rendezvous on the first node.",
         "# Submit from the plan folder (where plan.json is): sbatch slurm/job.sbatch",
         f"# {partition}; time limit: the partition's default, or $SBATCH_TIMELIMIT.",
-        "# The nodes need planner with its runtime extra (pip install 'planner[runtime]') in the submitting",
-        "# environment, which sbatch passes on, or the image the repository's Dockerfile builds.",
+        "# The nodes need planner with its runtime extra (pip install -e '.[runtime]' in its checkout) in",
+        "# the submitting environment, which sbatch passes on, or the image the repository's Dockerfile builds.",
         *_directives(spec),
     ]
     body = [

@@ -281,7 +281,7 @@ def _weigh(source: Source, strategy: Strategy, job: Job, old_layout: StateLayout
 
 def _migration(old_layout: StateLayout, old_job: Job, job: Job, strategy: Strategy, ask: ReplanOptions,
                catalog: Catalog, moves: bool) -> Migration:
-    nodes = map_nodes(old_job.cluster, job.cluster, ask.lost_nodes)
+    nodes = map_nodes(old_job.cluster, job.cluster, ask.lost_nodes, idle=True)
     rates = cluster_rates(job.cluster, catalog, ask.checkpoint_bandwidth)
     return plan_migration(old_layout, strategy_layout(job.model, job.cluster, strategy), moving_terms(job.runtime),
                           nodes, rates, job.model, moves=moves)
@@ -296,8 +296,9 @@ def replan(old_layout: StateLayout, old_job: Job, old_options: CompileOptions, n
         # one strategy to migrate to; the old --fix was for the old allocation
         "space": old_options.space.model_copy(update={"replica_groups": False, "fixed": dict(ask.fixed)}),
         **({"time_limit": ask.time_limit} if ask.time_limit is not None else {})})
+    map_nodes(old_job.cluster, new_cluster, ask.lost_nodes)  # --lost-nodes checked against the whole new cluster
     job, policy, best = compile_usable(old_job.model_copy(update={"cluster": new_cluster}), options, progress)
-    nodes = map_nodes(old_job.cluster, job.cluster, ask.lost_nodes)  # --lost-nodes checked before the candidates
+    nodes = map_nodes(old_job.cluster, job.cluster, ask.lost_nodes, idle=True)
     surcharge = aware = None
     if len(job.cluster.pools) == 1:
         surcharge = MigrationSurcharge(old_layout, job, nodes, cluster_rates(job.cluster, catalog,
@@ -308,7 +309,7 @@ def replan(old_layout: StateLayout, old_job: Job, old_options: CompileOptions, n
     weighed = _ranked(weighed)
     chosen = weighed[0]
     migration = _migration(old_layout, old_job, chosen.job, chosen.strategy, ask, catalog, moves=True)
-    nodes = map_nodes(old_job.cluster, chosen.job.cluster, ask.lost_nodes)
+    nodes = map_nodes(old_job.cluster, chosen.job.cluster, ask.lost_nodes, idle=True)
     terms = moving_terms(job.runtime)
     lost = unrecoverable_bytes(old_layout, terms, nodes)
     floor = migration_floor(lost, cluster_rates(job.cluster, catalog, ask.checkpoint_bandwidth), job.cluster.num_nodes)

@@ -63,8 +63,12 @@ def _offsets(cluster: Cluster) -> dict[str, int]:
     return out
 
 
-def map_nodes(old: Cluster, new: Cluster, lost: tuple[int, ...] | None = None) -> NodeMap:
-    """The node identity of a re-plan; PlannerInputError naming --lost-nodes when `lost` is inconsistent."""
+def map_nodes(old: Cluster, new: Cluster, lost: tuple[int, ...] | None = None, idle: bool = False) -> NodeMap:
+    """The node identity of a re-plan; PlannerInputError naming --lost-nodes when `lost` is inconsistent.
+
+    idle: `new` is the first nodes of the user's new cluster (a plan that leaves the rest idle, checked against
+    the whole cluster before): survivors beyond it sit idle, and their state counts as gone (read from the
+    checkpoint, not copied from them: an upper bound on the migration)."""
     old_offsets, new_offsets = _offsets(old), _offsets(new)
     if lost is not None:
         bad = [n for n in lost if not 0 <= n < old.num_nodes]
@@ -82,7 +86,9 @@ def map_nodes(old: Cluster, new: Cluster, lost: tuple[int, ...] | None = None) -
             fates += [NodeFate(old_node=n, pool=pool.name, new_node=None) for n in nodes]
             continue
         survivors = [n for n in nodes if n not in lost] if lost is not None else nodes[:target.count]
-        if len(survivors) > target.count:
+        if idle:
+            survivors = survivors[:target.count]
+        elif len(survivors) > target.count:
             raise PlannerInputError(f"--lost-nodes: pool {pool.name} keeps {len(survivors)} of its {pool.count} "
                                     f"nodes, the new cluster has {target.count} there; name every node that left")
         place = {n: new_offsets[pool.name] + i for i, n in enumerate(survivors)}

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.transformer import TransformerConfig
-from planner.emit.torch import config_problem
+from planner.plan.runnable import config_problem
 from planner.runtime.materialize import init_weights
 
 

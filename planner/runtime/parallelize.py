@@ -60,7 +60,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from planner.emit.torch import strategy_problem
+from planner.plan.runnable import strategy_problem
 from planner.plan.schema import Plan
 from planner.runtime.materialize import materialize
 from planner.runtime.model import Transformer
@@ -173,13 +173,6 @@ def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
         factors = " * ".join(f"{name}({size})" for name, size in shape.items())
         raise ValueError(f"{factors} != world_size({world}): launch with the plan's {plan.job.num_gpus} ranks")
     return init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
-
-
-def _sub(mesh: DeviceMesh, *names: str) -> DeviceMesh | None:
-    present = tuple(n for n in names if n in (mesh.mesh_dim_names or ()))
-    if not present:
-        return None
-    return mesh[present[0]] if len(present) == 1 else mesh[present]
 
 
 def _check_supported(plan: Plan) -> None:

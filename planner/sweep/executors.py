@@ -73,7 +73,8 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise PlannerInputError("--executor ray: ray is not installed; pip install 'planner[ray]'") from None
+        raise PlannerInputError("--executor ray: ray is not installed; pip install -e '.[ray]' in planner's "
+                                "checkout") from None
     return ray
 
 
