@@ -451,3 +451,32 @@ def test_every_registered_target_module_has_the_target_functions():
         module = registered.code
         assert list(inspect.signature(module.emit).parameters) == ["plan", "job", "inputs"], name
         assert list(inspect.signature(module.written_strategy).parameters) == ["plan", "job"], name
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_multi_node_torch_launch_needs_master_addr(tmp_path, nodes):
+    # issue #27: a localhost default on several nodes would leave every node waiting on itself
+    import subprocess
+
+    import planner
+
+    compiled = planner.compile(planner.load_job("tiny-llama", f"cpu:{nodes}", batch=8 * nodes, seq_len=64),
+                               targets=("torch",), fixed={"tp": 1, "pp": 1, "cp": 1}, work_limit=10)
+    files = compiled.files()
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "launch.sh").write_text(files["torch/launch.sh"])
+    standin = tmp_path / "bin" / "torchrun"
+    standin.parent.mkdir()
+    standin.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    standin.chmod(0o755)
+    env = {"PATH": f"{standin.parent}:/usr/bin:/bin", "PLANNER_DATA": "d", "PLANNER_TOKENIZER": "bytes",
+           "PLANNER_CHECKPOINTS": "/ck", "PLANNER_TRAIN_STEPS": "3"}
+    unset = subprocess.run(["bash", "torch/launch.sh"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    given = subprocess.run(["bash", "torch/launch.sh"], cwd=tmp_path, env={**env, "MASTER_ADDR": "10.1.2.3"},
+                           capture_output=True, text=True)
+    assert given.returncode == 0 and "10.1.2.3:29500" in given.stdout.splitlines(), given.stdout + given.stderr
+    if nodes == 1:
+        assert unset.returncode == 0 and "localhost:29500" in unset.stdout.splitlines(), unset.stderr
+    else:
+        assert unset.returncode != 0 and unset.stdout == "", unset.stdout
+        assert "set MASTER_ADDR to the address of one of the nodes" in unset.stderr, unset.stderr

@@ -33,7 +33,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from models.graph import LayerKind, ModelGraph
 from planner.emit import UnsupportedPlan, one_placement, optim
 from planner.emit.inputs import LaunchInputs
 from planner.emit.megatron_check import check_megatron_args
@@ -45,51 +44,6 @@ from planner.plan.schema import Plan
 from planner.strategy import Strategy
 
 MEGATRON_VERSION = "Megatron-LM core_v0.16.1 (megatron/training/arguments.py; megatron-core 0.16.1)"
-
-
-def _zoo_config(model: ModelGraph):
-    """The zoo's TransformerConfig of `model` when it is an unmodified zoo model, else None."""
-    try:
-        from models.transformer import TransformerConfig
-        from models.zoo import get_entry
-
-        config = get_entry(model.name).config
-    except Exception:  # not a zoo name
-        return None
-    if not isinstance(config, TransformerConfig):
-        return None
-    if (config.num_layers, config.hidden) != (model.num_blocks, model.hidden):
-        return None
-    return config
-
-
-def model_shape(model: ModelGraph) -> dict[str, Any]:
-    """Layers, hidden, heads, query groups, FFN width, gating, experts and tying of a transformer graph
-    (torchtitan's emitter reads it; Megatron's arguments come from `megatron_model.architecture`)."""
-    if model.num_blocks == 0 or model.family not in ("decoder", "encoder"):
-        raise UnsupportedPlan(f"{model.name}: launch files for Megatron/torchtitan need a transformer "
-                              f"(family {model.family}, {model.num_blocks} blocks)")
-    ffn, gated, moe = None, False, None
-    for layer in model.layers:
-        if layer.kind == LayerKind.MLP and ffn is None:
-            # weights = 3hf (gated) or 2hf; the graph does not say which, so ask the zoo's config,
-            # else take a bias-free MLP (params = weights + norm) as gated (Llama) and one with biases as not (GPT)
-            weights = layer.flops_per_token / 2.0  # 2 FLOPs per weight per token
-            gated = layer.params - weights <= 2 * model.hidden
-            ffn = round(weights / ((3 if gated else 2) * model.hidden))
-        if layer.moe is not None and moe is None:
-            moe = layer.moe
-    config = _zoo_config(model)
-    if config is not None:
-        ffn, gated = config.ffn, config.gated
-    tied = any(layer.tied_params for layer in model.layers if layer.kind == LayerKind.HEAD)
-    if moe is not None and ffn is None and config is None:
-        gated = True  # MoE models (Mixtral, DeepSeek) use SwiGLU experts
-    return {
-        "num_layers": model.num_blocks, "hidden": model.hidden, "heads": model.heads, "kv_heads": model.kv_heads,
-        "ffn": ffn if ffn is not None else (moe.expert_ffn if moe else 4 * model.hidden), "gated": gated,
-        "moe": moe, "tied": tied, "vocab": model.vocab,
-    }
 
 
 def stage_block_counts(plan: Plan) -> list[int]:

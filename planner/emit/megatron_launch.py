@@ -13,7 +13,7 @@ from typing import Any
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
 from planner.emit.nodes import EnvSetting, nccl_env
 from planner.emit.quote import comment
-from planner.emit.shell import HERE, run_on_every_node, trainer_inputs
+from planner.emit.shell import HERE, rendezvous_host, run_on_every_node, trainer_inputs
 from planner.job import Job
 from planner.plan.schema import Plan
 
@@ -33,9 +33,7 @@ def _env_lines(env: list[EnvSetting]) -> list[str]:
 def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, int]) -> str:
     """launch.sh: the launch inputs, args.txt as an array, then torchrun over `shape` running pretrain_gpt.py."""
     nnodes, nproc = shape["nnodes"], shape["nproc_per_node"]
-    # one node rendezvous on itself; several need the address of one of them
-    addr = ("${MASTER_ADDR:-localhost}" if nnodes == 1 else
-            "${MASTER_ADDR:?set MASTER_ADDR to the address of one of the nodes, the same on every node}")
+    addr = rendezvous_host(nnodes)
     env = nccl_env(job)
     lines = [
         "#!/usr/bin/env bash",

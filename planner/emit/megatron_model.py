@@ -14,12 +14,13 @@ model gets Megatron's defaults, and `Architecture.notes` says so for README.md.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.graph import Layer, LayerKind, ModelGraph
 from models.transformer import MoEConfig, TransformerConfig, build_transformer
+from models.yamlio import as_name
 from models.zoo import ZOO
 from planner.emit import UnsupportedPlan
 
@@ -214,8 +215,10 @@ def read_config(model: ModelGraph, like: TransformerConfig | None = None) -> Tra
     positions = (embedding.params - model.vocab * h) // h
     shape = attention.attention
     values = dict(
-        name=model.name, num_layers=model.num_blocks, hidden=h, heads=shape.heads, kv_heads=shape.kv_heads,
-        head_dim=shape.head_dim, ffn=ffn if ffn is not None else moe.expert_ffn, vocab=model.vocab,
+        # the config's name only labels it (a model's name is checked where it enters; emitters quote their own)
+        name=as_name(model.name, "model"), num_layers=model.num_blocks, hidden=h, heads=shape.heads,
+        kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn=ffn if ffn is not None else moe.expert_ffn,
+        vocab=model.vocab,
         activation=activation, norm="rmsnorm" if norm == h else "layernorm", bias=bias, qkv_bias=qkv_bias,
         position="learned" if positions > 0 else "rope",
         max_positions=positions if positions > 0 else (like.max_positions if like else 4096),
@@ -363,6 +366,17 @@ def _moe_args(cfg: TransformerConfig, router: RouterRecipe) -> dict:
     if router.groups is not None:
         args.update({"moe-router-num-groups": router.groups, "moe-router-group-topk": router.group_topk})
     return args
+
+
+def model_shape(model: ModelGraph) -> dict[str, Any]:
+    """Layers, hidden, heads, query groups, FFN width, gating, experts, tying and vocabulary of a transformer
+    graph (the torchtitan emitter's model args), read off the config that rebuilds the graph exactly
+    (`architecture`): UnsupportedPlan when none does, never a guess from parameter counts."""
+    config = architecture(model).config
+    moe = next((layer.moe for layer in model.layers if layer.moe is not None), None)
+    return {"num_layers": config.num_layers, "hidden": model.hidden, "heads": model.heads,
+            "kv_heads": model.kv_heads, "ffn": config.ffn, "gated": config.gated, "moe": moe,
+            "tied": config.tied_embeddings, "vocab": model.vocab}
 
 
 def architecture_args(arch: Architecture, seq_len: int) -> tuple[dict, list[str]]:

@@ -12,6 +12,15 @@ from planner.emit.inputs import LaunchInputs
 HERE = 'here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"'
 
 
+def rendezvous_host(nnodes: int) -> str:
+    """The rendezvous address a launch script expands: one node meets on itself (localhost unless MASTER_ADDR
+    says otherwise); several need one node's address, so the script stops naming MASTER_ADDR when it is unset
+    (a localhost default would leave every node waiting on itself)."""
+    if nnodes == 1:
+        return "${MASTER_ADDR:-localhost}"
+    return "${MASTER_ADDR:?set MASTER_ADDR to the address of one of the nodes, the same on every node}"
+
+
 def trainer_inputs(inputs: LaunchInputs, warmup: bool = True) -> list[str]:
     """Set data, tokenizer, checkpoint_dir, train_steps (and warmup_steps) from the launch inputs. Stop with a
     message naming the variable when one of them is unset, and with exit 2 when the step count is not a

@@ -3,14 +3,16 @@
 `launch.sh` runs, from the plan folder (where plan.json is),
 
     torchrun --nnodes N --nproc_per_node G --rdzv_backend c10d \\
-        --rdzv_endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-planner}" \\
+        --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-planner}" \\
         -m planner.runtime.train TRAIN_ARGS "$@"
 
 once per node (c10d rendezvous hands out node ranks, so every node runs the
-same command).  TRAIN_ARGS (`train_args`, also what the Slurm and Kubernetes
-targets run) are `--plan plan.json` and the launch inputs: `--data`,
-`--tokenizer`, `--checkpoint-dir`, `--train-steps` (each given to `planner
-compile` or read from its environment variable at launch) and `--save-every`;
+same command; MASTER_ADDR defaults to localhost on one node and stops the
+script when unset on several: planner.emit.shell.rendezvous_host).
+TRAIN_ARGS (`train_args`, also what the Slurm and Kubernetes targets run) are
+`--plan plan.json` and the launch inputs: `--data`, `--tokenizer`,
+`--checkpoint-dir`, `--train-steps` (each given to `planner compile` or read
+from its environment variable at launch) and `--save-every`;
 relative paths resolve from the plan folder.  `planner.runtime.train` builds
 the reference model on the meta device, applies the plan (pipeline split,
 tensor parallel, activation checkpointing, FSDP2; planner/runtime/parallelize.py),
@@ -34,6 +36,7 @@ from planner.plan.schema import Plan
 from planner.strategy import Strategy
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
 from planner.emit.quote import comment
+from planner.emit.shell import rendezvous_host
 
 TRAIN_INPUTS = ("data", "tokenizer", "checkpoint_dir", "train_steps")  # launch inputs the trainer takes
 
@@ -67,6 +70,7 @@ def torchrun_script(title: str, ranks: int, nnodes: int, nproc: int, module: str
             lines.append([])
         lines[-1].append(word)
     words = " \\\n    ".join(" ".join(line) for line in lines)
+    addr = rendezvous_host(nnodes)
     return f"""#!/usr/bin/env bash
 # {comment(title)}
 # {ranks} ranks = {nnodes} node(s) x {nproc} processes. Run this script on EVERY node
@@ -75,7 +79,7 @@ def torchrun_script(title: str, ranks: int, nnodes: int, nproc: int, module: str
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the plan folder: plan.json and relative paths resolve here
 exec torchrun --nnodes {nnodes} --nproc_per_node {nproc} --rdzv_backend c10d \\
-    --rdzv_endpoint "${{MASTER_ADDR:-localhost}}:${{MASTER_PORT:-29500}}" --rdzv_id "${{RUN_ID:-planner}}" \\
+    --rdzv_endpoint "{addr}:${{MASTER_PORT:-29500}}" --rdzv_id "${{RUN_ID:-planner}}" \\
     -m {module} \\
     {words} \\
     "$@"
@@ -125,9 +129,10 @@ naming the variable when it is unset):
 - The trainer saves a `torch.distributed.checkpoint` checkpoint to
   `CHECKPOINT_DIR/step-N` every save_every steps and at the end, and resumes from the
   latest one when started again: rerun the same command after an interruption.
-- `MASTER_ADDR` / `MASTER_PORT` (default `localhost:29500`): the c10d
-  rendezvous endpoint (any node's address); `RUN_ID` (default `planner`)
-  names the run. Node ranks are assigned by the rendezvous.
+- `MASTER_ADDR` / `MASTER_PORT`: the c10d rendezvous endpoint (any node's
+  address; on several nodes the script stops when MASTER_ADDR is unset, on one
+  it defaults to localhost; port 29500); `RUN_ID` (default `planner`) names the
+  run. Node ranks are assigned by the rendezvous.
 - Arguments after `launch.sh` go to the trainer and win over the ones above:
   `--lr X` (peak, default 3e-4), `--warmup-steps N`, `--min-lr-ratio R`,
   `--weight-decay W`, `--grad-clip G`, `--stop-at-step N`, `--precision fp32`,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
 from planner.emit.quote import comment
-from planner.emit.shell import HERE, run_on_every_node, trainer_inputs
+from planner.emit.shell import HERE, rendezvous_host, run_on_every_node, trainer_inputs
 from planner.emit.torchtitan_model import RELEASE
 from planner.plan.schema import Plan
 
@@ -16,9 +16,7 @@ OVERRIDES = {"data": "training.dataset_path", "tokenizer": "model.hf_assets_path
 def launch_script(plan: Plan, inputs: LaunchInputs, shape: dict[str, int]) -> str:
     """launch.sh: the launch inputs, then torchrun over `shape` running torchtitan.train with train.toml."""
     nnodes, nproc = shape["nnodes"], shape["nproc_per_node"]
-    # one node rendezvous on itself; several need the address of one of them
-    addr = ("${MASTER_ADDR:-localhost}" if nnodes == 1 else
-            "${MASTER_ADDR:?set MASTER_ADDR to the address of one of the nodes, the same on every node}")
+    addr = rendezvous_host(nnodes)
     lines = [
         "#!/usr/bin/env bash",
         "# " + comment(f"torchtitan launch ({RELEASE}) for {plan.job.model} on {plan.job.cluster}: "

@@ -14,7 +14,7 @@ so running them would train another model.
 from __future__ import annotations
 
 from planner.emit import UnsupportedPlan
-from planner.emit.megatron import model_shape
+from planner.emit.megatron_model import model_shape
 from models.graph import ModelGraph
 
 RELEASE = "torchtitan 0.2.2"

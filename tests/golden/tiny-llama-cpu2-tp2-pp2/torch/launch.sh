@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."  # the plan folder: plan.json and relative paths resolve here
 exec torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d \
-    --rdzv_endpoint "${MASTER_ADDR:-localhost}:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-planner}" \
+    --rdzv_endpoint "${MASTER_ADDR:?set MASTER_ADDR to the address of one of the nodes, the same on every node}:${MASTER_PORT:-29500}" --rdzv_id "${RUN_ID:-planner}" \
     -m planner.runtime.train \
     --plan plan.json \
     --data "${PLANNER_DATA:?set PLANNER_DATA: the training data, in the format of the target that reads it (report.md, Launch inputs)}" \
