@@ -342,6 +342,23 @@ class Space(BaseModel):
     tp_overlap: bool = Field(description="Overlap of TP collectives with GEMMs.")
     source: str = Field(description="Where the framework's arguments and checks are.")
 
+    def default_split(self, blocks: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
+        """The split this framework runs when none is given and `blocks` does not divide over `pp` stages, or
+        None for the even split with the extra blocks on the earlier stages (planner.cost.layout.split_blocks).
+
+        ends (Megatron: --decoder-first/last-pipeline-num-layers): the middle stages hold ceil(blocks / pp)
+        each and the first and last share the rest, the first taking the odd one (the last also holds the
+        head and the loss); an interleaved schedule needs even chunks, so it keeps the even default (and is
+        refused).  even: no split runs, and the default is refused too."""
+        if self.split != "ends" or pp < 3 or vpp > 1 or blocks % pp == 0 or blocks < pp:
+            return None
+        middle = -(-blocks // pp)
+        rest = blocks - (pp - 2) * middle
+        if rest < 2:
+            middle = blocks // pp
+            rest = blocks - (pp - 2) * middle
+        return (rest - rest // 2, *([middle] * (pp - 2)), rest // 2)
+
 
 class Pipelining(BaseModel):
     """How the runtime's pipeline schedule holds the tensors its stages exchange."""

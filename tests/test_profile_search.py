@@ -88,6 +88,25 @@ def test_megatron_profile_refuses_what_megatron_cannot_run():
         "context parallelism without fused attention"]
 
 
+def test_without_a_split_megatron_runs_its_own_layout():
+    # issue #27: 61 blocks (DeepSeek-V3) over pp=8 do not divide; the even default (8,8,8,8,8,7,7,7) is one Megatron
+    # cannot run, so a strategy without split= takes Megatron's: equal middle stages, first and last the rest
+    from planner.validation import check_strategy
+
+    model = build_transformer(llama(name="m61", num_layers=61, hidden=256, heads=8, kv_heads=8, ffn=512, vocab=1024))
+    job = make_job(model, "dgx-h100:8", batch=64, seq=2048).on(load_runtime("megatron"))
+    strategy = check_strategy(job, parse_strategy("tp=8,pp=8,zero=1"))
+    assert strategy.split == (7, 8, 8, 8, 8, 8, 8, 6)
+    assert evaluate(job, parse_strategy("tp=8,pp=8,zero=1")).step_time_s > 0  # costed, not refused
+    from planner.cost import refusals
+
+    assert refusals(job, strategy) == []
+    # a runtime that runs any split keeps the even one; blocks that divide keep no split at all
+    assert check_strategy(job.on(load_runtime("planner")), parse_strategy("tp=8,pp=8,zero=1")).split is None
+    assert load_runtime("megatron").space.default_split(64, 8) is None
+    assert load_runtime("megatron").space.default_split(61, 8, vpp=2) is None  # chunks must be even: refused
+
+
 def test_deepspeed_profile_has_no_zero_2_or_3_under_its_pipeline_engine():
     deepspeed = load_runtime("deepspeed")
     assert deepspeed.cannot_express(parse_strategy("pp=2,zero=1")) == []
