@@ -249,6 +249,10 @@ class ModelGraph(BaseModel):
     vocab: VocabSize = Field(0, ge=0, description="Vocabulary size (0 when there is none).")
     num_experts: Width = Field(0, ge=0, description="Routed experts per MoE layer (0 for dense models).")
     source: str = Field("", description="Where the sizes come from (paper, model card, config).")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base from the source config (None: not "
+                                     "recorded); launch files carry it, nothing is sized by it.")
+    norm_eps: float | None = Field(None, gt=0, description="Normalization epsilon from the source config (None: not "
+                                   "recorded); launch files carry it, nothing is sized by it.")
     edges: list[tuple[str, str]] = Field(
         default_factory=list,
         description="Extra data-flow edges for graphs that are not chains (e.g. DLRM tables -> "

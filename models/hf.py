@@ -168,6 +168,23 @@ def _raw_name(data: Mapping[str, Any], path: Path | None) -> str:
     return path.name.removesuffix(".json").removesuffix(".config")
 
 
+# values launch files need that size nothing: TransformerConfig field -> the HF keys that record it, first found
+_FACTS = {"rope_theta": ("rope_theta", "rotary_emb_base"),
+          "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")}
+
+
+def _training_facts(c: _Config) -> tuple[dict[str, Any], dict[str, str]]:
+    """(rope_theta and norm_eps where the config records them, e.g. Llama 3.1's 500000 and 1e-5 or Qwen2.5's
+    1e-6; the HF key each came from, for error messages)."""
+    values: dict[str, Any] = {}
+    keys: dict[str, str] = {}
+    for field, names in _FACTS.items():
+        found = next((name for name in names if c.get(name) is not None), None)
+        if found is not None:
+            values[field], keys[field] = c.get(found), found
+    return values, keys
+
+
 def hf_config_to_transformer(data: Mapping[str, Any], where: str = "config.json", name: str | None = None,
                              path: Path | None = None) -> TransformerConfig:
     """Map a parsed config.json onto a TransformerConfig (errors name `where` and the HF key)."""
@@ -176,6 +193,9 @@ def hf_config_to_transformer(data: Mapping[str, Any], where: str = "config.json"
     if not isinstance(model_type, str) or model_type not in _MAPPERS:  # a list is unhashable
         raise ModelInputError(f"{where}: model_type: unsupported '{model_type}'; supported: {', '.join(SUPPORTED)}")
     kw, rename = _MAPPERS[model_type](c)
+    facts, keys = _training_facts(c)
+    kw.update(facts)
+    rename = {**rename, **keys}
     kw = {k: v for k, v in kw.items() if v is not None}
     model_name = name or _default_name(data, path)
     kw.update(name=model_name, source=f"Hugging Face config.json ({where}, model_type {model_type})")

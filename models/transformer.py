@@ -93,6 +93,12 @@ class TransformerConfig(BaseModel):
     position: Literal["rope", "learned"] = Field("rope", description="Rotary (no params) or learned position table.")
     max_positions: VocabSize = Field(4096, gt=0, description="Context length; sizes the learned position table.")
     tied_embeddings: bool = Field(False, description="Output head shares the input embedding matrix.")
+    rope_theta: float | None = Field(
+        None, gt=0, description="RoPE base the model trains with, from its source config (HF rope_theta, "
+        "rotary_emb_base); None: not recorded there.  Sizes nothing; launch files carry it.")
+    norm_eps: float | None = Field(
+        None, gt=0, description="Normalization epsilon from the source config (HF rms_norm_eps, layer_norm_eps, "
+        "layer_norm_epsilon); None: not recorded there.  Sizes nothing; launch files carry it.")
     dropout: bool = Field(False, description="Training uses dropout (adds masks to saved activations).")
     causal: bool = Field(True, description="Causal decoder; False builds a bidirectional encoder.")
     moe: MoEConfig | None = Field(None, description="Mixture-of-experts feed-forward; None: dense.")
@@ -342,6 +348,7 @@ def build_transformer(cfg: TransformerConfig) -> ModelGraph:
         name=cfg.name, family="decoder" if cfg.causal else "encoder", layers=layers,
         hidden=cfg.hidden, num_blocks=cfg.num_layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
         vocab=cfg.vocab, num_experts=cfg.moe.num_experts if cfg.moe else 0, source=cfg.source,
+        rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
     )
 
 

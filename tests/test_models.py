@@ -378,3 +378,25 @@ def test_exports():
         owner = getattr(obj, "__module__", None) or type(obj).__module__
         assert name == "ZOO" or owner.split(".")[0] == "models", (name, owner)
     assert exported["ZOO"] is ZOO and exported["get_model"] is get_model
+
+
+@pytest.mark.parametrize("fixture", ["llama3-8b", "mistral-7b", "mixtral-8x7b", "qwen2-7b", "gpt2-xl", "gpt-neox-20b",
+                                     "deepseek-v3"])
+def test_hf_import_keeps_rope_theta_and_norm_epsilon_for_the_launch_files(fixture):
+    # issue #27: values that size nothing but a framework's model config reads; Megatron's arguments for the
+    # imported model (its own name, so no zoo table applies) carry the config's values, which are the zoo's
+    from planner.emit.megatron_model import architecture, architecture_args
+
+    data = json.loads((HF / f"{fixture}.config.json").read_text())
+    graph = load_hf_config(data, name=f"imported-{fixture}")
+    theta = data.get("rope_theta", data.get("rotary_emb_base"))
+    eps = data.get("rms_norm_eps", data.get("layer_norm_eps", data.get("layer_norm_epsilon")))
+    assert (graph.rope_theta, graph.norm_eps) == (theta, eps)
+    if fixture == "deepseek-v3":
+        return  # multi-latent attention is read off zoo models only (Megatron's arguments need the zoo's config)
+    args, notes = architecture_args(architecture(graph), 1024)
+    zoo_args, _ = architecture_args(architecture(get_model(fixture)), 1024)
+    assert args["norm-epsilon"] == eps == zoo_args["norm-epsilon"]
+    if "rotary-base" in zoo_args:
+        assert args["rotary-base"] == theta == zoo_args["rotary-base"]
+    assert not any("rotary base" in n.lower() or "norm epsilon" in n.lower() for n in notes), notes

@@ -232,6 +232,24 @@ def read_config(model: ModelGraph, like: TransformerConfig | None = None) -> Tra
         raise UnsupportedPlan(f"{model.name}: the graph reads as no valid transformer: {message}") from None
 
 
+def _recorded_facts(model: ModelGraph, rope: bool, notes: list[str]) -> tuple[ModelFacts, list[str]]:
+    """Facts of a model outside the zoo's table: what its source config records (rope_theta, norm epsilon),
+    Megatron's defaults for the rest, and a note naming the defaults taken."""
+    recorded = {"rotary_base": model.rope_theta, "norm_epsilon": model.norm_eps}
+    given = {key: value for key, value in recorded.items() if value is not None}
+    if "rotary_base" in given:
+        given["rotary_base"] = round(given["rotary_base"])  # --rotary-base is an integer
+    facts = DEFAULT_FACTS.model_copy(update={
+        **given, "source": f"{model.name}'s config ({', '.join(given)}); Megatron's defaults for the rest"
+        if given else DEFAULT_FACTS.source})
+    defaults = [f"rotary base {facts.rotary_base}" if rope and "rotary_base" not in given else "",
+                f"norm epsilon {facts.norm_epsilon:g}" if "norm_epsilon" not in given else "",
+                f"init std {facts.init_std:g}"]
+    named = ", ".join(d for d in defaults if d)
+    return facts, [*notes, f"{named[0].upper()}{named[1:]}: Megatron's defaults ({model.name}'s config does not record "
+                           "them): edit args.txt if the model differs."]
+
+
 def architecture(model: ModelGraph) -> Architecture:
     """The config that rebuilds `model` exactly, its facts, and notes on what was assumed."""
     if model.num_blocks == 0 or model.family not in ("decoder", "encoder"):
@@ -253,10 +271,7 @@ def architecture(model: ModelGraph) -> Architecture:
                      f"({config.norm}, {config.activation}, {'' if config.bias else 'no '}biases, "
                      f"{config.position} positions); check the activation, which sizes cannot tell apart.")
     if facts is None:
-        facts = DEFAULT_FACTS
-        notes.append(f"Rotary base {facts.rotary_base}, norm epsilon {facts.norm_epsilon:g} and init std "
-                     f"{facts.init_std:g} are Megatron's defaults ({model.name} does not record them): edit "
-                     "args.txt if the model differs.")
+        facts, notes = _recorded_facts(model, config.position == "rope", notes)
     if config.moe is not None and facts.router is None:
         facts = facts.model_copy(update={"router": DEFAULT_ROUTER})
         notes.append(f"Routing recipe: {DEFAULT_ROUTER.source}.")
