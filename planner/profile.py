@@ -467,7 +467,9 @@ def recompute_counts_allowed(strategy: Strategy, split_blocks: tuple[int, ...] |
     return all(d == min(top, c) for d, c in zip(done, chunks))
 
 
-DEFAULT_RUNTIME = "reference"  # the library's default (what planner costed before profiles); the CLI's is "planner"
+# a Job built directly (what planner costed before profiles); planner.load_job, estimate, compile and the command
+# line use planner.DEFAULT_RUNTIME, which is CLI_RUNTIME
+JOB_RUNTIME = "reference"
 CLI_RUNTIME = "planner"
 
 
@@ -500,7 +502,7 @@ def _raw(name: str, seen: tuple[str, ...] = ()) -> dict:
 
 
 @lru_cache(maxsize=None)
-def load_runtime(name: str = DEFAULT_RUNTIME) -> RuntimeProfile:
+def load_runtime(name: str = JOB_RUNTIME) -> RuntimeProfile:
     """The built-in profile `name` (hardware/data/runtimes/<name>.yaml, with what it extends)."""
     try:
         return RuntimeProfile.model_validate(_raw(name))
