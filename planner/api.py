@@ -97,8 +97,9 @@ class Compiled:
     result: Any  # CompileResult, or the embedding search's result
     targets: tuple[str, ...]  # the launch targets asked for (the defaults when none was named)
     explicit_targets: bool  # named by the caller: one that cannot hold the plan stops the write
-    notes: list[str] = field(default_factory=list)  # what the caller should be told (runtime choice, skipped targets)
-    checks: tuple[TargetCheck, ...] = ()  # each target's check, once files() has run
+    notes: list[str] = field(default_factory=list)  # what the caller should be told of the search (runtime choice)
+    checks: tuple[TargetCheck, ...] = ()  # each target's check, set by files()
+    skipped: tuple[str, ...] = ()  # why each target without files has none, set by files()
 
     @property
     def wall_s(self) -> float:
@@ -127,7 +128,7 @@ class Compiled:
         if isinstance(self.plan, EmbeddingPlan):
             return self._embedding_files(inputs)
         files: dict[str, str | bytes] = {"plan.json": plan_json(self.plan)}
-        checks, refused = [], []
+        checks, refused, skipped = [], [], []
         for target in self.targets:  # each target's written strategy is costed under its runtime first
             check, target_files = emit_checked(self.plan, self.job, target, inputs)
             checks.append(check)
@@ -136,10 +137,10 @@ class Compiled:
             elif check.status == "refused" and self.explicit_targets:
                 refused.append(check.line)
             else:  # a target that cannot express the plan, or a default target that would not hold it
-                self.notes.append(f"no {target}/ files: {check.why}")
+                skipped.append(f"no {target}/ files: {check.why}")
         if refused:
             raise InfeasibleError("\n".join(refused))
-        self.checks = tuple(checks)
+        self.checks, self.skipped = tuple(checks), tuple(skipped)
         written = self.written
         files["report.md"] = render_report(self.plan, written, plots=True, checks=self.checks,
                                            launch_inputs=inputs_section(inputs, written))
@@ -157,12 +158,11 @@ class Compiled:
         plan = self.plan
         files: dict[str, str | bytes] = {"plan.json": to_json(plan), "sharding_plan.json": to_json(plan.sharding),
                                          RANKS_PNG: ranks_png(plan)}
-        for target in self.targets:
-            if target in DLRM_EMITTERS:
-                files.update(DLRM_EMITTERS[target](plan, self.job, inputs))
-            else:
-                self.notes.append(f"no {target}/ files: the {target} target does not run embedding-sharded "
-                                  f"recommendation models ({', '.join(DLRM_EMITTERS)} do)")
+        for target in self.written:
+            files.update(DLRM_EMITTERS[target](plan, self.job, inputs))
+        self.skipped = tuple(f"no {target}/ files: the {target} target does not run embedding-sharded recommendation "
+                             f"models ({', '.join(DLRM_EMITTERS)} do)" for target in self.targets
+                             if target not in DLRM_EMITTERS)
         section = _embedding_launch_section(self.written, inputs)
         files["report.md"] = render_embedding_report(plan, plots=True) + ("\n" + section if section else "")
         return files

@@ -11,8 +11,8 @@ import click
 
 from planner import api
 from planner.cli import render
-from planner.cli.options import (finite_seconds, job_options, json_option, memory_margin_option, runtime_option,
-                                 user_errors)
+from planner.cli.options import (finite_seconds, job_options, json_option, memory_margin_option, note_default_runtime,
+                                 runtime_option, user_errors)
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
@@ -154,9 +154,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
                        flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
                        runtime=runtime)
-    note = None if runtime or job.model.family == "recsys" else api.default_runtime(job)[1]
-    if note:
-        click.echo(f"note: {note}", err=True)
+    note_default_runtime(job, runtime)
     rows = api.compare_baselines(job, only=only, strategies_file=strategies_file, time_limit=time_limit)
     labels = {"model": job.model.name, "cluster": cluster, "batch": batch, "seq_len": seq_len, "precision": precision}
     if as_json:

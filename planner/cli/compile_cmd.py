@@ -19,7 +19,8 @@ from models.graph import ModelGraph
 from planner import api
 from planner.cli import render
 from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, emit_json, finite_seconds, job_options, json_option,
-                                 launch_options, memory_margin_option, output_dir_path, runtime_option, user_errors)
+                                 launch_options, memory_margin_option, note_default_runtime, output_dir_path,
+                                 runtime_option, user_errors)
 from planner.embedding.plan_doc import EmbeddingPlan
 from planner.embedding.report import summary as embedding_summary
 from planner.emit import DEFAULT_TARGETS, TARGETS
@@ -136,10 +137,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
                        flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
                        runtime=runtime)
-    if not runtime and not targets and job.model.family != "recsys":
-        note = api.default_runtime(job)[1]
-        if note:
-            click.echo(f"note: {note}", err=True)
+    if not targets:  # named targets choose the runtime in api.compile, which says so in its notes
+        note_default_runtime(job, runtime)
     try:
         compiled = api.compile(job, targets=targets, runtime=runtime, fixed=_parse_fixed(fixed), objective=objective,
                                max_step_time=max_step_time, time_limit=time_limit, work_limit=work_limit,
@@ -157,12 +156,11 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(render.compile_summary(compiled.plan, compiled.wall_s))
     if out_dir is None:
         return
-    shown = len(compiled.notes)
     try:
         compiled.write(out_dir, inputs=inputs, force=force)
     except InfeasibleError as err:  # a named target would not run the plan as costed: nothing is written
         raise Infeasible(str(err)) from None
-    for note in compiled.notes[shown:]:
+    for note in compiled.skipped:
         click.echo(f"note: {note}", err=True)
     listed = ("plan.json, sharding_plan.json, report.md, " + RANKS_PNG if isinstance(compiled.plan, EmbeddingPlan)
               else f"plan.json, report.md, {MEMORY_PNG}, {TIME_PNG}")

@@ -9,7 +9,7 @@ import click
 from planner import api
 from planner.cli import render
 from planner.cli.options import (Infeasible, InputError, emit_json, job_options, json_option, memory_margin_option,
-                                 runtime_option, user_errors)
+                                 note_default_runtime, runtime_option, user_errors)
 from planner.job import Job
 
 
@@ -63,9 +63,7 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         return
     if sharding_file is not None:
         raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
-    note = None if runtime else api.default_runtime(job)[1]
-    if note:
-        click.echo(f"note: {note}", err=True)
+    note_default_runtime(job, runtime)
     result = api.estimate(job, spec)
     if as_json:
         emit_json(result.model_dump(mode="json"))

@@ -92,6 +92,18 @@ def finite_number(ctx: click.Context, param: click.Parameter, value: float | Non
     return value
 
 
+def note_default_runtime(job: Any, runtime: str | None) -> None:
+    """On stderr, why the job runs under another runtime than planner's own when no --runtime was named (a
+    mixture-of-experts model: megatron); recommendation models have no runtime profile."""
+    if runtime or job.model.family == "recsys":
+        return
+    from planner import api  # the solver and emitters load with the commands that use them, not with `show`
+
+    note = api.default_runtime(job)[1]
+    if note:
+        click.echo(f"note: {note}", err=True)
+
+
 def emit_json(data: Any) -> None:
     """Print `data` as the commands' --json output: indented JSON, one document."""
     click.echo(json.dumps(data, indent=2))

@@ -45,9 +45,11 @@ def _candidates(job: Job, config: Strategy, space: SpaceOptions):
                    key=lambda v: ({"none": 0, "optimizer": 1, "params": 1, "all": 2}[v.get("offload", "none")],
                                   -v.get("offload_ratio", 1.0)))
     # as the programs write a plan: the split, and each stage's recomputed blocks per chunk
-    split = tuple(len(b) for b in split_blocks(job.model.num_blocks, config.pp, None)) if config.pp > 1 else None
-    every = {"recompute": "full", "recompute_layers": tuple(n // config.vpp for n in split or (job.model.num_blocks,))}
-    recomputes = [{}, every] if config.blocks_recomputable and job.model.num_blocks else [{}]
+    blocks = job.model.num_blocks
+    split = (job.runtime.space.default_split(blocks, config.pp, config.vpp)  # the runtime's own layout (Megatron)
+             or tuple(len(b) for b in split_blocks(blocks, config.pp, None))) if config.pp > 1 else None
+    every = {"recompute": "full", "recompute_layers": tuple(n // config.vpp for n in split or (blocks,))}
+    recomputes = [{}, every] if config.blocks_recomputable and blocks else [{}]
     for placement in dict.fromkeys(tuple(sorted(v.items())) for v in ({}, lightest)):
         for recompute in recomputes:
             strategy = config.model_copy(update={**dict(placement), **recompute, "split": split})

@@ -234,9 +234,9 @@ class Floors:
         order does not change with recomputation), and at that count a placement without offload is the fastest
         (offload only adds time; _offload_pays): one bisection and a few compositions instead of each
         placement's own (the bounds' floors; placed_options builds the tables)."""
-        host = [(self.stage_sums(stage, counts, min_recompute, config, site, False), v) for v in variants]
-        placed = [(v, stage_memory(self.job, config.model_copy(update=v) if v else config, site, sums,
-                                   micro_batches, self.catalog)) for sums, v in host]
+        least = self.stage_sums(stage, counts, min_recompute, config, site, False)  # placements share the sums
+        placed = [(v, stage_memory(self.job, config.model_copy(update=v) if v else config, site, least,
+                                   micro_batches, self.catalog)) for v in variants]
         placed = [(v, memory) for v, memory in placed if memory.fits_host]
         if not placed:
             return None
