@@ -38,6 +38,7 @@ from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, Precision
 from planner.plan.groups import build_plan
 from planner.plan.output import write_outputs
+from planner.plan.prefer import prefer as prefer_plan
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
 from planner.plan.schema import Plan, plan_json
@@ -194,13 +195,16 @@ def _embedding_launch_section(targets: tuple[str, ...], inputs: LaunchInputs) ->
 def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = None,
             fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
             time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
-            embedding_planner: EmbeddingStrategyName = "planner", progress: Progress | None = None) -> Compiled:
+            embedding_planner: EmbeddingStrategyName = "planner", prefer: str = "validated",
+            progress: Progress | None = None) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
     targets: launch targets the plan must be expressible in (their spaces intersect; none named: the default
     targets, written where they hold the plan).  runtime: the runtime the plan is costed under (default: the
     first named target's, else the job's).  fixed: strategy keys the search must use (`--fix`).  work_limit:
-    CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  InfeasibleError when
+    CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  prefer: "validated" (a
+    runner-up inside the optimum's prediction interval that risks less HBM headroom or extrapolation is returned
+    instead, planner.plan.prefer) or "fastest" (the optimum).  InfeasibleError when
     nothing fits, with what does not fit where and the smallest change that would."""
     explicit = bool(targets)
     chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
@@ -224,15 +228,17 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         name, note = default_runtime(job, targets)
         job = job.on(load_runtime(name))
         notes += [note] if note else []
-    options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search)
+    options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search,
+                       prefer)
     result: CompileResult = compile_job(job, options, progress=progress)
-    plan = build_plan(job, result, options)
+    result, preference = prefer_plan(job, result, options)
+    plan = build_plan(job, result, options).model_copy(update={"preference": preference})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,
              max_step_time: float | None, time_limit: float, work_limit: float | None,
-             offload_search: str) -> CompileOptions:
+             offload_search: str, prefer: str = "validated") -> CompileOptions:
     """The search's options: one plan every named target can express (the intersection of their spaces; a
     target whose runtime cannot run the model at all is skipped when the files are written instead)."""
     space = SpaceOptions(fixed=fixed, offload_search=offload_search)
@@ -246,7 +252,7 @@ def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], ob
                 narrowed.append(profile.name)
     others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)
     return CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit,
-                          work_limit=work_limit, space=space, space_runtimes=others)
+                          work_limit=work_limit, space=space, space_runtimes=others, prefer=prefer)
 
 
 def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: str | Path | None = None,

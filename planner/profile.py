@@ -372,6 +372,14 @@ class Pipelining(BaseModel):
     source: str = Field("", description="Where this was read.")
 
 
+class KnownGap(BaseModel):
+    """A measured error of the cost model under a runtime that it does not model yet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    summary: str = Field(max_length=80, description="What is off, in one short line (the estimate's text output).")
+    detail: str = Field(description="The measurement behind it and its source (report.md, --json).")
+
+
 class RuntimeProfile(BaseModel):
     """One framework as it runs a strategy."""
 
@@ -389,7 +397,7 @@ class RuntimeProfile(BaseModel):
         None, description="What the runtime saves for backward per layer kind; null: the model graph's "
         "Korthikanti count.")
     space: Space = Field(description="What it can express.")
-    known_gaps: tuple[str, ...] = Field(
+    known_gaps: tuple[KnownGap, ...] = Field(
         (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "
         "yet, with the measurement; every estimate under it names them (planner.cost.confidence).")
 

@@ -99,6 +99,11 @@ def _progress(enabled: bool | None):
               help="When stages may offload: in every program, where it can buy fewer recomputed blocks or a better "
                    "split (the certificate covers every placement), or only where nothing fits without it (faster; "
                    "the certificate then holds over the strategies without offload).")
+@click.option("--prefer", type=click.Choice(["validated", "fastest"]), default="validated", show_default=True,
+              help="validated: when the optimum's advantage lies inside its prediction interval and it leaves under "
+                   "5% of HBM free or leans on more unvalidated terms, return the fastest runner-up inside that "
+                   "interval without that risk (both are in report.md); fastest: the optimum.  The certificate is "
+                   "the optimum's either way.")
 @click.option("--progress/--no-progress", default=None,
               help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
 @launch_options
@@ -109,7 +114,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
-             offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
+             offload_search: str, prefer: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -143,7 +148,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         compiled = api.compile(job, targets=targets, runtime=runtime, fixed=_parse_fixed(fixed), objective=objective,
                                max_step_time=max_step_time, time_limit=time_limit, work_limit=work_limit,
                                offload_search=offload_search, embedding_planner=embedding_planner,
-                               progress=_progress(progress))
+                               prefer=prefer, progress=_progress(progress))
     except InfeasibleError as err:
         raise Infeasible(str(err)) from None  # keeps the explanation's lines
     for note in compiled.notes:

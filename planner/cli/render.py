@@ -211,6 +211,7 @@ def estimate_report(estimate: Estimate, title: str) -> str:
         f"{estimate.num_gpus} GPUs)",
         f"step time    {estimate.step_time_s:.3f} s ({estimate.micro_batches} micro-batch"
         f"{'' if estimate.micro_batches == 1 else 'es'} per replica)",
+        f"             {estimate.interval.text()}",
         f"MFU          {100 * estimate.mfu:.1f}%  (HFU {100 * estimate.hfu:.1f}%)",
         "",
         "memory per GPU (GB)",
@@ -248,7 +249,7 @@ def confidence_lines(reasons: list[str]) -> list[str]:
     """`confidence` and one line per term no validated published run covers (nothing when all are covered)."""
     if not reasons:
         return ["confidence   validated regime (hardware/data/validated.yaml)"]
-    return ["confidence   extrapolated: " + reasons[0], *(f"             {r}" for r in reasons[1:])]
+    return ["confidence   extrapolated (details: report.md, --json):", *(f"             - {r}" for r in reasons)]
 
 
 def compile_summary(plan: "Plan", wall_s: float) -> str:
@@ -263,6 +264,7 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
         "",
         f"throughput   {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU, {job.num_gpus} GPUs)",
         f"step time    {t.step_time_s:.4g} s ({_step_detail(plan)})",
+        *([f"             {t.interval.text()}"] if t.interval else []),
         f"MFU          {100 * t.mfu:.1f}%  (HFU {100 * t.hfu:.1f}%)",
         "",
     ]
@@ -284,9 +286,16 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
     if s.stopped == "time_limit":
         lines.append(f"             stopped by the time limit ({s.time_limit_s:g} s): not reproducible, another run "
                      "may choose differently")
-    if plan.runners_up:
+    pref = plan.preference
+    if pref is not None and not pref.chose_optimum:
+        worse = 100 * (t.step_time_s / pref.optimum_step_time_s - 1)
+        lines += [f"optimum      {pref.optimum_spec} ({pref.optimum_step_time_s:.4g} s; the plan is {worse:+.2f}%, "
+                  "inside the model's error)",
+                  *(f"             set aside (--prefer validated): {r}" for r in pref.reasons)]
+    elif plan.runners_up:
         r = plan.runners_up[0]
-        lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%)")
+        within = ", inside the model's error" if r.within_error else ""
+        lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%{within})")
     lines += confidence_lines(plan.confidence.reasons)
     return "\n".join(lines)
 
