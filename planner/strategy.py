@@ -315,6 +315,22 @@ class Strategy(BaseModel):
 _ALIASES = {"zero": {"fsdp": "3", "ddp": "0"}}
 
 
+def short_spec(spec: str) -> str:
+    """`spec` without the keys at their defaults: each key whose removal leaves the same resolved strategy is
+    dropped (dp stays: a plan's data-parallel degree is resolved, never a default), so text output shows what
+    was chosen.  The full SPEC stays in plan.json and --json."""
+    full, kept = parse_strategy(spec).spec(), [p for p in spec.split(",") if p]
+    for part in list(kept):
+        trial = [p for p in kept if p != part]
+        try:
+            same = parse_strategy(",".join(trial)).spec() == full
+        except (PlannerInputError, ValueError):  # another key needs this one (sp=on needs tp > 1)
+            same = False
+        if same:
+            kept = trial
+    return ",".join(kept) or "(defaults)"
+
+
 def spec_kind(key: str) -> str:
     """How the SPEC spells a field's value, read off its annotation: int, bool, ints (a/b/c), names (a/b/c),
     or a word."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
 from models.graph import ModelGraph
+from planner.strategy import short_spec
 
 if TYPE_CHECKING:  # type names only: `planner show` renders without loading the cost model
     from planner.cost import Estimate
@@ -205,7 +206,7 @@ def estimate_report(estimate: Estimate, title: str) -> str:
     mem = estimate.memory
     lines = [
         title,
-        f"strategy     {estimate.strategy_spec}",
+        f"strategy     {short_spec(estimate.strategy_spec)}",
         "",
         f"throughput   {estimate.tokens_per_s:,.0f} tokens/s ({estimate.tokens_per_s_per_gpu:,.0f} per GPU, "
         f"{estimate.num_gpus} GPUs)",
@@ -260,7 +261,7 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
         f"{job.model} on {job.cluster_description}",
         f"batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}, {job.runtime} runtime"
         + (f", {100 * job.memory_margin:g}% of HBM left free" if job.memory_margin else ""),
-        f"strategy     {plan.strategy_spec}",
+        f"strategy     {plan.strategy_spec if plan.groups else short_spec(plan.strategy_spec)}",
         "",
         f"throughput   {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU, {job.num_gpus} GPUs)",
         f"step time    {t.step_time_s:.4g} s ({_step_detail(plan)})",
@@ -270,7 +271,7 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
     ]
     if plan.groups:
         rows = [[g.pool, g.batch, f"{g.first_rank}-{g.first_rank + g.plan.job.num_gpus - 1}",
-                 g.plan.strategy_spec, f"{g.plan.time.step_time_s:.4g}", gb(g.plan.memory.peak_bytes),
+                 short_spec(g.plan.strategy_spec), f"{g.plan.time.step_time_s:.4g}", gb(g.plan.memory.peak_bytes),
                  gb(g.plan.memory.capacity_bytes)] for g in plan.groups]
         lines.append(table(["group", "batch", "ranks", "strategy", "step s", "HBM GB", "capacity"], rows,
                            right=(1, 4, 5, 6)))
@@ -289,13 +290,13 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
     pref = plan.preference
     if pref is not None and not pref.chose_optimum:
         worse = 100 * (t.step_time_s / pref.optimum_step_time_s - 1)
-        lines += [f"optimum      {pref.optimum_spec} ({pref.optimum_step_time_s:.4g} s; the plan is {worse:+.2f}%, "
-                  "inside the model's error)",
+        lines += [f"optimum      {short_spec(pref.optimum_spec)} ({pref.optimum_step_time_s:.4g} s, the plan "
+                  f"{worse:+.2f}%: inside the model's error)",
                   *(f"             set aside (--prefer validated): {r}" for r in pref.reasons)]
     elif plan.runners_up:
         r = plan.runners_up[0]
         within = ", inside the model's error" if r.within_error else ""
-        lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%{within})")
+        lines.append(f"runner-up    {short_spec(r.strategy_spec)} ({r.worse_pct:+.2f}%{within})")
     lines += confidence_lines(plan.confidence.reasons)
     return "\n".join(lines)
 

@@ -88,7 +88,7 @@ class Interval(BaseModel):
     def text(self) -> str:
         """'80%: 1.02-1.31 s, 14 runs alike in runtime, device'."""
         alike = f"alike in {', '.join(self.matched)}" if self.matched else "of every regime"
-        return f"{self.coverage:.0%}: {self.low_s:.3g}-{self.high_s:.3g} s, {self.runs} published runs {alike}"
+        return f"{self.coverage:.0%}: {self.low_s:.4g}-{self.high_s:.4g} s, {self.runs} published runs {alike}"
 
     def indistinguishable(self, step_s: float, best_s: float) -> bool:
         """Whether a plan of `step_s` is within the model's error of one of `best_s` (step_s >= best_s)."""
