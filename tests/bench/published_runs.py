@@ -438,6 +438,23 @@ def source_key(row: dict) -> str:
     return text.split(";")[0].split()[0] if text else "?"
 
 
+def source_document(row: dict) -> tuple[str, ...]:
+    """The document a row's `source` starts with, as the strings that name it: ('2201.11990',) for an arXiv
+    paper, (owner/repo, path) for a file of a repository, (url,) for a web page.  Finer than `source_key`:
+    two files of one repository, or two papers, are two documents."""
+    text = row["source"].strip()
+    for pattern in (r"arXiv (\d{4}\.\d{4,5})", r"(https?://[^\s;,]+)", r"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+) ([^\s;,]+)"):
+        match = re.match(pattern, text)
+        if match:
+            return match.groups()
+    raise ValueError(f"row {row.get('id', '?')}: source {text[:60]!r} names no arXiv paper, repository file or URL")
+
+
+def cites(document: tuple[str, ...], text: str) -> bool:
+    """Whether a source text names `document` (every string of it appears)."""
+    return all(part in text for part in document)
+
+
 _DEVICE_FAMILIES = ("MI300X", "B200", "H200", "H100", "A100", "L4")
 
 
