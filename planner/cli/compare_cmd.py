@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import textwrap
 from pathlib import Path
 
 import click
@@ -17,6 +18,7 @@ from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
 from planner.profile import load_runtime
+from planner.strategy import short_spec
 
 # the job's columns first, so a CSV of several compares concatenated still says what each row ran
 _JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
@@ -24,31 +26,47 @@ _FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "tor
            "unit", "mfu",
            "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
            "extrapolated", "confidence", "why", "planning_s", "spec", "source")
-_WHY_WIDTH = 160  # the terminal table shortens a long reason; CSV and JSON keep it whole
+_WIDTH = 100  # text lines wrap here; CSV and JSON keep each reason on one line
 
 
 def _text(rows: list[CompareRow]) -> str:
+    """The rows' figures in a table, then each row's plan (the SPEC keys off their defaults) or why it has none,
+    wrapped within _WIDTH columns."""
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
-    def why(text: str) -> str:
-        return text if len(text) <= _WHY_WIDTH else text[:_WHY_WIDTH - 3] + "..."
-
+    host = any(r.host_bytes for r in rows)  # the host column only where something is offloaded
     body = [[r.strategy, r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"),
              num(r.tokens_per_s_per_gpu, ",.0f"), num(r.mfu and 100 * r.mfu, ".1f"),
              num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
-             num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else ("no" if r.applicable else "n/a"),
+             *([num(r.host_bytes and r.host_bytes / 1e9, ".1f")] if host else []),
+             "yes" if r.fits else ("no" if r.applicable else "n/a"),
              "extrap." if r.extrapolated else ("-" if r.extrapolated is None else "ok"),
-             f"{r.planning_s:.2f}", r.spec if r.fits else why(r.why)] for r in rows]
+             f"{r.planning_s:.2f}"] for r in rows]
     per_gpu = "samples/s/GPU" if rows and rows[0].unit == "samples" else "tok/s/GPU"
-    heads = ["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", "host GB", "fits", "valid.",
-             "plan s", "plan / why not"]
+    heads = ["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", *(["host GB"] if host else []),
+             "fits", "valid.", "plan s"]
+    right = (2, 3, 4, 5, 6, *((7,) if host else ()), len(heads) - 1)
     if any(r.unit == "samples" for r in rows):  # recommendation models: the second cost model's number beside
         heads.insert(4, f"{TORCHREC_MODEL} s")
         for r, line in zip(rows, body):
             line.insert(4, num(r.torchrec_model_s, ".4g"))
-        return render.table(heads, body, right=(2, 3, 4, 5, 6, 7, 8, 11))
-    return render.table(heads, body, right=(2, 3, 4, 5, 6, 7, 10))
+        right = tuple(i + (i >= 4) for i in right) + (4,)
+    return render.table(heads, body, right=right) + "\n" + _plans(rows)
+
+
+def _plans(rows: list[CompareRow]) -> str:
+    """Each row's plan, or why it has none (whole: the table keeps the figures)."""
+    width = max(len(r.strategy) for r in rows) + 2
+    lines = ["plans (SPEC keys off their defaults; --json and --csv have them whole) and why not:"]
+    for r in rows:
+        if r.fits and r.spec:  # a recommendation model's row is an embedding plan's summary, not a SPEC
+            text = r.spec if r.unit == "samples" else short_spec(r.spec)
+        else:
+            text = r.why
+        lines += textwrap.wrap(text, _WIDTH, initial_indent=f"  {r.strategy:<{width}}",
+                               subsequent_indent=" " * (width + 2), break_on_hyphens=False) or [f"  {r.strategy}"]
+    return "\n".join(lines)
 
 
 def _breakdown(rows: list[CompareRow]) -> str:
@@ -89,13 +107,15 @@ def _legend(rows: list[CompareRow]) -> str:
     lines = ["cost models (runtime column; hardware/data/runtimes/NAME.yaml):"]
     for name in dict.fromkeys(r.runtime for r in rows):
         if name == EMBEDDING_RUNTIME:
-            lines.append(f"  {name}: planner's embedding cost model (planner/embedding/evaluate.py), no runtime "
-                         "profile")
+            lines += textwrap.wrap(f"{name}: planner's embedding cost model (planner/embedding/evaluate.py), no "
+                                   "runtime profile", _WIDTH, initial_indent="  ", subsequent_indent="    ")
             if any(r.torchrec_model_s is not None for r in rows):
-                lines.append(f"  {TORCHREC_MODEL} s column: TorchRec 1.8's own estimators on the same plan "
-                             "(EmbeddingPerfEstimator; the slowest rank's embedding seconds, no dense part)")
+                lines += textwrap.wrap(f"{TORCHREC_MODEL} s column: TorchRec 1.8's own estimators on the same plan "
+                                       "(EmbeddingPerfEstimator; the slowest rank's embedding seconds, no dense part)",
+                                       _WIDTH, initial_indent="  ", subsequent_indent="    ")
         else:
-            lines.append(f"  {name}: {load_runtime(name).description}")
+            lines += textwrap.wrap(f"{name}: {load_runtime(name).description}", _WIDTH, initial_indent="  ",
+                                   subsequent_indent="    ")
     return "\n".join(lines)
 
 
