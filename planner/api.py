@@ -43,9 +43,15 @@ from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
 from planner.plan.schema import Plan, plan_json
 from planner.profile import CLI_RUNTIME, load_runtime
+from planner.replan.candidates import ReplanOptions, ReplanResult, old_options, replan as replan_job
+from planner.replan.layout import plan_layout
+from planner.replan.output import replan_files
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions, CompileResult
 from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan
+from planner.simulate.plan_input import simulate_plan as simulate_runs
+from planner.simulate.simulator import SimulationRun
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
 
@@ -264,3 +270,60 @@ def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: 
         names, plugins = load_strategies(Path(strategies_file),
                                          tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
     return compare_rows(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
+
+
+def load_plan(path: str | Path, *, model: str | None = None, cluster: str | None = None) -> tuple[Plan, Job]:
+    """A plan.json and the job it was compiled for, rebuilt from its model and cluster and checked against its
+    inputs_digest (an edited plan is refused).  model, cluster: the files it was compiled from, where plan.json
+    names a file rather than a zoo model or PRESET:NODES."""
+    plan = read_plan(Path(path))
+    return plan, plan_job(plan, Path(path), model, cluster)
+
+
+@dataclass
+class Simulated:
+    """A plan's step simulated event by event, beside the analytic cost model."""
+
+    summary: PlanSimulation
+    runs: list[tuple[str | None, int, SimulationRun]]  # (pool, batch, run) per replica group (pool None: one)
+
+
+def simulate_plan(plan: Plan, job: Job) -> Simulated:
+    """Simulate one training step of `plan` (every forward, backward, transfer, gather and the optimizer)."""
+    runs, sync = plan_runs(plan, job)
+    return Simulated(summary=simulate_runs(plan, runs, sync), runs=runs)
+
+
+DEFAULT_STEPS_LEFT = 1000
+
+
+@dataclass
+class Replanned:
+    """A re-plan: the new plan, what moves where, and the files `planner replan -o DIR` writes."""
+
+    plan: Plan
+    result: ReplanResult
+    files: dict[str, str | bytes]
+    notes: list[str]  # the targets without files, and why
+
+    def write(self, out_dir: str | Path, *, force: bool = False) -> None:
+        write_outputs(Path(out_dir), self.files, force=force)
+
+
+def replan_for(plan: Plan, job: Job, new_cluster: str | Cluster, *, targets: tuple[str, ...] = (),
+           steps_left: int = DEFAULT_STEPS_LEFT, checkpoint_bandwidth: float | None = None,
+           lost_nodes: tuple[int, ...] | None = None, time_limit: float | None = None,
+           fixed: dict[str, int | str] | None = None, inputs: LaunchInputs = LaunchInputs()) -> Replanned:
+    """Re-plan `plan` (and its `job`, from load_plan) for `new_cluster`: the plan minimising the migration time plus
+    steps_left x step time, with the migration and the targets' launch files resuming the old checkpoint
+    (targets: default, compile's defaults).  InfeasibleError when the new cluster is too small."""
+    if plan.groups:
+        raise PlannerInputError("strategy: a replica-group plan (a strategy per pool); replan re-plans "
+                                "single-strategy plans")
+    cluster = load_cluster(new_cluster) if isinstance(new_cluster, str) else new_cluster
+    ask = ReplanOptions(steps_left=steps_left, checkpoint_bandwidth=checkpoint_bandwidth, lost_nodes=lost_nodes,
+                        time_limit=time_limit, fixed=fixed or {})
+    result = replan_job(plan_layout(plan, job.model), job, old_options(plan.options), cluster, ask)
+    chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
+    new, files, notes = replan_files(plan, result, ask, chosen, inputs)
+    return Replanned(plan=new, result=result, files=files, notes=notes)
