@@ -24,16 +24,16 @@ QUICK_ROWS = 3  # --quick: the first rows of each table (tests/test_terms.py)
 SOURCE_COLUMNS = ("source", "notes")
 
 
-def load_rows(term: str) -> list[dict[str, str]]:
-    """The rows of tests/data/terms/TERM.csv; ValueError naming the file, row and column when a row lacks
-    its source or its quoted figure."""
-    path = DATA / f"{term}.csv"
+def load_rows(term: str, data: Path = DATA) -> list[dict[str, str]]:
+    """The rows of DATA/TERM.csv (tests/data/terms); ValueError naming the file, row and column when a row
+    lacks its source or its quoted figure.  Lines starting with '#' are comments."""
+    path = data / f"{term}.csv"
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(row for row in handle if not row.startswith("#")))
-    for number, row in enumerate(rows, start=2):
+    for number, row in enumerate(rows, start=1):
         for column in SOURCE_COLUMNS:
             if not (row.get(column) or "").strip():
-                raise ValueError(f"{path.name}: row {number}: column {column!r} is empty")
+                raise ValueError(f"{path.name}: data row {number}: column {column!r} is empty")
     return rows
 
 
@@ -55,8 +55,9 @@ class Compared:
     source: str  # short source label (the CSV's source_id)
 
 
-def print_table(title: str, rows: list[Compared], out: TextIO = sys.stdout) -> None:
-    """The rows as a fixed-width table, then the summary line."""
+def print_table(title: str, rows: list[Compared], out: TextIO | None = None) -> None:
+    """The rows as a fixed-width table, then the summary line (on `out`, default the current sys.stdout)."""
+    out = out or sys.stdout
     headers = ("configuration", "measured", "model", "model/measured", "source")
     cells = [(r.config, r.measured, r.modelled, f"{r.ratio:.2f}", r.source) for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
@@ -79,8 +80,9 @@ def summary(rows: list[Compared]) -> str:
             f"worst {100 * (worst.ratio - 1.0):+.0f}% ({worst.config})")
 
 
-def group_summaries(rows: list[Compared], key, out: TextIO = sys.stdout) -> None:
+def group_summaries(rows: list[Compared], key, out: TextIO | None = None) -> None:
     """One summary line per group of rows (`key(row)` names the group), in first-seen order."""
+    out = out or sys.stdout
     groups: dict[str, list[Compared]] = {}
     for row in rows:
         groups.setdefault(key(row), []).append(row)
