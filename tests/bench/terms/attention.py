@@ -5,10 +5,11 @@ head dimension and causality, forward and forward+backward.
 
 Measurements (tests/data/terms/attention.csv): FlashAttention-2 forward+backward on A100 80GB SXM4 and H100
 SXM5 (the flash-attention README plots), and FlashAttention-2, FlashAttention-3 and cuDNN forward on H100 SXM5
-(FlashAttention-3 paper, Fig. 5).  Every benchmark runs hidden 2048 (32, 16 or 8 heads of 64, 128 or 256),
-batch x seqlen = 16k tokens, fp16, and counts FLOPs as 4*batch*seqlen^2*heads*head_dim forward, HALVED when
-causal (the kernels skip the masked blocks), backward 2.5x forward; the measured seconds are those FLOPs over
-the published TFLOP/s.
+(FlashAttention-3 paper, Fig. 5): hidden 2048 (32, 16 or 8 heads of 64, 128 or 256), batch x seqlen = 16k
+tokens, fp16; and FlashAttention-2 forward on an A100 with 32 heads of 128, MHA and GQA (8 KV heads), from a
+third party's table.  Every source counts FLOPs as 4*batch*seqlen^2*heads*head_dim forward, HALVED when causal
+(the kernels skip the masked blocks), backward 2.5x forward; the measured seconds are those FLOPs over the
+published TFLOP/s.
 
 Model: `planner.cost.compute.layer_time` of the attention layer a one-block Llama of hidden 2048 with that head
 shape builds (models.transformer), one micro-batch of `batch` sequences of `seqlen` on one GPU (no tensor or
@@ -76,7 +77,8 @@ def compare(row: dict[str, str]) -> Compared:
     measured_s = flops / (float(row["measured_tflops"]) * 1e12)
     model_s = model_seconds(row)
     mask = "causal" if row["causal"] == "true" else "full"
-    config = (f"{row['kernel']} {row['device']} {row['direction']} {mask} d={row['head_dim']} "
+    gqa = f" kv={row['kv_heads']}" if row["kv_heads"] != row["heads"] else ""
+    config = (f"{row['kernel']} {row['device']} {row['direction']} {mask} d={row['head_dim']}{gqa} "
               f"s={row['seq_len']} b={row['batch']}")
     return Compared(config=config, measured=f"{float(row['measured_tflops']):.0f} TF/s",
                     modelled=f"{flops / model_s / 1e12:.0f} TF/s", ratio=model_s / measured_s,
