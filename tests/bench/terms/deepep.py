@@ -14,8 +14,8 @@ hidden 7168, top-8 of 256/288 experts, top-4 node groups, FP8 dispatch, BF16 com
   `planner.cost.comm.expert_all_to_all_seconds` for one DeepSeek-V3 MoE layer, one micro-batch of 4096
   tokens per rank, ep = dp = EP, balanced routing, no overlap, divided by its 4 all-to-alls (dispatch and
   combine, forward and backward: the model prices each alike).  That function carries the model's byte
-  count (top_k copies of each token in 16-bit); DeepEP sends each token once per destination rank or node,
-  FP8 on dispatch, so the rows test bytes and rates together.
+  count (top_k copies of each token in 16-bit); DeepEP dispatches in FP8 and forwards tokens from the RDMA
+  domain over NVLink (its README), so the rows test bytes and rates together.
 """
 
 from __future__ import annotations
