@@ -53,24 +53,24 @@ def test_quantiles_are_the_order_statistics_outside_the_central_share():
 
 def test_an_estimates_interval_comes_from_its_regimes_runs():
     # Megatron-Core on H100 with tensor and pipeline parallelism at 2K: rows of the residuals file in exactly
-    # this regime, widened to the next level only if fewer than `neighbours`
+    # this regime, widened to the next level only if fewer than `neighbours` (and three keys give enough)
     residuals = load_residuals()
     job = make_job("llama3-70b", "dgx-h100:96", batch=1536, seq=2048).on(load_runtime("megatron"))
     estimate = evaluate(job, parse_strategy("tp=8,pp=2,zero=1"))
     same = [r.log_ratio for r in residuals.rows
             if (r.runtime, r.device, r.family, r.seq) == ("megatron", "H100", "TP+PP", "<=4K")]
-    assert 0 < len(same) < residuals.neighbours  # so the interval widens to runs sharing three keys
-    i = estimate.interval
-    assert i.runs >= residuals.neighbours and len(i.matched) < 4
     three = [r.log_ratio for r in residuals.rows
              if sum((r.runtime == "megatron", r.device == "H100", r.family == "TP+PP", r.seq == "<=4K")) >= 3]
-    if len(three) >= residuals.neighbours:
-        assert i.runs == len(three)
-        tail = (1 - residuals.coverage) / 2
-        ordered = sorted(three)
-        k_low, k_high = math.floor(tail * (len(three) - 1)), math.ceil((1 - tail) * (len(three) - 1))
-        assert i.low_s == pytest.approx(estimate.step_time_s * math.exp(ordered[k_low]))
-        assert i.high_s == pytest.approx(estimate.step_time_s * math.exp(ordered[k_high]))
+    i = estimate.interval
+    # the runs of exactly this regime when there are enough of them, else those sharing three of its keys
+    expected = same if len(same) >= residuals.neighbours else three
+    assert len(same) > 0 and len(expected) >= residuals.neighbours
+    assert i.runs == len(expected) and len(i.matched) == (4 if expected is same else 3)
+    tail = (1 - residuals.coverage) / 2
+    ordered = sorted(expected)
+    k_low, k_high = math.floor(tail * (len(expected) - 1)), math.ceil((1 - tail) * (len(expected) - 1))
+    assert i.low_s == pytest.approx(estimate.step_time_s * math.exp(ordered[k_low]))
+    assert i.high_s == pytest.approx(estimate.step_time_s * math.exp(ordered[k_high]))
     assert i.low_s < estimate.step_time_s * 1.5 and i.high_s > i.low_s
 
 

@@ -91,3 +91,18 @@ def test_bus_bandwidth_converts_to_the_time_nccl_tests_printed():
     assert collectives.measured_seconds(row, ranks=8) == pytest.approx(127997e-6, rel=1e-3)
     as_time = {**row, "unit": "us", "measured": "127997"}
     assert collectives.measured_seconds(as_time, ranks=8) == pytest.approx(0.127997)
+
+
+def test_attention_kernels_table_is_what_the_benchmarks_imply(common):
+    # hardware/data/attention.yaml is the bench's --implied output: each measured kernel and device's relative
+    # efficiency, at which the model's median time over that kernel's rows is the measured one
+    from planner.cost.attention import load_attention_kernels
+
+    attention = load_script("attention")
+    implied = attention.implied(common.load_rows("attention"))
+    table = load_attention_kernels().relative_efficiency
+    assert implied == {kernel: devices for kernel, devices in table.items() if devices}
+    # causal attention costs about half the unmasked core at length (the kernels skip the masked blocks)
+    from hardware import load_catalog
+    from planner.cost.compute import causal_time_ratio
+    assert 0.5 < causal_time_ratio(131072, load_catalog()) < 0.56 < causal_time_ratio(512, load_catalog()) < 0.9

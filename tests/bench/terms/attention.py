@@ -2,6 +2,8 @@
 head dimension and causality, forward and forward+backward.
 
     python tests/bench/terms/attention.py [--quick]
+    python tests/bench/terms/attention.py --implied   # the relative efficiency per kernel and device the rows
+                                                      # imply (hardware/data/attention.yaml holds them)
 
 Measurements (tests/data/terms/attention.csv): FlashAttention-2 forward+backward on A100 80GB SXM4 and H100
 SXM5 (the flash-attention README plots), and FlashAttention-2, FlashAttention-3 and cuDNN forward on H100 SXM5
@@ -13,7 +15,7 @@ published TFLOP/s.
 
 Model: `planner.cost.compute.layer_time` of the attention layer a one-block Llama of hidden 2048 with that head
 shape builds (models.transformer), one micro-batch of `batch` sequences of `seqlen` on one GPU (no tensor or
-context parallelism), under the reference runtime (flash attention on).  It has no separate function for the
+context parallelism), under the reference runtime (flash attention on) running the row's kernel.  It has no separate function for the
 core, but `LayerTime` reports the core's forward (`attention_forward`) and backward (`attention_backward`)
 seconds apart from the layer's GEMMs, element-wise kernels and launches: those are compared.  The model's
 TFLOP/s column is the SOURCE's FLOP count over the model's seconds, so it reads against the bar directly.
@@ -21,6 +23,7 @@ TFLOP/s column is the SOURCE's FLOP count over the model's seconds, so it reads 
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -33,11 +36,13 @@ if str(ROOT) not in sys.path:
 from hardware import load_catalog, load_cluster  # noqa: E402
 from models.graph import LayerKind  # noqa: E402
 from models.transformer import build_transformer, llama  # noqa: E402
+from planner.cost.attention import attention_efficiency  # noqa: E402
 from planner.cost.compute import layer_time  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
+KERNELS = {"FlashAttention-2": "flash2", "FlashAttention-3": "flash3", "cuDNN": "cudnn"}  # attention.yaml's names
 # one node of the measured GPU (the single-GPU kernels do not use the rest)
 NODE = {"a100-80g": "dgx-a100-80g:1", "h100-sxm": "dgx-h100:1"}
 HIDDEN = 2048  # every source's setting
@@ -62,8 +67,10 @@ def model_seconds(row: dict[str, str]) -> float:
     layer = next(layer for layer in graph.layers if layer.kind == LayerKind.ATTENTION)
     batch, seq = int(row["batch"]), int(row["seq_len"])
     cluster = load_cluster(NODE[row["device"]])
-    job = Job(model=graph, cluster=cluster, global_batch=batch, seq_len=seq, precision="bf16",
-              runtime=load_runtime("reference"))
+    reference = load_runtime("reference")
+    runtime = reference.model_copy(update={"kernels": reference.kernels.model_copy(
+        update={"attention_kernel": KERNELS[row["kernel"]]})})
+    job = Job(model=graph, cluster=cluster, global_batch=batch, seq_len=seq, precision="bf16", runtime=runtime)
     catalog = load_catalog()
     device = catalog.node_device(cluster.pools[0].node)
     time = layer_time(layer, job, Strategy(mbs=batch, dp=1), device, catalog, recompute="none")
@@ -85,7 +92,28 @@ def compare(row: dict[str, str]) -> Compared:
                     source=row["source_id"])
 
 
+def implied(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
+    """kernel -> device -> the relative efficiency that makes the model's median time match the rows' (the
+    forward+backward rows where a kernel has them on that device: training runs both), to three digits."""
+    catalog = load_catalog()
+    groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for row in rows:
+        key = (KERNELS[row["kernel"]], row["device"])
+        ratio = compare(row).ratio
+        groups.setdefault(key, {}).setdefault(row["direction"], []).append(ratio)
+    out: dict[str, dict[str, float]] = {}
+    for (kernel, device), by_pass in sorted(groups.items()):
+        ratios = by_pass.get("fwd_bwd") or by_pass["fwd"]
+        used = attention_efficiency(device, kernel, catalog)
+        out.setdefault(kernel, {})[device] = round(used * statistics.median(ratios), 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[Compared]:
+    if argv is None and "--implied" in sys.argv:
+        for kernel, devices in implied(load_rows("attention")).items():
+            print(kernel, devices)
+        return []
     args = parse_args(__doc__.splitlines()[0], argv)
     rows = load_rows("attention")
     if args.quick:
