@@ -27,6 +27,9 @@ from models import ModelGraph, load_model
 from planner.compare.plugins import load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
+from planner.data.plan import plan_data
+from planner.data.profile import DataProfile
+from planner.data.result import DataPlan
 from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, EmbeddingPlan, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report
@@ -116,6 +119,10 @@ class Compiled:
             data["plan"] = self.plan.model_dump(mode="json", by_alias=True)
             return data
         data = (self.result.estimate or self.result.groups).model_dump(mode="json")
+        if self.plan.data is not None:  # the plan's step is the data plan's: the uniform estimate stays beside it
+            data["uniform_step_time_s"] = data["step_time_s"]
+            data["step_time_s"] = self.plan.data.step_time_s
+            data["data"] = self.plan.data.model_dump(mode="json")
         data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
                           "stopped": cert.stopped, "reproducible": cert.stopped is None}
         data["plan"] = self.plan.model_dump(mode="json")
@@ -194,19 +201,27 @@ def _embedding_launch_section(targets: tuple[str, ...], inputs: LaunchInputs) ->
 def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = None,
             fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
             time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
-            embedding_planner: EmbeddingStrategyName = "planner", progress: Progress | None = None) -> Compiled:
+            embedding_planner: EmbeddingStrategyName = "planner", progress: Progress | None = None,
+            data_profile: DataProfile | None = None) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
     targets: launch targets the plan must be expressible in (their spaces intersect; none named: the default
     targets, written where they hold the plan).  runtime: the runtime the plan is costed under (default: the
     first named target's, else the job's).  fixed: strategy keys the search must use (`--fix`).  work_limit:
     CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  InfeasibleError when
-    nothing fits, with what does not fit where and the smallest change that would."""
+    nothing fits, with what does not fit where and the smallest change that would.  data_profile: plan the
+    packing, per-bucket context parallelism and balancing of that data against the best static plan on it
+    (planner.data; the plan's `data` section)."""
     explicit = bool(targets)
     chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in chosen if t not in available_targets()]
     if missing:
         raise PlannerInputError(f"--target: no emitter for {', '.join(missing)} in this build")
+    if data_profile is not None:
+        if job.model.family == "recsys":
+            raise PlannerInputError(f"--data-profile: {job.model.name} is a recommendation model; a data profile "
+                                    "gives sequence lengths")
+        data_profile.check_fits(job.seq_len, f"data profile {data_profile.name}")
     if job.model.family == "recsys":
         # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
         budget = work_limit or time_limit
@@ -227,7 +242,33 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search)
     result: CompileResult = compile_job(job, options, progress=progress)
     plan = build_plan(job, result, options)
+    if data_profile is not None:
+        if result.strategy is None:
+            raise PlannerInputError("--data-profile: the plan is replica groups over pools of different GPUs; plan "
+                                    "the data on one pool")
+        plan = plan.model_copy(update={"data": _data_plan(job, options, result, data_profile, progress)})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
+
+
+def _data_plan(job: Job, options: CompileOptions, result: CompileResult, profile: DataProfile,
+               progress: Progress | None) -> DataPlan:
+    """The data plan over the compiled strategy and the best plan at every other fixed context-parallel degree
+    (the static plans the data plan must beat; each its own search, the compile's limits)."""
+    candidates = [result.strategy]
+    degree = 1
+    while degree <= job.cluster.num_gpus:
+        if degree != result.strategy.cp and "cp" not in options.space.fixed and job.seq_len % (2 * degree) == 0:
+            fixed = {**options.space.fixed, "cp": degree}
+            pinned = options.model_copy(update={"space": options.space.model_copy(update={"fixed": fixed}),
+                                                "runners_up": 0})
+            try:
+                candidates.append(compile_job(job, pinned).strategy)
+            except (InfeasibleError, PlannerInputError):
+                pass  # nothing fits at this degree
+        degree *= 2
+    if progress:
+        progress(f"data plan: {len(candidates)} static strategies on {profile.name}")
+    return plan_data(job, profile, [c for c in candidates if c is not None], load_catalog())
 
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,

@@ -33,6 +33,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
+from planner.data.result import DataPlan
 from planner.strategy import Strategy
 
 SCHEMA_VERSION = "2"
@@ -322,6 +323,10 @@ class Plan(BaseModel):
         default_factory=lambda: Confidence(extrapolated=False, reasons=[]),
         description="Terms of the estimate that lean on a regime no validated published run covers "
         "(planner.cost.confidence; each group's for replica groups).")
+    data: DataPlan | None = Field(
+        None, description="With --data-profile: the packing, per-bucket context parallelism and balancing of the "
+        "profile's sequences, against the best static plan on the same data (planner.data); None: every sequence "
+        "is seq_len long.")
 
     @field_validator("strategy")
     @classmethod
