@@ -156,37 +156,37 @@ def _buckets(lengths: Sequence[int], packed: Sequence[Packed], budget: int) -> l
                    micro_batches=micro[c]) for c, v in sorted(by_cp.items())]
 
 
-def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], catalog: Catalog) -> DataPlan:
-    """The data plan of `job` (at its seq_len and batch) on `profile`, over the resolved candidate strategies."""
+def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], catalog: Catalog
+              ) -> tuple[DataPlan, int]:
+    """The data plan of `job` (at its seq_len and batch) on `profile` over the resolved candidate strategies,
+    and the index of the candidate it runs (the hybrid layout's strategy, or the best static layout's)."""
     lengths = step_lengths(profile, job.global_batch * job.seq_len)
-    statics: list[StaticLayout] = []
-    best: tuple[float, ...] | None = None
-    chosen = None
-    for s in candidates:
+    statics: list[tuple[StaticLayout, int]] = []
+    hybrids = []
+    for k, s in enumerate(candidates):
         coster = MicroCoster(job, s, catalog)
         end = coster.step_end()
-        layouts = static_layouts(coster, lengths, end)
-        statics += layouts
+        statics += [(layout, k) for layout in static_layouts(coster, lengths, end)]
         budget = job.seq_len * s.mbs // s.cp
         factors = choose_factors(coster, lengths, budget, end)
-        step, bound, packed, costs = _hybrid(coster, lengths, budget, factors, end)
-        if best is None or step < best[0]:
-            best, chosen = (step, bound), (coster, budget, factors, packed)
-    assert chosen is not None and best is not None
-    fitting = [x for x in statics if x.fits]
-    baseline = min(fitting or statics, key=lambda x: x.step_time_s)
-    coster, budget, factors, packed = chosen
-    step, bound = best
-    layout = "hybrid"
+        step, bound, packed, _ = _hybrid(coster, lengths, budget, factors, end)
+        hybrids.append((step, bound, k, coster, budget, factors, packed))
+    fitting = [x for x in statics if x[0].fits] or statics
+    baseline, base_k = min(fitting, key=lambda x: x[0].step_time_s)
+    step, bound, k, coster, budget, factors, packed = min(hybrids, key=lambda h: (h[0], h[2]))
+    common = dict(profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths),
+                  baseline=f"{baseline.layout} {baseline.strategy}", baseline_step_time_s=baseline.step_time_s,
+                  static=[x for x, _ in statics])
     if step >= baseline.step_time_s:  # the static layout stays: the plan never loses to it
-        step, bound, layout = baseline.step_time_s, baseline.step_time_s, "static-" + baseline.layout
-    return DataPlan(
-        profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths),
-        layout=layout, strategy=coster.strategy.spec(), token_budget=budget,
-        bucket_factors={str(c): f for c, f in sorted(factors.items())},
-        buckets=_buckets(lengths, packed, budget), micro_batches=len(packed),
-        step_time_s=step, bound_s=bound, gap=(step - bound) / step if step else 0.0,
-        baseline=f"{baseline.layout} {baseline.strategy}", baseline_step_time_s=baseline.step_time_s,
-        speedup=baseline.step_time_s / step, static=statics,
-        cost_fit=fit_costs(coster, budget, [p.cp for p in packed]),
-    )
+        s = candidates[base_k]
+        coster = MicroCoster(job, s, catalog)
+        return DataPlan(**common, layout="static-" + baseline.layout, strategy=s.spec(),
+                        token_budget=job.seq_len * s.mbs // s.cp, bucket_factors={}, buckets=[], micro_batches=0,
+                        step_time_s=baseline.step_time_s, bound_s=baseline.step_time_s, gap=0.0, speedup=1.0,
+                        cost_fit=fit_costs(coster, job.seq_len * s.mbs // s.cp, [s.cp])), base_k
+    return DataPlan(**common, layout="hybrid", strategy=coster.strategy.spec(), token_budget=budget,
+                    bucket_factors={str(c): f for c, f in sorted(factors.items())},
+                    buckets=_buckets(lengths, packed, budget), micro_batches=len(packed),
+                    step_time_s=step, bound_s=bound, gap=(step - bound) / step if step else 0.0,
+                    speedup=baseline.step_time_s / step,
+                    cost_fit=fit_costs(coster, budget, [p.cp for p in packed])), k
