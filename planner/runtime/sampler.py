@@ -41,6 +41,7 @@ class StepBatch:
 
     micro: list[MicroBatch]
     label_tokens: int
+    rank_seconds: tuple[float, ...]  # every data-parallel rank's fitted seconds of its micro-batches
 
 
 def micro_seconds(fit: CostFit, lengths: list[int]) -> float:
@@ -86,23 +87,26 @@ class PlanSampler:
                 docs.append(doc)
                 total += len(doc) - 1
 
-    def assign(self, lengths: list[int]) -> tuple[list[Packed], list[int]]:
-        """(the step's micro-batches, the data-parallel rank of each)."""
+    def assign(self, lengths: list[int]) -> tuple[list[Packed], list[int], list[float]]:
+        """(the step's micro-batches, the data-parallel rank of each, each rank's fitted seconds)."""
         packed = pack(lengths, self.budget, lambda n: 1)
+        seconds = [micro_seconds(self.fit, [lengths[i] for i in p.members]) for p in packed]
         if self.balance:
-            seconds = [micro_seconds(self.fit, [lengths[i] for i in p.members]) for p in packed]
             ranks = list(schedule([1] * len(packed), seconds, self.dp_size).groups)
         else:  # in packing order, contiguous slices
             per = -(-len(packed) // self.dp_size)
             ranks = [j // per for j in range(len(packed))]
-        return packed, ranks
+        loads = [0.0] * self.dp_size
+        for r, t in zip(ranks, seconds):
+            loads[r] += t
+        return packed, ranks, loads
 
     def next_step(self) -> StepBatch:
         docs = self._take()
         lengths = [len(d) - 1 for d in docs]
-        packed, ranks = self.assign(lengths)
+        packed, ranks, loads = self.assign(lengths)
         mine = [p for p, r in zip(packed, ranks) if r == self.dp_rank]
-        return StepBatch(micro=[_row(docs, p) for p in mine], label_tokens=sum(lengths))
+        return StepBatch(micro=[_row(docs, p) for p in mine], label_tokens=sum(lengths), rank_seconds=tuple(loads))
 
     def state_dict(self) -> dict:
         return {"position": self.position}

@@ -460,8 +460,10 @@ def run_data_plan(par: Parallelized, optimizers: list, sampler: PlanSampler, ocf
         norms.append(float(norm))
         progress.update(step=step + 1, data_position=sampler.position)
         if rank == 0:
+            loads = batch.rank_seconds
             say(f"step {step} loss {losses[-1]:.6f} lr {ocfg.lr * factor:.6g} grad_norm {norms[-1]:.6g} "
-                f"micro_batches {len(batch.micro)}")
+                f"micro_batches {len(batch.micro)} planned_busiest_s {max(loads):.6g} "
+                f"planned_mean_s {sum(loads) / len(loads):.6g}")
         if args.checkpoint_dir is not None and ((step + 1) % args.save_every == 0 or step + 1 == last):
             folder = checkpoint.save(args.checkpoint_dir, step + 1, state)
             if rank == 0:
