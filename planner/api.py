@@ -120,8 +120,11 @@ class Compiled:
             return data
         data = (self.result.estimate or self.result.groups).model_dump(mode="json")
         if self.plan.data is not None:  # the plan's step is the data plan's: the uniform estimate stays beside it
+            planned = self.plan.data
             data["uniform_step_time_s"] = data["step_time_s"]
-            data["step_time_s"] = self.plan.data.step_time_s
+            data["step_time_s"] = planned.step_time_s
+            data["tokens_per_s"] = planned.tokens / planned.step_time_s
+            data["tokens_per_s_per_gpu"] = data["tokens_per_s"] / data["num_gpus"]
             data["data"] = self.plan.data.model_dump(mode="json")
         data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
                           "stopped": cert.stopped, "reproducible": cert.stopped is None}

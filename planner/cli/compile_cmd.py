@@ -159,6 +159,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(embedding_summary(compiled.plan, compiled.wall_s))
     else:
         click.echo(render.compile_summary(compiled.plan, compiled.wall_s))
+        if compiled.plan.data is not None:
+            click.echo(render.data_summary(compiled.plan.data))
     if out_dir is None:
         return
     try:

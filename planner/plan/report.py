@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from planner.plan.data_report import data_section
 from planner.plan.schema import Plan, PlanStage
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
 from planner.plan.targets import TargetCheck
@@ -327,6 +328,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         f"- MFU: {100 * t.mfu:.1f}% (HFU {100 * t.hfu:.1f}%)",
         "",
         *(_groups(plan, plots) if plan.groups else _body(plan, "##", plots)),
+        *data_section(plan, md_table),
         "## Confidence",
         "",
         *_confidence(plan),
