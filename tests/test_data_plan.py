@@ -243,3 +243,24 @@ def test_trainer_runs_the_plans_sampler_with_the_unbalanced_runs_loss(sampler_ru
     ours, theirs = busiest(out), busiest(out_in_order)
     assert len(ours) == len(theirs) == 3
     assert all(a <= b + 1e-12 for a, b in zip(ours, theirs)) and any(a < b for a, b in zip(ours, theirs))
+
+
+def test_profile_counted_from_token_shards(tmp_path):
+    from planner.data.profile import load_data_profile
+    from planner.runtime.data_profile import histogram
+
+    # by hand: 1 | 2 3 | 5 7 | 8
+    assert histogram([3, 1, 7, 2, 8, 5, 0]) == [
+        {"min_tokens": 1, "max_tokens": 1, "count": 1}, {"min_tokens": 2, "max_tokens": 3, "count": 2},
+        {"min_tokens": 5, "max_tokens": 7, "count": 2}, {"min_tokens": 8, "max_tokens": 8, "count": 1}]
+    docs = ["a" * n for n in (1, 4, 9, 30)]  # bytes tokenizer: n + 1 tokens with the end-of-document id
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    for args in (["write", "--tokenizer", "bytes", "--input", str(tmp_path / "docs.jsonl"), "--output",
+                  str(tmp_path / "train")],
+                 ["profile", "--data", str(tmp_path / "train"), "--output", str(tmp_path / "p.yaml")]):
+        subprocess.run([sys.executable, "-m", "planner.runtime.data", *args], check=True, timeout=60, cwd=ROOT,
+                       capture_output=True)
+    profile = load_data_profile(tmp_path / "p.yaml")
+    assert [(b.min_tokens, b.max_tokens, b.count) for b in profile.bins] == [(2, 2, 1), (5, 5, 1), (10, 10, 1),
+                                                                            (31, 31, 1)]
+    assert "4 documents" in profile.source
