@@ -174,7 +174,10 @@ def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], ca
     fitting = [x for x in statics if x[0].fits] or statics
     baseline, base_k = min(fitting, key=lambda x: x[0].step_time_s)
     step, bound, k, coster, budget, factors, packed = min(hybrids, key=lambda h: (h[0], h[2]))
+    notes = [f"modality {m.kind}: its encoder {m.encoder} is not priced (its {m.tokens_per_item} tokens per item are, "
+             "in the language model)" for m in profile.modalities if m.encoder]
     common = dict(profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths),
+                  notes=notes,
                   baseline=f"{baseline.layout} {baseline.strategy}", baseline_step_time_s=baseline.step_time_s,
                   static=[x for x, _ in statics])
     if step >= baseline.step_time_s:  # the static layout stays: the plan never loses to it

@@ -72,3 +72,4 @@ class DataPlan(BaseModel):
     static: list[StaticLayout] = Field(description="Every static layout priced, per candidate strategy.")
     cost_fit: list[CostFit] = Field(description="Per degree, the micro-batch seconds the trainer's sampler "
                                                 "balances with.")
+    notes: list[str] = Field(default_factory=list, description="What the plan leaves out of the profile.")

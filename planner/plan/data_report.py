@@ -46,7 +46,8 @@ def data_section(plan: Plan, md_table: Table) -> list[str]:
              f"{100 * data.gap:.2f}%: the same micro-batches on the data ranks can do no better than the bound)",
              f"- best static plan on the same data: {_s(data.baseline_step_time_s)} s ({data.baseline}); "
              f"speed-up {data.speedup:.3f}x",
-             f"- token budget per rank and micro-batch: {data.token_budget:,}", ""]
+             f"- token budget per rank and micro-batch: {data.token_budget:,}",
+             *(f"- note: {note}" for note in data.notes), ""]
     if data.buckets:
         rows = [[str(b.cp), f"{b.min_tokens:,}-{b.max_tokens:,}", str(b.sequences), f"{b.tokens:,}",
                  str(b.micro_batches)] for b in data.buckets]
