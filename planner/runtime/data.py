@@ -346,14 +346,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from planner.runtime.data_profile import hf_lengths, shard_lengths, write_profile
+    """`profile`: every document's tokens (its end-of-document id included, as the trainer's sampler reads
+    them), from the shards or a dataset sample, into a data profile."""
+    from planner.runtime.data_profile import hf_texts, write_profile
 
-    if args.data is not None:
-        lengths, source = shard_lengths(args.data)
-    else:
-        lengths, source = hf_lengths(args.hf_dataset, split=args.split, samples=args.samples, key=args.json_key,
-                                     tokenizer=args.tokenizer, data_files=args.hf_data_files)
-    doc = write_profile(args.output, args.name or args.output.stem, lengths, source)
+    try:
+        if args.data is not None:
+            shards = TokenShards(args.data)
+            lengths = [int(n) for n in np.diff(shards.offsets.astype(np.int64))]
+            source = (f"token shards {args.data} ({shards.header.documents} documents, {shards.header.tokens} "
+                      f"tokens, tokenizer {shards.header.tokenizer})")
+        else:
+            texts = hf_texts(args.hf_dataset, split=args.split, samples=args.samples, key=args.json_key,
+                             data_files=args.hf_data_files)
+            tok = load_tokenizer(args.tokenizer)
+            lengths = [len(tok.encode(t)) for t in texts]
+            source = f"Hugging Face dataset {args.hf_dataset} ({len(texts)} rows of {args.split}, tokenizer " \
+                     f"{args.tokenizer})"
+        doc = write_profile(args.output, args.name or args.output.stem, lengths, source)
+    except ValueError as err:
+        raise DataError(str(err)) from None
     print(f"{args.output}: {sum(b['count'] for b in doc['bins'])} documents in {len(doc['bins'])} bins ({source})")
     return 0
 

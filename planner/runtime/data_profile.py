@@ -12,10 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 import yaml
-
-from planner.runtime.data import DataError, TokenShards, load_tokenizer
 
 
 def histogram(lengths: Iterable[int]) -> list[dict[str, int]]:
@@ -30,41 +27,31 @@ def histogram(lengths: Iterable[int]) -> list[dict[str, int]]:
     return [{"min_tokens": lo, "max_tokens": hi, "count": c} for _, (c, lo, hi) in sorted(bins.items())]
 
 
-def shard_lengths(prefix: str) -> tuple[np.ndarray, str]:
-    """Every document's length in the shards, and a description of them for `source`."""
-    shards = TokenShards(prefix)
-    lengths = np.diff(shards.offsets.astype(np.int64))
-    return lengths, (f"token shards {prefix} ({shards.header.documents} documents, {shards.header.tokens} tokens, "
-                     f"tokenizer {shards.header.tokenizer})")
-
-
-def hf_lengths(name: str, *, split: str, samples: int, key: str, tokenizer: str,
-               data_files: str | None = None) -> tuple[list[int], str]:
-    """The token lengths of the first `samples` rows of a Hugging Face dataset split."""
+def hf_texts(name: str, *, split: str, samples: int, key: str, data_files: str | None = None) -> list[str]:
+    """The `key` text of the first `samples` rows of a Hugging Face dataset split; ValueError (one line) when
+    they cannot be read."""
     try:
         import datasets
     except ImportError:
-        raise DataError("--hf-dataset needs `pip install datasets`") from None
-    tok = load_tokenizer(tokenizer)
+        raise ValueError("--hf-dataset needs `pip install datasets`") from None
     try:
         rows = datasets.load_dataset(name, data_files=data_files, split=split, streaming=True)
         texts = [row[key] for _, row in zip(range(samples), rows)]
     except KeyError:
-        raise DataError(f"--json-key {key}: no such field in {name}") from None
+        raise ValueError(f"--json-key {key}: no such field in {name}") from None
     except Exception as err:  # datasets raises many kinds (network, missing split, format)
-        raise DataError(f"--hf-dataset {name}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") \
-            from None
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"--hf-dataset {name}: {first}") from None
     if not texts:
-        raise DataError(f"--hf-dataset {name}: split {split} has no rows")
-    return [len(tok.encode(t)) for t in texts], f"Hugging Face dataset {name} ({len(texts)} rows of {split}, " \
-                                                 f"tokenizer {tokenizer})"
+        raise ValueError(f"--hf-dataset {name}: split {split} has no rows")
+    return texts
 
 
 def write_profile(path: Path, name: str, lengths: Iterable[int], source: str) -> dict:
     """Write the profile YAML; returns it."""
     bins = histogram(lengths)
     if not bins:
-        raise DataError(f"{source}: no document has a token: nothing to profile")
+        raise ValueError(f"{source}: no document has a token: nothing to profile")
     doc = {"name": name, "source": source, "derivation": "counted by python -m planner.runtime.data profile",
            "bins": bins}
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
