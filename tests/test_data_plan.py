@@ -20,7 +20,7 @@ from planner.cost import evaluate
 from planner.cost.compute import layer_time
 from planner.data.balance import lower_bound, min_degree, pack, schedule
 from planner.data.cost import MicroCoster
-from planner.data.plan import plan_data, static_layouts
+from planner.data.plan import Layouts, plan_data, static_layouts
 from planner.data.profile import DataProfile, LengthBin, quantile_lengths, step_lengths
 from planner.strategy import parse_strategy
 from planner.validation import check_strategy
@@ -155,8 +155,8 @@ def test_unmasked_static_layout_is_evaluates_estimate():
     catalog = load_catalog()
     s = check_strategy(job, parse_strategy("tp=2,cp=2,zero=1,recompute=full"))
     coster = MicroCoster(job, s, catalog)
-    lengths = [16384] * 32
-    layouts = {x.layout: x for x in static_layouts(coster, lengths, coster.step_end())}
+    ctx = Layouts(coster=coster, lengths=[16384] * 32, end=coster.step_end(), encoders=None)
+    layouts = {x.layout: x for x in static_layouts(ctx)}
     expected = evaluate(job, s, catalog=catalog).step_time_s
     assert layouts["pack-unmasked"].step_time_s == pytest.approx(expected, rel=1e-9)
     # every sequence seq_len long: padding and document-masked packing are the same rows

@@ -33,6 +33,7 @@ class MicroCost:
 
     stages: tuple[float, ...]  # seconds of each pipeline stage
     fits: bool  # every stage's memory fits at this micro-batch's tokens
+    forward: float = 0.0  # the stages' forward compute seconds (a frozen encoder runs only these)
 
     @property
     def busiest(self) -> float:
@@ -81,7 +82,14 @@ class MicroCoster:
         variant = self.strategy.model_copy(update={"cp": cp, "dp": dp, "mbs": 1})
         s = check_strategy(job, variant)
         costs = [stage_cost(job, s, stage, self.catalog) for stage in place_stages(job, s, self.catalog)]
-        return MicroCost(stages=tuple(c.microbatch for c in costs), fits=all(c.memory.fits_hbm for c in costs))
+        return MicroCost(stages=tuple(c.microbatch for c in costs), fits=all(c.memory.fits_hbm for c in costs),
+                         forward=sum(c.sums.forward for c in costs))
+
+    def with_extra(self, cost: MicroCost, seconds: float) -> MicroCost:
+        """`cost` with `seconds` more on its first stage (co-located encoders run before the first layer)."""
+        if not seconds:
+            return cost
+        return MicroCost(stages=(cost.stages[0] + seconds, *cost.stages[1:]), fits=cost.fits, forward=cost.forward)
 
     def step_end(self) -> float:
         """Seconds after the pipeline's flush (data-parallel sync, barrier, update): `evaluate`'s step less its

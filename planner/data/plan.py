@@ -27,62 +27,93 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from hardware import Catalog
 from planner.data.balance import Packed, lower_bound, min_degree, pack, schedule
 from planner.data.cost import MicroCost, MicroCoster, pipeline_seconds
+from planner.data.encoder import Encoders, Placement, encoders_for
 from planner.data.profile import DataProfile, step_lengths
 from planner.data.result import Bucket, CostFit, DataPlan, StaticLayout
 from planner.job import Job
 from planner.strategy import Strategy
 
 
-def _pipeline_loads(coster: MicroCoster, packed: Sequence[Packed], costs: Sequence[MicroCost],
-                    groups: Sequence[int]) -> list[float]:
-    """Each data rank's pipeline seconds, from the micro-batches its group runs."""
-    per_rank: list[list[MicroCost]] = [[] for _ in range(coster.data_ranks)]
-    for p, cost, first in zip(packed, costs, groups):
-        for r in range(first, first + p.cp):
-            per_rank[r].append(cost)
-    return [pipeline_seconds(c, coster.strategy.vpp) for c in per_rank]
+@dataclass
+class Layouts:
+    """One candidate strategy's pricing of the step: its coster, the step's sequences, what follows the
+    pipeline's flush, and its encoders (None: no priced encoder)."""
+
+    coster: MicroCoster
+    lengths: Sequence[int]
+    end: float
+    encoders: Encoders | None
+
+    @property
+    def vpp(self) -> int:
+        return self.coster.strategy.vpp
+
+    def priced(self, members: Sequence[int], lengths: Sequence[int], cp: int, row: int = 0,
+               encoded: bool = True) -> MicroCost:
+        """A micro-batch of these samples (`lengths`: the pieces it runs), its co-located encoders unless
+        `encoded` is False."""
+        cost = self.coster.cost(lengths, cp, row=row)
+        if self.encoders is None or not encoded:
+            return cost
+        return self.coster.with_extra(cost, self.encoders.colocated(members))
+
+    def replicas(self, micro: list[list[int]], costs: list[MicroCost], per_replica: int) -> float:
+        """The step of static micro-batches dealt out in contiguous slices to the data-parallel replicas."""
+        dp = self.coster.strategy.dp
+        return max(pipeline_seconds(costs[r * per_replica:(r + 1) * per_replica], self.vpp)
+                   for r in range(dp)) + self.end
 
 
-def static_rows(lengths: Sequence[int], row: int) -> list[list[int]]:
-    """The sequences packed whole, in order, into rows of `row` tokens (next fit: one that does not fit opens
-    the next row)."""
+def rows_of(lengths: Sequence[int], row: int, cut: bool) -> list[list[int]]:
+    """The samples (indices) of each row of `row` tokens, in order: whole samples, next fit (`cut` False), or
+    the samples starting in each row when the stream is cut at row boundaries (`cut` True)."""
     rows: list[list[int]] = [[]]
     left = row
-    for n in lengths:
+    for i, n in enumerate(lengths):
+        if cut:
+            if left == 0:
+                rows.append([])
+                left = row
+            rows[-1].append(i)
+            while n > left:  # the sample runs on into the next rows
+                n -= left
+                rows.append([])
+                left = row
+            left -= n
+            continue
         if n > left:
             rows.append([])
             left = row
-        rows[-1].append(n)
+        rows[-1].append(i)
         left -= n
-    return [r for r in rows if r]
+    return [r for r in rows if r] if not cut else rows
 
 
-def static_layouts(coster: MicroCoster, lengths: Sequence[int], end: float) -> list[StaticLayout]:
+def static_layouts(ctx: Layouts) -> list[StaticLayout]:
     """The strategy's static layouts of the step (padding, unmasked packing, packing), priced."""
-    job, s = coster.job, coster.strategy
+    job, s, lengths = ctx.coster.job, ctx.coster.strategy, ctx.lengths
     spec, seq, mbs, dp, cp = s.spec(), job.seq_len, s.mbs, s.dp, s.cp
-    full = coster.cost([seq] * mbs, cp)
-
-    def uniform(micro: int) -> float:
-        return micro * full.busiest + full.fill / s.vpp + end
-
-    padded = math.ceil(len(lengths) / (dp * mbs))  # micro-batches per replica, one sequence per row
-    out = [StaticLayout(layout="pad", strategy=spec, cp=cp, step_time_s=uniform(padded), fits=full.fits),
-           StaticLayout(layout="pack-unmasked", strategy=spec, cp=cp,
-                        step_time_s=uniform(job.global_batch // (dp * mbs)), fits=full.fits)]
-    rows = static_rows(lengths, seq)
+    out = []
+    # pad: a row per sample; pack-unmasked: the global batch's rows, cut, attending across documents
+    padded = [[i] for i in range(len(lengths))]
+    cut = rows_of(lengths, seq, cut=True) + [[] for _ in range(job.global_batch)]
+    for layout, rows, count in (("pad", padded, len(padded)), ("pack-unmasked", cut, job.global_batch)):
+        micro = [sum(rows[i:i + mbs], []) for i in range(0, count, mbs)]
+        costs = [ctx.priced(m, [seq] * mbs, cp) for m in micro]
+        step = ctx.replicas(micro, costs, math.ceil(len(micro) / dp))
+        out.append(StaticLayout(layout=layout, strategy=spec, cp=cp, step_time_s=step, fits=costs[0].fits))
+    rows = rows_of(lengths, seq, cut=False)
     micro = [sum(rows[i:i + mbs], []) for i in range(0, len(rows), mbs)]
-    per_replica = math.ceil(len(micro) / dp)
-    costs = [coster.cost(m, cp, row=seq * mbs) for m in micro]
-    replicas = [pipeline_seconds(costs[r * per_replica:(r + 1) * per_replica], s.vpp) for r in range(dp)]
-    out.append(StaticLayout(layout="pack", strategy=spec, cp=cp, step_time_s=max(replicas) + end,
-                            fits=all(c.fits for c in costs)))
+    costs = [ctx.priced(m, [lengths[i] for i in m], cp, row=seq * mbs) for m in micro]
+    out.append(StaticLayout(layout="pack", strategy=spec, cp=cp, fits=all(c.fits for c in costs),
+                            step_time_s=ctx.replicas(micro, costs, math.ceil(len(micro) / dp))))
     return out
 
 
@@ -93,31 +124,53 @@ def _degree_rule(budget: int, ranks: int, factors: dict[int, int]):
     return degree
 
 
-def _hybrid(coster: MicroCoster, lengths: Sequence[int], budget: int, factors: dict[int, int], end: float
-            ) -> tuple[float, float, list[Packed], list[MicroCost]]:
-    """(step seconds, bound seconds, micro-batches, their costs) of the hybrid layout under `factors`."""
-    packed = pack(lengths, budget, _degree_rule(budget, coster.data_ranks, factors))
-    costs = [coster.cost([lengths[i] for i in p.members], p.cp) for p in packed]
+@dataclass(frozen=True)
+class Hybrid:
+    """A priced hybrid layout."""
+
+    step: float
+    bound: float
+    packed: list[Packed]
+    placement: Placement | None  # where the encoders run (None: no priced encoder)
+
+
+def _hybrid_under(ctx: Layouts, packed: list[Packed], placement: Placement | None) -> Hybrid:
+    ranks, lengths = ctx.coster.data_ranks, ctx.lengths
+    costs = [ctx.priced(p.members, [lengths[i] for i in p.members], p.cp, encoded=placement == "co-located")
+             for p in packed]
     if not all(c.fits for c in costs):
-        return math.inf, math.inf, packed, costs
+        return Hybrid(step=math.inf, bound=math.inf, packed=packed, placement=placement)
     degrees, busiest = [p.cp for p in packed], [c.busiest for c in costs]
-    plan = schedule(degrees, busiest, coster.data_ranks)
-    loads = _pipeline_loads(coster, packed, costs, plan.groups)
-    fill = min(c.fill for c in costs) / coster.strategy.vpp
-    return max(loads) + end, lower_bound(degrees, busiest, coster.data_ranks) + fill + end, packed, costs
+    plan = schedule(degrees, busiest, ranks)
+    per_rank: list[list[MicroCost]] = [[] for _ in range(ranks)]
+    for p, cost, first in zip(packed, costs, plan.groups):
+        for r in range(first, first + p.cp):
+            per_rank[r].append(cost)
+    extra = ctx.encoders.spread(ranks) if placement == "spread" else 0.0
+    fill = min(c.fill for c in costs) / ctx.vpp
+    step = max(pipeline_seconds(c, ctx.vpp) for c in per_rank) + extra + ctx.end
+    return Hybrid(step=step, bound=lower_bound(degrees, busiest, ranks) + fill + extra + ctx.end, packed=packed,
+                  placement=placement)
 
 
-def choose_factors(coster: MicroCoster, lengths: Sequence[int], budget: int, end: float) -> dict[int, int]:
+def hybrid(ctx: Layouts, budget: int, factors: dict[int, int]) -> Hybrid:
+    """The hybrid layout under `factors`, its encoders where they run faster."""
+    packed = pack(ctx.lengths, budget, _degree_rule(budget, ctx.coster.data_ranks, factors))
+    placements: tuple[Placement | None, ...] = ("co-located", "spread") if ctx.encoders else (None,)
+    return min((_hybrid_under(ctx, packed, p) for p in placements), key=lambda h: h.step)
+
+
+def choose_factors(ctx: Layouts, budget: int) -> dict[int, int]:
     """Per bucket (its smallest degree), the multiple of it the bucket runs on: coordinate descent."""
-    ranks = coster.data_ranks
-    buckets = sorted({min_degree(n, budget) for n in lengths if min_degree(n, budget) > 1}, reverse=True)
+    ranks = ctx.coster.data_ranks
+    buckets = sorted({min_degree(n, budget) for n in ctx.lengths if min_degree(n, budget) > 1}, reverse=True)
     factors: dict[int, int] = {}
-    best = _hybrid(coster, lengths, budget, factors, end)[0]
+    best = hybrid(ctx, budget, factors).step
     for c in buckets:
         f = 2
         while c * f <= ranks:
             trial = {**factors, c: f}
-            step = _hybrid(coster, lengths, budget, trial, end)[0]
+            step = hybrid(ctx, budget, trial).step
             if step < best:
                 best, factors = step, trial
             f *= 2
@@ -162,34 +215,34 @@ def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], ca
     and the index of the candidate it runs (the hybrid layout's strategy, or the best static layout's)."""
     lengths = step_lengths(profile, job.global_batch * job.seq_len)
     statics: list[tuple[StaticLayout, int]] = []
-    hybrids = []
+    hybrids: list[tuple[Hybrid, int, Layouts, int, dict[int, int]]] = []
+    notes: list[str] = []
     for k, s in enumerate(candidates):
         coster = MicroCoster(job, s, catalog)
-        end = coster.step_end()
-        statics += [(layout, k) for layout in static_layouts(coster, lengths, end)]
+        encoders, left_out = encoders_for(job, s, profile, lengths, catalog)
+        notes += [n for n in left_out if n not in notes]
+        ctx = Layouts(coster=coster, lengths=lengths, end=coster.step_end(), encoders=encoders)
+        statics += [(layout, k) for layout in static_layouts(ctx)]
         budget = job.seq_len * s.mbs // s.cp
-        factors = choose_factors(coster, lengths, budget, end)
-        step, bound, packed, _ = _hybrid(coster, lengths, budget, factors, end)
-        hybrids.append((step, bound, k, coster, budget, factors, packed))
+        factors = choose_factors(ctx, budget)
+        hybrids.append((hybrid(ctx, budget, factors), k, ctx, budget, factors))
     fitting = [x for x in statics if x[0].fits] or statics
     baseline, base_k = min(fitting, key=lambda x: x[0].step_time_s)
-    step, bound, k, coster, budget, factors, packed = min(hybrids, key=lambda h: (h[0], h[2]))
-    notes = [f"modality {m.kind}: its encoder {m.encoder} is not priced (its {m.tokens_per_item} tokens per item are, "
-             "in the language model)" for m in profile.modalities if m.encoder]
+    best, k, ctx, budget, factors = min(hybrids, key=lambda h: (h[0].step, h[1]))
     common = dict(profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths),
-                  notes=notes,
-                  baseline=f"{baseline.layout} {baseline.strategy}", baseline_step_time_s=baseline.step_time_s,
-                  static=[x for x, _ in statics])
-    if step >= baseline.step_time_s:  # the static layout stays: the plan never loses to it
+                  notes=notes, baseline=f"{baseline.layout} {baseline.strategy}",
+                  baseline_step_time_s=baseline.step_time_s, static=[x for x, _ in statics])
+    if best.step >= baseline.step_time_s:  # the static layout stays: the plan never loses to it
         s = candidates[base_k]
-        coster = MicroCoster(job, s, catalog)
-        return DataPlan(**common, layout="static-" + baseline.layout, strategy=s.spec(),
-                        token_budget=job.seq_len * s.mbs // s.cp, bucket_factors={}, buckets=[], micro_batches=0,
+        budget = job.seq_len * s.mbs // s.cp
+        return DataPlan(**common, layout="static-" + baseline.layout, strategy=s.spec(), token_budget=budget,
+                        bucket_factors={}, buckets=[], micro_batches=0, encoder_placement=None,
                         step_time_s=baseline.step_time_s, bound_s=baseline.step_time_s, gap=0.0, speedup=1.0,
-                        cost_fit=fit_costs(coster, job.seq_len * s.mbs // s.cp, [s.cp])), base_k
-    return DataPlan(**common, layout="hybrid", strategy=coster.strategy.spec(), token_budget=budget,
+                        cost_fit=fit_costs(MicroCoster(job, s, catalog), budget, [s.cp])), base_k
+    return DataPlan(**common, layout="hybrid", strategy=ctx.coster.strategy.spec(), token_budget=budget,
                     bucket_factors={str(c): f for c, f in sorted(factors.items())},
-                    buckets=_buckets(lengths, packed, budget), micro_batches=len(packed),
-                    step_time_s=step, bound_s=bound, gap=(step - bound) / step if step else 0.0,
-                    speedup=baseline.step_time_s / step,
-                    cost_fit=fit_costs(coster, budget, [p.cp for p in packed])), k
+                    buckets=_buckets(lengths, best.packed, budget), micro_batches=len(best.packed),
+                    encoder_placement=best.placement, step_time_s=best.step, bound_s=best.bound,
+                    gap=(best.step - best.bound) / best.step if best.step else 0.0,
+                    speedup=baseline.step_time_s / best.step,
+                    cost_fit=fit_costs(ctx.coster, budget, [p.cp for p in best.packed])), k

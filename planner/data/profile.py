@@ -61,6 +61,8 @@ class Modality(BaseModel):
     encoder_tokens_per_item: int | None = Field(
         None, ge=1, strict=True,
         description="Tokens (patches) the encoder itself runs per item (None: tokens_per_item).")
+    encoder_trained: bool = Field(False, description="The encoder trains too (forward and backward); False: "
+                                                     "frozen, forward only (LLaVA-1.5's instruction tuning).")
 
     @property
     def encoder_tokens(self) -> int:
@@ -126,7 +128,7 @@ def load_data_profile(path: str | Path) -> DataProfile:
 
     try:
         data = read_mapping(path, "data profile")
-        return DataProfile.model_validate(data)
+        profile = DataProfile.model_validate(data)
     except ModelInputError as err:
         raise PlannerInputError(str(err)) from None
     except ValidationError as err:
@@ -134,6 +136,17 @@ def load_data_profile(path: str | Path) -> DataProfile:
         message = first["msg"].removeprefix("Value error, ")
         where = _location(first["loc"])
         raise PlannerInputError(f"{path}: {where}: {message}" if where else f"{path}: {message}") from None
+    return _encoders_beside(profile, Path(path).parent)
+
+
+def _encoders_beside(profile: DataProfile, folder: Path) -> DataProfile:
+    """An encoder named by a relative path is read beside the profile file (where that file exists)."""
+    modalities = []
+    for m in profile.modalities:
+        if m.encoder and not Path(m.encoder).is_absolute() and (folder / m.encoder).is_file():
+            m = m.model_copy(update={"encoder": str(folder / m.encoder)})
+        modalities.append(m)
+    return profile.model_copy(update={"modalities": modalities})
 
 
 def quantile_lengths(profile: DataProfile, n: int) -> np.ndarray:
@@ -162,3 +175,18 @@ def step_lengths(profile: DataProfile, tokens: int) -> list[int]:
         lengths = quantile_lengths(profile, n)
     order = np.random.default_rng(ORDER_SEED).permutation(n)
     return [int(x) for x in lengths[order]]
+
+
+def step_items(profile: DataProfile, lengths: list[int], modality: Modality) -> list[int]:
+    """Items (images, frames, seconds) of `modality` in each of the step's samples: spread evenly over the
+    samples long enough to hold one item's tokens, sample_share x items_per_sample of them per sample on
+    average (cumulative rounding, so the step's total is exact to one item)."""
+    eligible = [i for i, n in enumerate(lengths) if n >= modality.tokens_per_item]
+    items = [0] * len(lengths)
+    if not eligible:
+        return items
+    per = min(modality.sample_share * len(lengths) / len(eligible), 1.0) * modality.items_per_sample
+    for k, i in enumerate(eligible):
+        fit = lengths[i] // modality.tokens_per_item  # never more items than the sample has tokens for
+        items[i] = min(fit, math.floor((k + 1) * per) - math.floor(k * per))
+    return items

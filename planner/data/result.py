@@ -62,6 +62,10 @@ class DataPlan(BaseModel):
                     "the multiple of it the bucket runs on; absent: 1.")
     buckets: list[Bucket] = Field(description="The planned step's buckets (hybrid layout).")
     micro_batches: int = Field(ge=0, description="Micro-batches of the planned step (hybrid layout).")
+    encoder_placement: Literal["co-located", "spread"] | None = Field(
+        None, description="Where the profile's encoders run (planner.data.encoder): with their samples, or "
+                          "evenly over the data ranks with an all-to-all of the embeddings; None: no encoder "
+                          "priced.")
     step_time_s: float = Field(ge=0, description="Predicted seconds per step of the plan on this data.")
     bound_s: float = Field(ge=0, description="Seconds no assignment of the same micro-batches to the data ranks "
                                              "beats (rank-seconds spread evenly, at least the longest one).")

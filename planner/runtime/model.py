@@ -144,7 +144,9 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, mask)
+        # the mask only when there is one: tensor parallelism's PrepareModuleInput counts the inputs
+        normed = self.attention_norm(x)
+        h = x + (self.attention(normed, cos, sin) if mask is None else self.attention(normed, cos, sin, mask))
         return h + self.feed_forward(self.ffn_norm(h))
 
 
