@@ -264,3 +264,35 @@ def test_profile_counted_from_token_shards(tmp_path):
     assert [(b.min_tokens, b.max_tokens, b.count) for b in profile.bins] == [(2, 2, 1), (5, 5, 1), (10, 10, 1),
                                                                             (31, 31, 1)]
     assert "4 documents" in profile.source
+
+
+def test_an_encoder_adds_at_least_its_forward_flops(tmp_path):
+    # one 576-token image on every sample, encoded by CLIP ViT-L/14 (frozen: forward only): wherever it runs, the
+    # step grows by at least the encoder's forward FLOPs (2 x parameters x tokens, Kaplan et al. 2020) spread
+    # evenly over the data ranks at the GPUs' dense bf16 peak
+    from models import load_model
+
+    encoder = ROOT / "examples" / "models" / "clip-vit-l-14-336.yaml"
+    text = "name: mm\nsource: t\nbins:\n  - {min_tokens: 600, max_tokens: 1200, count: 1}\n"
+    job = api.load_job("llama3-8b", "dgx-h100:1", batch=16, seq_len=8192)
+    s = check_strategy(job, parse_strategy("tp=1,cp=1,zero=3"))
+    plain = load_data_profile_text(tmp_path / "plain.yaml", text)
+    with_images = load_data_profile_text(tmp_path / "mm.yaml", text + "modalities:\n  - {kind: image, sample_share: 1, "
+                                         f"items_per_sample: 1, tokens_per_item: 576, encoder: {encoder}}}\n")
+    catalog = load_catalog()
+    base, _ = plan_data(job, plain, [s], catalog)
+    mm, _ = plan_data(job, with_images, [s], catalog)
+    images = base.sequences  # every sample is at least 600 tokens long: each carries one image
+    params = load_model(str(encoder)).params
+    peak = job.cluster.pools[0].device_spec().peak("bf16")
+    floor = 2 * params * 576 * images / 8 / peak  # 8 data ranks
+    assert mm.encoder_placement in ("co-located", "spread")
+    assert mm.step_time_s - base.step_time_s >= floor
+    assert mm.step_time_s - base.step_time_s < 20 * floor  # and not absurdly more (a frozen encoder's forward)
+
+
+def load_data_profile_text(path: Path, text: str):
+    from planner.data.profile import load_data_profile
+
+    path.write_text(text, encoding="utf-8")
+    return load_data_profile(path)

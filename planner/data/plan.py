@@ -236,7 +236,8 @@ def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], ca
         s = candidates[base_k]
         budget = job.seq_len * s.mbs // s.cp
         return DataPlan(**common, layout="static-" + baseline.layout, strategy=s.spec(), token_budget=budget,
-                        bucket_factors={}, buckets=[], micro_batches=0, encoder_placement=None,
+                        bucket_factors={}, buckets=[], micro_batches=0,
+                        encoder_placement="co-located" if hybrids[base_k][2].encoders else None,
                         step_time_s=baseline.step_time_s, bound_s=baseline.step_time_s, gap=0.0, speedup=1.0,
                         cost_fit=fit_costs(MicroCoster(job, s, catalog), budget, [s.cp])), base_k
     return DataPlan(**common, layout="hybrid", strategy=ctx.coster.strategy.spec(), token_budget=budget,
