@@ -296,3 +296,21 @@ def load_data_profile_text(path: Path, text: str):
 
     path.write_text(text, encoding="utf-8")
     return load_data_profile(path)
+
+
+def test_compare_with_a_data_profile_lists_every_layout_and_the_plan(tmp_path):
+    path = _profile(tmp_path, "name: p\nsource: t\nbins:\n  - {min_tokens: 2, max_tokens: 8, count: 5}\n"
+                              "  - {min_tokens: 40, max_tokens: 64, count: 1}\n")
+    csv_path, png = tmp_path / "c.csv", tmp_path / "c.png"
+    result = CliRunner().invoke(cli, ["compare", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--data-profile",
+                                      str(path), "--csv", str(csv_path), "--plot", str(png), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    plan = rows[-1]
+    assert plan["layout"].startswith("plan: ") and plan["plan_speedup"] == 1.0
+    static = rows[:-1]
+    # three static layouts per context-parallel degree that fits on 4 ranks (1, 2, 4), none faster than the plan
+    assert {(r["layout"], r["cp"]) for r in static} == {(x, c) for x in ("pad", "pack", "pack-unmasked")
+                                                         for c in ("1", "2", "4")}
+    assert all(r["step_time_s"] >= plan["step_time_s"] for r in static if r["fits"])
+    assert csv_path.read_text().count("\n") == len(rows) + 1 and png.read_bytes()[:4] == b"\x89PNG"
