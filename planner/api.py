@@ -51,7 +51,7 @@ from planner.search.space import SpaceOptions, narrow_to_runtime
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
 
-__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "load_job"]
+__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "estimate_data", "load_job"]
 
 DEFAULT_RUNTIME = CLI_RUNTIME  # the runtime the library's entry points and the command line cost a job under
 Progress = Callable[[str], None]
@@ -89,6 +89,15 @@ def estimate(job: Job, strategy: str | Strategy = "", *, runtime: str | None = N
         raise PlannerInputError(f"runtime {name} cannot run {'; '.join(missing)} (hardware/data/runtimes/{name}.yaml, "
                                 "space); the reference runtime costs any strategy")
     return evaluate(costed, checked)
+
+
+def estimate_data(job: Job, strategy: str | Strategy, profile: DataProfile) -> DataPlan:
+    """Score one strategy on a data profile: its static layouts and its hybrid layout of the profile's step
+    (planner.data), the same pricing `compile --data-profile` runs over every candidate."""
+    profile.check_fits(job.seq_len, f"data profile {profile.name}")
+    estimate(job, strategy)  # the strategy's own checks and its runtime's refusals, one line each
+    checked = check_strategy(job, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
+    return plan_data(job, profile, [checked], load_catalog())[0]
 
 
 @dataclass
