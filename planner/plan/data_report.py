@@ -16,15 +16,16 @@ FRAMEWORK_NOTES = (
               "micro-batches balanced over the data-parallel ranks by the plan's fitted seconds, document-masked "
               "attention; on data-parallel strategies (tp = cp = pp = 1) only: it has no per-bucket "
               "context-parallel groups."),
-    ("megatron", "packed documents with variable-length attention are Megatron-Core's THD format (packed_seq_params, "
-                 "Transformer Engine's fused attention; `--reset-position-ids --reset-attention-mask` for "
-                 "GPTDataset documents); --context-parallel-size is one degree for every sequence and its sampler "
-                 "hands each data-parallel rank a contiguous slice: no per-bucket degrees, no balancing. The "
-                 "launch files do not set the packing flags: set them for your dataset."),
-    ("torchtitan", "document masking is FlexAttention's block-causal mask (the model's use_flex_attn and "
-                   "attn_mask_type = block_causal); context_parallel_degree is one degree for the run and its "
-                   "data loader does not balance: no per-bucket degrees, no balancing. The launch files do not "
-                   "set the mask: set it for your dataset."),
+    ("megatron", "--context-parallel-size is one degree for every sequence and its sampler hands each data-parallel "
+                 "rank a contiguous slice: no per-bucket degrees, no balancing. The launch files set no packing "
+                 "flags: `--reset-position-ids --reset-attention-mask` make GPTDataset build a dense seq x seq mask "
+                 "per sample, attention the plan does not price (unfused, quadratic memory); variable-length "
+                 "attention over packed documents (Transformer Engine's THD format, packed_seq_params) comes with "
+                 "NeMo's packed datasets, not with pretrain_gpt.py's arguments."),
+    ("torchtitan", "the launch files ask for the model's variable-length flavor where torchtitan has one (llama3-8b: "
+                   "8B_varlen, attention under a block-causal document mask) and the plan has no context "
+                   "parallelism (torchtitan's runs SDPA without the mask); one context-parallel degree for the run "
+                   "and no balancing: no per-bucket degrees."),
     ("deepspeed", "no packing or variable-length attention in ds_config.json (the model code decides); "
                   "sequence parallelism (Ulysses) is one degree for the run."),
 )
