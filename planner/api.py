@@ -27,6 +27,7 @@ from models import ModelGraph, load_model
 from planner.compare.plugins import load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
+from planner.compare.data_candidates import data_plan_over_degrees
 from planner.data.plan import plan_data
 from planner.data.profile import DataProfile
 from planner.data.result import DataPlan
@@ -258,34 +259,9 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         if result.strategy is None:
             raise PlannerInputError("--data-profile: the plan is replica groups over pools of different GPUs; plan "
                                     "the data on one pool")
-        data, result = _data_plan(job, options, result, data_profile, progress)
+        data, result = data_plan_over_degrees(job, options, result, data_profile, progress)
         plan = build_plan(job, result, options).model_copy(update={"data": data})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
-
-
-def _data_plan(job: Job, options: CompileOptions, result: CompileResult, profile: DataProfile,
-               progress: Progress | None) -> tuple[DataPlan, CompileResult]:
-    """The data plan over the compiled strategy and the best plan at every other fixed context-parallel degree
-    (the static plans the data plan must beat; each its own search, the compile's limits), and the compile
-    result of the strategy it runs (the plan is built from it: its certificate is that search's)."""
-    candidates = [result]
-    degree = 1
-    while degree <= job.cluster.num_gpus:
-        if degree != result.strategy.cp and "cp" not in options.space.fixed and job.seq_len % (2 * degree) == 0:
-            fixed = {**options.space.fixed, "cp": degree}
-            pinned = options.model_copy(update={"space": options.space.model_copy(update={"fixed": fixed}),
-                                                "runners_up": 0})
-            try:
-                found = compile_job(job, pinned)
-            except (InfeasibleError, PlannerInputError):
-                found = None  # nothing fits at this degree
-            if found is not None and found.strategy is not None:
-                candidates.append(found)
-        degree *= 2
-    if progress:
-        progress(f"data plan: {len(candidates)} static strategies on {profile.name}")
-    data, chosen = plan_data(job, profile, [c.strategy for c in candidates], load_catalog())
-    return data, candidates[chosen]
 
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,

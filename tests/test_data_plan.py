@@ -330,3 +330,35 @@ def test_estimate_with_a_data_profile_scores_the_strategy_on_the_data(tmp_path):
     assert layouts["pack-unmasked"] == pytest.approx(out["uniform_step_time_s"], rel=1e-9)
     assert out["step_time_s"] == data["step_time_s"] <= min(layouts.values())
     assert data["strategy"].startswith("tp=2,pp=1,dp=4,cp=2")
+
+
+def test_sweep_over_profiles_and_context_lengths(tmp_path):
+    _profile(tmp_path, "name: skewed\nsource: t\nbins:\n  - {min_tokens: 2, max_tokens: 16, count: 5}\n"
+                       "  - {min_tokens: 100, max_tokens: 128, count: 1}\n")
+    flat = "name: flat\nsource: t\nbins:\n  - {min_tokens: 30, max_tokens: 40, count: 1}\n"
+    (tmp_path / "flat.yaml").write_text(flat, encoding="utf-8")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("models: [tiny-llama]\nclusters: ['cpu:1']\nbatches: [8]\nseq_lens: [64, 128]\n"
+                     "strategies: [planner]\ntime_limit: 20\ndata_profiles: [profile.yaml, flat.yaml]\n")
+    result = CliRunner().invoke(cli, ["sweep", str(sweep), "-o", str(tmp_path / "out")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "out" / "data.csv").open()))
+    # two context lengths x two profiles; the skewed profile is clipped at 64 tokens for the first
+    assert [(r["seq_len"], r["profile"]) for r in rows] == [("64", "skewed"), ("64", "flat"), ("128", "skewed"),
+                                                            ("128", "flat")]
+    assert all(float(r["plan_step_s"]) <= float(r["static_step_s"]) for r in rows)
+    assert (tmp_path / "out" / "data.png").read_bytes()[:4] == b"\x89PNG"
+    assert "cost model" in (tmp_path / "out" / "data.md").read_text()
+
+
+def test_sweep_names_a_bad_profile_by_its_field(tmp_path):
+    _profile(tmp_path, "name: p\nsource: t\nbins: []\n")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("models: [tiny-llama]\nclusters: ['cpu:1']\nbatches: [8]\nseq_lens: [64]\n"
+                     "data_profiles: [profile.yaml]\n")
+    result = CliRunner().invoke(cli, ["sweep", str(sweep), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "\n" not in line and "data_profiles[0]" in line and "bins" in line, line

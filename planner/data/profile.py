@@ -102,6 +102,13 @@ class DataProfile(BaseModel):
         total = sum(b.count for b in self.bins)
         return sum(b.count * (b.min_tokens + b.max_tokens) / 2 for b in self.bins) / total
 
+    def clipped(self, seq_len: int) -> "DataProfile":
+        """The profile with every sample longer than seq_len cut to seq_len (a run at that context cuts them)."""
+        bins = [b if b.max_tokens <= seq_len else
+                LengthBin(min_tokens=min(b.min_tokens, seq_len), max_tokens=seq_len, count=b.count)
+                for b in self.bins]
+        return self.model_copy(update={"bins": bins})
+
     def check_fits(self, seq_len: int, where: str) -> None:
         """PlannerInputError when a bin holds samples longer than `--seq-len` (the longest sequence a plan may
         run; longer ones would be cut, which changes the data)."""

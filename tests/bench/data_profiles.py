@@ -21,21 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from planner import api  # noqa: E402
-from planner.data.profile import DataProfile, LengthBin, load_data_profile  # noqa: E402
-
-
-def clipped(profile: DataProfile, seq_len: int) -> DataProfile:
-    """The profile with every sample longer than seq_len cut to seq_len."""
-    bins = [b if b.max_tokens <= seq_len else
-            LengthBin(min_tokens=min(b.min_tokens, seq_len), max_tokens=seq_len, count=b.count)
-            for b in profile.bins]
-    return profile.model_copy(update={"bins": bins})
+from planner.data.profile import DataProfile, load_data_profile  # noqa: E402
 
 
 def row(model: str, cluster: str, tokens: int, seq_len: int, profile: DataProfile) -> list[str]:
     job = api.load_job(model, cluster, batch=max(1, tokens // seq_len), seq_len=seq_len)
     start = time.perf_counter()
-    compiled = api.compile(job, work_limit=5.0, data_profile=clipped(profile, seq_len))
+    compiled = api.compile(job, work_limit=5.0, data_profile=profile.clipped(seq_len))
     wall = time.perf_counter() - start
     data = compiled.plan.data
     base_layout, base_spec = data.baseline.split(" ", 1)
