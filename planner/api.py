@@ -40,6 +40,7 @@ from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, Precision
+from planner.plan.build import inputs_digest
 from planner.plan.groups import build_plan
 from planner.plan.output import write_outputs
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
@@ -260,7 +261,10 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
             raise PlannerInputError("--data-profile: the plan is replica groups over pools of different GPUs; plan "
                                     "the data on one pool")
         data, result = data_plan_over_degrees(job, options, result, data_profile, progress)
-        plan = build_plan(job, result, options).model_copy(update={"data": data})
+        plan = build_plan(job, result, options)
+        # the profile is an input of the plan: recorded with the options, so inputs_digest covers it
+        record = {**plan.options, "data_profile": data_profile.model_dump(mode="json")}
+        plan = plan.model_copy(update={"data": data, "options": record, "inputs_digest": inputs_digest(job, record)})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 
 

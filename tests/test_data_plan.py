@@ -362,3 +362,24 @@ def test_sweep_names_a_bad_profile_by_its_field(tmp_path):
     assert result.exit_code == 2
     line = result.output.strip()
     assert "\n" not in line and "data_profiles[0]" in line and "bins" in line, line
+
+
+def test_plan_files_are_byte_identical_and_digest_the_profile(tmp_path):
+    path = _profile(tmp_path, "name: p\nsource: t\nbins:\n  - {min_tokens: 2, max_tokens: 30, count: 5}\n"
+                              "  - {min_tokens: 40, max_tokens: 64, count: 1}\n")
+    other = tmp_path / "other.yaml"
+    other.write_text("name: p\nsource: t\nbins:\n  - {min_tokens: 2, max_tokens: 30, count: 1}\n", encoding="utf-8")
+    outs = []
+    for k, profile in enumerate((path, path, other)):
+        out = tmp_path / f"out{k}"
+        result = CliRunner().invoke(cli, ["compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--data-profile",
+                                          str(profile), "--work-limit", "2", "-o", str(out), "--target", "torch"])
+        assert result.exit_code == 0, result.output
+        outs.append(out)
+    first, again, changed = ((o / "plan.json").read_bytes() for o in outs)
+    assert first == again and (outs[0] / "report.md").read_bytes() == (outs[1] / "report.md").read_bytes()
+    digest = [json.loads(x)["inputs_digest"] for x in (first, changed)]
+    assert digest[0] != digest[1]
+    # `planner simulate` recomputes the digest from the recorded options, the profile among them
+    result = CliRunner().invoke(cli, ["simulate", str(outs[0] / "plan.json"), "--json"])
+    assert result.exit_code == 0, result.output
