@@ -4,6 +4,7 @@ on every example profile, and the trainer running the plan's sampler under torch
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import subprocess
@@ -383,3 +384,38 @@ def test_plan_files_are_byte_identical_and_digest_the_profile(tmp_path):
     # `planner simulate` recomputes the digest from the recorded options, the profile among them
     result = CliRunner().invoke(cli, ["simulate", str(outs[0] / "plan.json"), "--json"])
     assert result.exit_code == 0, result.output
+
+
+def test_trainer_refuses_a_data_plan_it_cannot_run_in_one_line(tmp_path):
+    path = _profile(tmp_path, "name: p\nsource: t\nbins:\n  - {min_tokens: 2, max_tokens: 64, count: 1}\n")
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(cli, ["compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix",
+                                      "pp=2,dp=2,cp=1,tp=1", "--data-profile", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    run = subprocess.run([sys.executable, "-m", "planner.runtime.train", "--plan", str(out / "plan.json")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "data-parallel strategies (tp=cp=pp=1)" in run.stderr, run.stderr
+
+
+def test_sampler_deals_every_micro_batch_once_and_balances_no_worse():
+    from planner.data.result import CostFit, DataPlan
+    from planner.runtime.sampler import PlanSampler, synthetic_document
+
+    fit = CostFit(cp=1, fixed_s=1e-3, per_token_s=1e-5, per_token_squared_s=1e-7)
+    plan = DataPlan.model_construct(token_budget=64, cost_fit=[fit])
+    doc = functools.partial(synthetic_document, seq_len=64, vocab=50, seed=3)
+    lengths = [len(doc(i)) - 1 for i in range(400)][:200]
+    balanced = PlanSampler(doc, None, plan, seq_len=64, global_batch=16, dp_rank=0, dp_size=4)
+    in_order = PlanSampler(doc, None, plan, seq_len=64, global_batch=16, dp_rank=0, dp_size=4, balance=False)
+    packed, ranks, loads = balanced.assign(lengths)
+    assert sorted(i for p in packed for i in p.members) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in p.members) <= 64 for p in packed) and set(ranks) <= {0, 1, 2, 3}
+    _, _, loads_in_order = in_order.assign(lengths)
+    assert sum(loads) == pytest.approx(sum(loads_in_order))
+    assert max(loads) <= max(loads_in_order)
+    # a step takes whole documents up to batch x seq_len tokens, and every rank sees the same step
+    step = [PlanSampler(doc, None, plan, seq_len=64, global_batch=16, dp_rank=r, dp_size=4).next_step()
+            for r in range(4)]
+    assert len({s.label_tokens for s in step}) == 1 and step[0].label_tokens <= 16 * 64
+    assert sum(m.tokens.shape[1] for s in step for m in s.micro) == step[0].label_tokens

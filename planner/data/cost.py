@@ -77,8 +77,11 @@ class MicroCoster:
 
     def _price(self, cp: int, tokens: int, squares: int) -> MicroCost:
         dp = self.data_ranks // cp
+        # as many micro-batches per replica as the strategy's own step: the pipeline's in-flight activations
+        # and the interleaved schedule's rule (micro-batches % pp) are those of the run
+        per_replica = micro_batches(self.job, self.strategy)
         job = self.job.model_copy(update={"seq_len": tokens, "attention_span": min(float(tokens), squares / tokens),
-                                          "global_batch": dp})
+                                          "global_batch": dp * per_replica})
         variant = self.strategy.model_copy(update={"cp": cp, "dp": dp, "mbs": 1})
         s = check_strategy(job, variant)
         costs = [stage_cost(job, s, stage, self.catalog) for stage in place_stages(job, s, self.catalog)]

@@ -27,7 +27,6 @@ every rank also prints `memory <rank> <json>`.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -36,7 +35,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from models.transformer import TransformerConfig
 from models.zoo import get_entry
@@ -53,7 +51,7 @@ from planner.runtime.memory_probe import MemoryProbe
 from planner.runtime.model import Transformer
 from planner.runtime.optim import OptimConfig, build_optimizer, clip_grads, global_grad_norm, lr_factor
 from planner.runtime.parallelize import Parallelized, apply_plan, local_param_bytes
-from planner.runtime.sampler import PlanSampler, StepBatch, synthetic_document
+from planner.runtime.data_train import check_data_plan, data_sampler, run_data_plan
 from planner.runtime.shutdown import run_then_finish
 
 PROG = "python -m planner.runtime.train"
@@ -313,6 +311,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.model_spec is not None and config.name != plan.job.model:
         fail(f"{args.model_spec}: name: builds {config.name!r}, the plan is for {plan.job.model!r}")
     check_plan_stages(plan, args.plan, config.num_layers)
+    try:
+        check_data_plan(plan)
+    except ValueError as err:
+        fail(f"{args.plan}: data: {err}")
     dtype = compute_dtype(plan, args.precision, args.plan)
     shards = open_data(args, plan, config.vocab)
     ocfg = optim_config(args)
@@ -331,9 +333,9 @@ def main(argv: list[str] | None = None) -> None:
 
     dp_rank = (rank // (s.tp * s.cp)) % s.dp
     if plan.data is not None:  # the plan's packing and balancing of variable-length documents
-        sampler = data_sampler(plan, shards, config.vocab, dp_rank, args)
+        sampler = data_sampler(plan, shards, config.vocab, dp_rank, args, say)
         first = int(progress["step"])
-        losses, norms = run_data_plan(par, optimizers, sampler, ocfg, args, progress, state, device, rank)
+        losses, norms = run_data_plan(par, optimizers, sampler, ocfg, args, progress, state, device, say)
         finish_report(args, plan, par, rank, init_peak, None, losses=losses, norms=norms, first=first,
                       compute=computed.get("dtype"))
         return
@@ -388,87 +390,6 @@ def main(argv: list[str] | None = None) -> None:
                 say(f"saved checkpoint {folder} (step {step + 1}, data position {reader.position})")
     finish_report(args, plan, par, rank, init_peak, probe, losses=losses, norms=norms, first=first,
                   compute=computed.get("dtype"))
-
-
-def data_sampler(plan: Plan, shards: TokenShards | None, vocab: int, dp_rank: int,
-                 args: argparse.Namespace) -> PlanSampler:
-    """The plan's sampler over the token shards' documents, or over synthetic ones (said on rank 0)."""
-    s = plan.strategy
-    if s.tp != 1 or s.cp != 1 or s.pp != 1:
-        fail(f"{args.plan}: data: this runtime runs a data plan on data-parallel strategies (tp=cp=pp=1); the "
-             f"plan's is {plan.strategy_spec}; per-bucket context parallelism needs a framework with dynamic "
-             "context-parallel groups (report.md)")
-    if shards is not None:
-        document, count = shards.document, shards.header.documents
-    else:
-        document = functools.partial(synthetic_document, seq_len=plan.job.seq_len, vocab=vocab, seed=args.seed)
-        count = None
-    if dist.get_rank() == 0:
-        say(f"data plan: {'in order' if args.unbalanced else 'balanced'} packed micro-batches of at most "
-            f"{plan.data.token_budget} tokens from {'--data' if shards is not None else 'synthetic'} documents")
-    return PlanSampler(document, count, plan.data, seq_len=plan.job.seq_len, global_batch=plan.job.global_batch,
-                       dp_rank=dp_rank, dp_size=s.dp, balance=not args.unbalanced)
-
-
-def data_step(par: Parallelized, batch: StepBatch, dp: int, device: torch.device) -> torch.Tensor:
-    """Forward and backward of this rank's packed micro-batches; the step's summed token loss on this rank.
-
-    Each micro-batch's summed cross entropy is scaled by dp / (the step's label tokens): the gradients that
-    the data-parallel reduction averages are then those of the step's mean token loss, whichever rank ran
-    which document.  Ranks run the same number of forwards (an idle one runs a one-token forward of weight
-    0), since FSDP's gathers and reductions are collectives."""
-    count = torch.tensor(len(batch.micro), device=device)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    scale = dp / batch.label_tokens  # the data-parallel reduction averages over dp
-    total = torch.zeros((), device=device)
-    for j in range(int(count)):
-        if j < len(batch.micro):
-            m = batch.micro[j]
-            logits = par.model(m.tokens.to(device), documents=m.documents.to(device))
-            summed = F.cross_entropy(logits.flatten(0, 1).float(), m.labels.to(device).flatten(), reduction="sum")
-            (summed * scale).backward()
-            total += summed.detach()
-        else:
-            par.model(torch.zeros(1, 1, dtype=torch.long, device=device)).sum().mul(0.0).backward()
-    par.sync_replicated_grads()
-    return total
-
-
-def run_data_plan(par: Parallelized, optimizers: list, sampler: PlanSampler, ocfg: OptimConfig,
-                  args: argparse.Namespace, progress: dict, state: checkpoint.TrainerState, device: torch.device,
-                  rank: int) -> tuple[list[float], list[float]]:
-    """The training loop under the plan's sampler: (mean token loss per step, gradient norm per step)."""
-    sampler.position = int(progress["data_position"])
-    first = int(progress["step"])
-    last = args.stop_at_step if args.stop_at_step is not None else args.train_steps
-    losses, norms = [], []
-    for step in range(first, last):
-        factor = lr_factor(step, ocfg)
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = ocfg.lr * factor
-            optimizer.zero_grad()
-        batch = sampler.next_step()
-        total = data_step(par, batch, sampler.dp_size, device)
-        dist.all_reduce(total)
-        params = [p for chunk in par.chunks() for p in chunk.parameters()]
-        norm = global_grad_norm(params, stage_ranks=par.stage_ranks)
-        clip_grads(params, ocfg.grad_clip, norm)
-        for optimizer in optimizers:
-            optimizer.step()
-        losses.append(total.item() / batch.label_tokens)
-        norms.append(float(norm))
-        progress.update(step=step + 1, data_position=sampler.position)
-        if rank == 0:
-            loads = batch.rank_seconds
-            say(f"step {step} loss {losses[-1]:.6f} lr {ocfg.lr * factor:.6g} grad_norm {norms[-1]:.6g} "
-                f"micro_batches {len(batch.micro)} planned_busiest_s {max(loads):.6g} "
-                f"planned_mean_s {sum(loads) / len(loads):.6g}")
-        if args.checkpoint_dir is not None and ((step + 1) % args.save_every == 0 or step + 1 == last):
-            folder = checkpoint.save(args.checkpoint_dir, step + 1, state)
-            if rank == 0:
-                say(f"saved checkpoint {folder} (step {step + 1}, data position {sampler.position})")
-    return losses, norms
 
 
 def finish_report(args: argparse.Namespace, plan: Plan, par: Parallelized, rank: int, init_peak: int,
