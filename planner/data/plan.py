@@ -1,7 +1,7 @@
 """Plan for the data: packing, per-bucket context parallelism and balancing, against the best static plan.
 
 For each candidate strategy (the compiled plan and the best plan at every fixed context-parallel degree) the
-step's sequences (planner.data.profile.step_lengths) are laid out five ways, every one priced micro-batch by
+step's sequences (planner.data.profile.step_lengths) are laid out four ways, every one priced micro-batch by
 micro-batch through the one cost model (planner.data.cost):
 
 * static padding: each sequence alone in a row of seq_len tokens, attention over the whole padded row;
@@ -18,9 +18,10 @@ micro-batch through the one cost model (planner.data.cost):
   that balances better), the micro-batches balanced over the cp x dp data ranks (planner.data.balance).
 
 The bucket degrees are chosen by coordinate descent over the buckets (longest first, every power-of-two
-multiple, kept when the step gets faster); the plan is the fastest layout of all, so it never loses to a
-static one.  Its certificate: the step time against the bound of its own micro-batches (their rank-seconds
-spread evenly, never less than the longest).
+multiple, kept when the step gets faster), on the fastest strategy the token budget may also halve or quarter
+(`smaller_budgets`); the plan is the fastest layout of all, so it never loses to a static one.  Its
+certificate: the step time against the bound of its own micro-batches (their rank-seconds spread evenly,
+never less than the longest).
 """
 
 from __future__ import annotations
@@ -209,6 +210,22 @@ def _buckets(lengths: Sequence[int], packed: Sequence[Packed], budget: int) -> l
                    micro_batches=micro[c]) for c, v in sorted(by_cp.items())]
 
 
+def smaller_budgets(ctx: Layouts, best: Hybrid, budget: int, factors: dict[int, int]
+                    ) -> tuple[Hybrid, int, dict[int, int]]:
+    """The token budget: the strategy's own (the most a rank may hold) or a half or a quarter of it, whichever
+    gives the faster step (finer micro-batches balance better; each costs its own gathers and launches, and
+    long sequences need higher degrees).  Tried on the chosen strategy only."""
+    for divisor in (2, 4):
+        smaller = budget // divisor
+        if smaller < 2 * ctx.coster.data_ranks:
+            break
+        trial_factors = choose_factors(ctx, smaller)
+        trial = hybrid(ctx, smaller, trial_factors)
+        if trial.step < best.step:
+            return trial, smaller, trial_factors
+    return best, budget, factors
+
+
 def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], catalog: Catalog
               ) -> tuple[DataPlan, int]:
     """The data plan of `job` (at its seq_len and batch) on `profile` over the resolved candidate strategies,
@@ -229,6 +246,7 @@ def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], ca
     fitting = [x for x in statics if x[0].fits] or statics
     baseline, base_k = min(fitting, key=lambda x: x[0].step_time_s)
     best, k, ctx, budget, factors = min(hybrids, key=lambda h: (h[0].step, h[1]))
+    best, budget, factors = smaller_budgets(ctx, best, budget, factors)
     common = dict(profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths),
                   notes=notes, baseline=f"{baseline.layout} {baseline.strategy}",
                   baseline_step_time_s=baseline.step_time_s, static=[x for x, _ in statics])

@@ -55,8 +55,9 @@ class DataPlan(BaseModel):
         description="What the plan runs: hybrid data parallelism (buckets below), or a static layout when none "
                     "is faster.")
     strategy: str = Field(description="The strategy (SPEC) whose cp x dp ranks are the data ranks.")
-    token_budget: int = Field(ge=1, description="Tokens per rank and micro-batch (seq_len x mbs / cp of the "
-                                                "strategy: no rank holds more activations than its static plan).")
+    token_budget: int = Field(ge=1, description="Tokens per rank and micro-batch: seq_len x mbs / cp of the "
+                                                "strategy (no rank holds more activations than its static plan), "
+                                                "or a half or a quarter of it where that is faster.")
     bucket_factors: dict[str, int] = Field(
         description="Per bucket (keyed by its smallest degree, the power of two c with length <= c x budget), "
                     "the multiple of it the bucket runs on; absent: 1.")
