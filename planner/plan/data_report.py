@@ -48,6 +48,8 @@ def data_section(plan: Plan, md_table: Table) -> list[str]:
              f"- best static plan on the same data: {_s(data.baseline_step_time_s)} s ({data.baseline}); "
              f"speed-up {data.speedup:.3f}x",
              f"- token budget per rank and micro-batch: {data.token_budget:,}",
+             *([f"- encoders: {data.encoder_placement} (co-located: with their samples; spread: evenly over the "
+                "data ranks, embeddings moved by an all-to-all)"] if data.encoder_placement else []),
              *(f"- note: {note}" for note in data.notes), ""]
     if data.buckets:
         rows = [[str(b.cp), f"{b.min_tokens:,}-{b.max_tokens:,}", str(b.sequences), f"{b.tokens:,}",
