@@ -27,6 +27,10 @@ from models import ModelGraph, load_model
 from planner.compare.plugins import load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
+from planner.compare.data_candidates import data_plan_over_degrees
+from planner.data.plan import plan_data
+from planner.data.profile import DataProfile
+from planner.data.result import DataPlan
 from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, EmbeddingPlan, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report
@@ -36,6 +40,7 @@ from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, Precision
+from planner.plan.build import inputs_digest
 from planner.plan.groups import build_plan
 from planner.plan.output import write_outputs
 from planner.plan.prefer import prefer as prefer_plan
@@ -55,7 +60,7 @@ from planner.simulate.simulator import SimulationRun
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
 
-__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "load_job"]
+__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "estimate_data", "load_job"]
 
 DEFAULT_RUNTIME = CLI_RUNTIME  # the runtime the library's entry points and the command line cost a job under
 Progress = Callable[[str], None]
@@ -95,6 +100,15 @@ def estimate(job: Job, strategy: str | Strategy = "", *, runtime: str | None = N
     return evaluate(costed, checked)
 
 
+def estimate_data(job: Job, strategy: str | Strategy, profile: DataProfile) -> DataPlan:
+    """Score one strategy on a data profile: its static layouts and its hybrid layout of the profile's step
+    (planner.data), the same pricing `compile --data-profile` runs over every candidate."""
+    profile.check_fits(job.seq_len, f"data profile {profile.name}")
+    estimate(job, strategy)  # the strategy's own checks and its runtime's refusals, one line each
+    checked = check_strategy(job, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
+    return plan_data(job, profile, [checked], load_catalog())[0]
+
+
 @dataclass
 class Compiled:
     """A compiled job: its plan and, on demand, the files `planner compile -o DIR` writes."""
@@ -123,6 +137,13 @@ class Compiled:
             data["plan"] = self.plan.model_dump(mode="json", by_alias=True)
             return data
         data = (self.result.estimate or self.result.groups).model_dump(mode="json")
+        if self.plan.data is not None:  # the plan's step is the data plan's: the uniform estimate stays beside it
+            planned = self.plan.data
+            data["uniform_step_time_s"] = data["step_time_s"]
+            data["step_time_s"] = planned.step_time_s
+            data["tokens_per_s"] = planned.tokens / planned.step_time_s
+            data["tokens_per_s_per_gpu"] = data["tokens_per_s"] / data["num_gpus"]
+            data["data"] = self.plan.data.model_dump(mode="json")
         data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
                           "stopped": cert.stopped, "reproducible": cert.stopped is None}
         data["plan"] = self.plan.model_dump(mode="json")
@@ -202,21 +223,29 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
             fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
             time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
             embedding_planner: EmbeddingStrategyName = "planner", prefer: str = "validated",
-            progress: Progress | None = None) -> Compiled:
+            progress: Progress | None = None, data_profile: DataProfile | None = None) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
     targets: launch targets the plan must be expressible in (their spaces intersect; none named: the default
     targets, written where they hold the plan).  runtime: the runtime the plan is costed under (default: the
     first named target's, else the job's).  fixed: strategy keys the search must use (`--fix`).  work_limit:
     CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  prefer: "validated" (a
-    runner-up inside the optimum's prediction interval that risks less HBM headroom or extrapolation is returned
+    runner-up within the model's error of the optimum that risks less HBM headroom or extrapolation is returned
     instead, planner.plan.prefer) or "fastest" (the optimum).  InfeasibleError when
-    nothing fits, with what does not fit where and the smallest change that would."""
+    nothing fits, with what does not fit where and the smallest change that would.  data_profile: plan the
+    packing, per-bucket context parallelism and balancing of that data against the best static plan on it
+    (planner.data; the plan's `data` section; the data plan chooses among strategies by its own step times, so
+    `prefer` does not apply to it)."""
     explicit = bool(targets)
     chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in chosen if t not in available_targets()]
     if missing:
         raise PlannerInputError(f"--target: no emitter for {', '.join(missing)} in this build")
+    if data_profile is not None:
+        if job.model.family == "recsys":
+            raise PlannerInputError(f"--data-profile: {job.model.name} is a recommendation model; a data profile "
+                                    "gives sequence lengths")
+        data_profile.check_fits(job.seq_len, f"data profile {data_profile.name}")
     if job.model.family == "recsys":
         # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
         budget = work_limit or time_limit
@@ -237,8 +266,18 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search,
                        prefer)
     result: CompileResult = compile_job(job, options, progress=progress)
-    result, preference = prefer_plan(job, result, options)
-    plan = build_plan(job, result, options).model_copy(update={"preference": preference})
+    if data_profile is None:
+        result, preference = prefer_plan(job, result, options)
+        plan = build_plan(job, result, options).model_copy(update={"preference": preference})
+    else:
+        if result.strategy is None:
+            raise PlannerInputError("--data-profile: the plan is replica groups over pools of different GPUs; plan "
+                                    "the data on one pool")
+        data, result = data_plan_over_degrees(job, options, result, data_profile, progress)
+        plan = build_plan(job, result, options)
+        # the profile is an input of the plan: recorded with the options, so inputs_digest covers it
+        record = {**plan.options, "data_profile": data_profile.model_dump(mode="json")}
+        plan = plan.model_copy(update={"data": data, "options": record, "inputs_digest": inputs_digest(job, record)})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 
 

@@ -12,8 +12,8 @@ import click
 
 from planner import api
 from planner.cli import render
-from planner.cli.options import (finite_seconds, job_options, json_option, memory_margin_option, note_default_runtime,
-                                 runtime_option, user_errors)
+from planner.cli.options import (data_profile_option, finite_seconds, job_options, json_option, memory_margin_option,
+                                 note_default_runtime, runtime_option, user_errors)
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
@@ -139,12 +139,14 @@ def _legend(rows: list[CompareRow]) -> str:
 @runtime_option("Runtime profile of the planner row and of the baselines that name no framework (uniform-pp, "
                 "metis); default: planner's runtime (megatron for mixture-of-experts models, which it cannot run)")
 @memory_margin_option(None)
+@data_profile_option
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              moe_routing: str,
              only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None,
-             plot_path: Path | None, runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
+             plot_path: Path | None, runtime: str | None, memory_margin: float | None, data_profile: Path | None,
+             as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,
@@ -157,7 +159,9 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     torchtitan), or shown n/a with what the framework lacks; the planner row,
     uniform-pp and metis run under --runtime.  The runtime column names each
     row's cost model; the planner row is never slower than a fitting baseline
-    of the same runtime.
+    of the same runtime.  With --data-profile: the data plan against every
+    static layout of the same data instead (pad, pack-unmasked, pack at each
+    fixed context-parallel degree).
 
     \b
     Examples:
@@ -167,6 +171,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
         planner compare llama3-8b dgx-h100:4 -b 256 -s 4096 --strategies examples/strategies/strategies.yaml
+        planner compare llama3-8b dgx-h100:4 -b 64 -s 131072 --data-profile examples/data/code-corpus.yaml
     """
     for path in (csv_path, plot_path):
         if path is not None:
@@ -175,6 +180,11 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
                        flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
                        runtime=runtime)
     note_default_runtime(job, runtime)
+    if data_profile is not None:
+        from planner.cli.compile_cmd import load_profile_for
+
+        compare_data(job, load_profile_for(data_profile, seq_len), time_limit, csv_path, plot_path, as_json)
+        return
     rows = api.compare_baselines(job, only=only, strategies_file=strategies_file, time_limit=time_limit)
     labels = {"model": job.model.name, "cluster": cluster, "batch": batch, "seq_len": seq_len, "precision": precision}
     if as_json:
@@ -198,3 +208,28 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         from planner.compare.plots import plot_compare
 
         plot_compare(rows, f"{job.model.name} on {job.cluster.name}, batch {batch} x {seq_len}", plot_path)
+
+
+def compare_data(job, profile, time_limit: float, csv_path: Path | None, plot_path: Path | None,
+                 as_json: bool) -> None:
+    """compare --data-profile: the data plan and every static layout on the profile's data."""
+    from planner.compare.data_layouts import layout_rows, plot_layouts
+
+    data = api.compile(job, time_limit=time_limit, data_profile=profile).plan.data
+    rows = layout_rows(data)
+    title = f"{job.model.name} on {job.cluster.name}, batch {job.global_batch} x {job.seq_len}, {data.profile}"
+    if as_json:
+        click.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+    else:
+        click.echo(f"{title} ({data.sequences} sequences, {data.tokens:,} tokens; cost-model predictions)")
+        body = [[r.layout, r.cp, f"{r.step_time_s:.4g}", f"{r.plan_speedup:.3f}x", "yes" if r.fits else "no",
+                 r.strategy] for r in rows]
+        click.echo(render.table(["layout", "cp", "step s", "vs plan", "fits", "strategy"], body, right=(2, 3)))
+    if csv_path is not None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0].model_dump()), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(r.model_dump() for r in rows)
+        write_file(csv_path, buffer.getvalue())
+    if plot_path is not None:
+        plot_layouts(rows, title, plot_path)

@@ -15,6 +15,7 @@ from planner.strategy import short_spec
 
 if TYPE_CHECKING:  # type names only: `planner show` renders without loading the cost model
     from planner.cost import Estimate
+    from planner.data.result import DataPlan
     from planner.plan.schema import Plan
 
 GB = 1e9
@@ -319,3 +320,13 @@ def _stages(plan: "Plan") -> str:
                      f"{1e3 * st.microbatch_time_s:.2f}"])
     return table(["stage", "blocks", "pool", "device", "ranks", "nodes", "recompute", "HBM GB", "capacity",
                   "micro-batch ms"], rows, right=(6, 7, 8, 9))
+
+
+def data_summary(data: DataPlan) -> str:
+    """compile's lines for a data plan: its step against the best static plan on the same data."""
+    buckets = ", ".join(f"cp={b.cp}: {b.sequences} seq {b.min_tokens}-{b.max_tokens} tok" for b in data.buckets)
+    return (f"data         {data.profile}: {data.sequences} sequences, {data.tokens:,} tokens per step\n"
+            f"             plan {data.layout} {data.step_time_s:.4g} s (bound {data.bound_s:.4g} s) vs best static "
+            f"{data.baseline_step_time_s:.4g} s ({data.baseline.split(' ')[0]}, "
+            f"cp={data.baseline.split('cp=')[1].split(',')[0]}): {data.speedup:.3f}x (cost-model predictions)"
+            + (f"\n             buckets {buckets}" if buckets else ""))

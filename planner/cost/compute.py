@@ -89,7 +89,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     tokens = _tokens(job, strategy)
     tp = tp_divisor(layer, strategy.tp)
     gemm_flops = tokens * layer.flops_per_token / tp
-    attn_flops = tokens * layer.flops_per_token_per_seq * job.seq_len / tp
+    attn_flops = tokens * layer.flops_per_token_per_seq * job.attended / tp
     if layer.moe is not None:
         gemm_s = moe_gemm_seconds(layer, job, strategy, device, catalog)
     else:
@@ -106,7 +106,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
             plain_rate *= catalog.constant("context_parallel_attention_efficiency")
         attn_s = attn_flops / plain_rate
         if job.flash and layer.attention is not None and layer.attention.causal:
-            attn_s *= causal_time_ratio(job.seq_len, catalog)
+            attn_s *= causal_time_ratio(job.attended, catalog)  # packed documents: their length
 
     hbm_rate = device.hbm_bandwidth * catalog.constant("hbm_efficiency")
     traffic = catalog.constant("elementwise_traffic_per_saved_byte")
@@ -121,7 +121,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     # The score tensors (non-flash) are the part selective recompute redoes.
     scores = 0.0
     if not job.flash and layer.act_attn_scores:
-        scores = traffic * tokens * layer.act_attn_scores * job.seq_len / tp / hbm_rate
+        scores = traffic * tokens * layer.act_attn_scores * job.attended / tp / hbm_rate
 
     launch_forward, launch_backward = launch_overhead(layer, job, catalog)
     forward = gemm_s + attn_s + elementwise_s + launch_forward

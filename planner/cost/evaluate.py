@@ -122,7 +122,7 @@ def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None
     # MFU against the dense 16-bit peak of the GPUs used, also for fp8 runs (the published convention)
     ranks_per_stage = s.tp * s.cp * s.dp
     peak_sum = sum(ranks_per_stage * stage.device.peak(job.compute_dtype) for stage in stages)
-    model_flops = job.model.model_flops_per_token(job.seq_len) * tokens
+    model_flops = job.model.model_flops_per_token(job.attended) * tokens
     # recompute adds forward work; its share of compute time approximates its share of FLOPs
     recompute_share = sum(c.sums.recompute for c in costs) / max(1e-30, sum(c.sums.compute for c in costs))
     reports = [_stage_report(stage, cost) for stage, cost in zip(stages, costs)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from planner.plan.data_report import data_section
 from planner.plan.schema import Plan, PlanStage
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
 from planner.plan.targets import TargetCheck
@@ -363,6 +364,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         "",
         *_preference(plan),
         *(_groups(plan, plots) if plan.groups else _body(plan, "##", plots)),
+        *data_section(plan, md_table),
         "## Confidence",
         "",
         *_confidence(plan),

@@ -34,6 +34,7 @@ from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
 from planner.cost.interval import Interval
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
+from planner.data.result import DataPlan
 from planner.strategy import Strategy
 
 SCHEMA_VERSION = "2"
@@ -351,6 +352,10 @@ class Plan(BaseModel):
         default_factory=lambda: Confidence(extrapolated=False, reasons=[]),
         description="Terms of the estimate that lean on a regime no validated published run covers "
         "(planner.cost.confidence; each group's for replica groups).")
+    data: DataPlan | None = Field(
+        None, description="With --data-profile: the packing, per-bucket context parallelism and balancing of the "
+        "profile's sequences, against the best static plan on the same data (planner.data); None: every sequence "
+        "is seq_len long.")
 
     @field_validator("strategy")
     @classmethod
