@@ -15,10 +15,11 @@ published TFLOP/s.
 
 Model: `planner.cost.compute.layer_time` of the attention layer a one-block Llama of hidden 2048 with that head
 shape builds (models.transformer), one micro-batch of `batch` sequences of `seqlen` on one GPU (no tensor or
-context parallelism), under the reference runtime (flash attention on) running the row's kernel.  It has no separate function for the
-core, but `LayerTime` reports the core's forward (`attention_forward`) and backward (`attention_backward`)
-seconds apart from the layer's GEMMs, element-wise kernels and launches: those are compared.  The model's
-TFLOP/s column is the SOURCE's FLOP count over the model's seconds, so it reads against the bar directly.
+context parallelism), under the reference runtime (flash attention on) running the row's kernel.  It has no
+separate function for the core, but `LayerTime` reports the core's forward (`attention_forward`) and backward
+(`attention_backward`) seconds apart from the layer's GEMMs, element-wise kernels and launches: those are
+compared.  The model's TFLOP/s column is the SOURCE's FLOP count over the model's seconds, so it reads against
+the bar directly.
 """
 
 from __future__ import annotations
