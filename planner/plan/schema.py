@@ -278,6 +278,10 @@ PlanStrategy = Annotated[
 no tag)."""
 
 
+class GroupPlanError(ValueError):
+    """One strategy was asked of a replica-group plan: each group's plan has its own (`Plan.groups`)."""
+
+
 class PlanGroup(BaseModel):
     """A replica group: one pool's GPUs, its batch share and its own plan."""
 
@@ -335,6 +339,15 @@ class Plan(BaseModel):
             return strategy.model_copy(update={"sp": strategy.sequence_parallel,
                                                "schedule": strategy.pipeline_schedule})
         return strategy
+
+    @property
+    def single_strategy(self) -> Strategy:
+        """The plan's one strategy: what a launch file, a simulation or a re-plan runs.  GroupPlanError for a
+        replica-group plan (a strategy per pool: read each of `groups`' plans)."""
+        if isinstance(self.strategy, ReplicaGroupsStrategy):
+            raise GroupPlanError(f"a replica-group plan ({len(self.strategy.replica_groups)} groups, a strategy "
+                                 "per pool) has no single strategy; each group's plan has its own")
+        return self.strategy
 
 
 PlanGroup.model_rebuild()
