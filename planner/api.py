@@ -24,7 +24,7 @@ from typing import Any
 
 from hardware import Cluster, load_catalog, load_cluster
 from models import ModelGraph, load_model
-from planner.compare.plugins import load_strategies
+from planner.compare.plugins import UserStrategy, load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
 from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
@@ -126,7 +126,7 @@ class Compiled:
         target's launch folder whose written strategy, costed under the target's runtime, holds the plan.
         InfeasibleError when a named target would not run the plan as costed (nothing is written then)."""
         if isinstance(self.plan, EmbeddingPlan):
-            return self._embedding_files(inputs)
+            return self._embedding_files(self.plan, inputs)
         files: dict[str, str | bytes] = {"plan.json": plan_json(self.plan)}
         checks, refused, skipped = [], [], []
         for target in self.targets:  # each target's written strategy is costed under its runtime first
@@ -154,8 +154,7 @@ class Compiled:
             return tuple(t for t in self.targets if t in DLRM_EMITTERS)
         return tuple(c.target for c in self.checks if c.status == "written")
 
-    def _embedding_files(self, inputs: LaunchInputs) -> dict[str, str | bytes]:
-        plan = self.plan
+    def _embedding_files(self, plan: EmbeddingPlan, inputs: LaunchInputs) -> dict[str, str | bytes]:
         files: dict[str, str | bytes] = {"plan.json": to_json(plan), "sharding_plan.json": to_json(plan.sharding),
                                          RANKS_PNG: ranks_png(plan)}
         for target in self.written:
@@ -210,10 +209,10 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     if job.model.family == "recsys":
         # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
         budget = work_limit or time_limit
-        result = compile_embedding(job, strategy=embedding_planner, time_limit=budget, progress=progress)
-        plan = build_embedding_plan(job, result, EmbeddingCompileOptions(strategy=embedding_planner,
-                                                                         time_limit=budget))
-        return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit)
+        found = compile_embedding(job, strategy=embedding_planner, time_limit=budget, progress=progress)
+        sharding = build_embedding_plan(job, found, EmbeddingCompileOptions(strategy=embedding_planner,
+                                                                            time_limit=budget))
+        return Compiled(job=job, plan=sharding, result=found, targets=chosen, explicit_targets=explicit)
     if embedding_planner != "planner":
         raise PlannerInputError(f"--embedding-planner: {embedding_planner} plans the tables of recommendation "
                                 f"models; {job.model.name} has none")
@@ -253,7 +252,8 @@ def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: 
             time_limit: float = 60.0) -> list[CompareRow]:
     """Every applicable baseline (or those named in `only`) and the compiler's plan on `job`, each costed as
     its framework runs it; strategies_file adds the named strategies of a YAML file (examples/strategies/)."""
-    names, plugins = ((), ())
+    names: tuple[str, ...] = ()
+    plugins: tuple[UserStrategy, ...] = ()
     if strategies_file is not None:
         names, plugins = load_strategies(Path(strategies_file),
                                          tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from hardware import Catalog, Cluster
+from hardware.catalog import Dtype
 from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
 
@@ -108,6 +109,6 @@ class Job(BaseModel):
         return 1.0 if self.moe_routing == "balanced" else catalog.constant("moe_routing_imbalance")
 
     @property
-    def compute_dtype(self) -> str:
+    def compute_dtype(self) -> Dtype:
         """Datatype of non-GEMM work and of attention (fp8 runs keep bf16 there)."""
         return "bf16" if self.precision == "fp8" else self.precision

@@ -95,3 +95,13 @@ def test_ruff_is_clean():
     run = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "--no-cache", str(ROOT)],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def test_mypy_is_clean():
+    # pyproject.toml [tool.mypy]: planner/, models/ and hardware/ type-check under pydantic's plugin; mypy's cache
+    # (.mypy_cache, git-ignored) makes a rerun incremental
+    run = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                          "--cache-dir", str(ROOT / ".mypy_cache")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+    assert "Success: no issues found" in run.stdout, run.stdout[-2000:]

@@ -21,12 +21,14 @@ from planner.cli import render
 from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, emit_json, finite_seconds, job_options, json_option,
                                  launch_options, memory_margin_option, note_default_runtime, output_dir_path,
                                  runtime_option, user_errors)
+from planner.embedding.compile import EmbeddingStrategyName
 from planner.embedding.plan_doc import EmbeddingPlan
 from planner.embedding.report import summary as embedding_summary
 from planner.emit import DEFAULT_TARGETS, TARGETS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.fields import fields_with
+from planner.job import Precision
 from planner.plan.output import check_output_dir
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG
 from planner.plan.schema import plan_json_schema
@@ -104,11 +106,11 @@ def _progress(enabled: bool | None):
 @launch_options
 @json_option
 @user_errors
-def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
+def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
              moe_routing: str, objective: str, max_step_time: float | None, time_limit: float,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
-             embedding_planner: str,
+             embedding_planner: EmbeddingStrategyName,
              offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 

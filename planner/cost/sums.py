@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from operator import attrgetter, add
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 Role = Literal["sum", "max"]
 # A field's role says how the totals of two sets of layers combine: a sum adds (and scales with a count of
@@ -63,14 +63,17 @@ class StageSums:
 
     def __add__(self, other: "StageSums") -> "StageSums":
         """Both sets of layers: sums add, maxima take the larger."""
-        return StageSums(*[combine(mine, theirs) for combine, mine, theirs in zip(_COMBINE, _VALUES(self),
-                                                                                   _VALUES(other))])
+        # each field's own type (float, int for layers): add and max of two ints stay an int
+        values: list[Any] = [combine(mine, theirs) for combine, mine, theirs in zip(_COMBINE, _VALUES(self),
+                                                                                    _VALUES(other))]
+        return StageSums(*values)
 
     def times(self, count: int) -> "StageSums":
         """`count` copies of these layers (maxima stay, sums scale)."""
         if count <= 0:
             return StageSums()
-        return StageSums(*[value * count if scales else value for scales, value in zip(_SCALES, _VALUES(self))])
+        values: list[Any] = [value * count if scales else value for scales, value in zip(_SCALES, _VALUES(self))]
+        return StageSums(*values)
 
     @property
     def largest_block_params(self) -> float:

@@ -61,7 +61,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
         recompute=recompute, recompute_layers=recompute_layers, offload=offload, offload_device=device,
         offload_ratio=ratio, schedule="1f1b",
         split=tuple(pipeline["blocks_per_stage"]) if pipeline["stages"] > 1 else None,
-        stage_pools=plan.strategy.stage_pools)
+        stage_pools=plan.single_strategy.stage_pools)
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:

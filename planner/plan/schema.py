@@ -25,7 +25,7 @@ from the strides in `layout`.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Final, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_serializer, model_validator)
@@ -33,9 +33,10 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
+from planner.errors import GroupPlanError
 from planner.strategy import Strategy
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION: Final = "2"
 
 _FIELD = ConfigDict(extra="forbid")
 
@@ -278,10 +279,6 @@ PlanStrategy = Annotated[
 no tag)."""
 
 
-class GroupPlanError(ValueError):
-    """One strategy was asked of a replica-group plan: each group's plan has its own (`Plan.groups`)."""
-
-
 class PlanGroup(BaseModel):
     """A replica group: one pool's GPUs, its batch share and its own plan."""
 
@@ -348,6 +345,14 @@ class Plan(BaseModel):
             raise GroupPlanError(f"a replica-group plan ({len(self.strategy.replica_groups)} groups, a strategy "
                                  "per pool) has no single strategy; each group's plan has its own")
         return self.strategy
+
+    @property
+    def rank_layout(self) -> RankLayout:
+        """The rank layout of a single-strategy plan; GroupPlanError for a replica-group plan (each group's plan
+        has its own)."""
+        if self.layout is None:
+            raise GroupPlanError("a replica-group plan has no single rank layout; each group's plan has its own")
+        return self.layout
 
 
 PlanGroup.model_rebuild()

@@ -136,9 +136,9 @@ class StateLayout:
         """Ranks one ZeRO/FSDP shard group spans on `stage` (planner.cost.layout.shard_degree)."""
         s = self.strategy
         if s.shard == "full":
-            return s.dp * s.cp
+            return s.data_parallel * s.cp
         in_node = max(1, self.stage_gpus_per_node[stage] // (s.tp * s.cp))
-        return max(1, min(s.dp, in_node)) * s.cp
+        return max(1, min(s.data_parallel, in_node)) * s.cp
 
     def shard_class(self, site: RankSite, sharded: bool) -> int:
         """The rank's index in its shard group (0 when the term is not sharded)."""
@@ -324,7 +324,7 @@ def _layer_shapes(model: ModelGraph) -> tuple[tuple[int, int, bool], ...]:
 
 def _layer_experts(model: ModelGraph) -> tuple[tuple[float, int], ...]:
     """(routed-expert params, routed experts) per layer; () when no layer has routed experts."""
-    out = tuple((layer.routed_params, layer.moe.num_experts) if layer.routed_params else (0.0, 0)
+    out = tuple((layer.routed_params, layer.moe_shape.num_experts) if layer.routed_params else (0.0, 0)
                 for layer in model.layers)
     return out if any(x for x, _ in out) else ()
 
@@ -351,13 +351,13 @@ def _sites(strategy: Strategy, spans: list[list[RankSpan]]) -> tuple[RankSite, .
             for rank in range(span.first_rank, span.last_rank + 1):
                 node, local = rank_location(span, rank)
                 out.append(RankSite(rank=rank, stage=stage, tp=rank % s.tp, cp=(rank // s.tp) % s.cp,
-                                    dp=(rank // (s.tp * s.cp)) % s.dp, node=node, local=local))
+                                    dp=(rank // (s.tp * s.cp)) % s.data_parallel, node=node, local=local))
     return tuple(sorted(out, key=lambda site: site.rank))
 
 
 def plan_layout(plan: Plan, model: ModelGraph) -> StateLayout:
     """The layout plan.json records: its stages' chunks and rank spans."""
-    strategy = plan.strategy
+    strategy = plan.single_strategy
     spans = [stage.ranks.spans for stage in plan.stages]
     chunks = [stage.chunks for stage in plan.stages]
     return StateLayout(strategy=strategy, ranks=_sites(strategy, spans),

@@ -211,6 +211,13 @@ class _Flow:
     layers: dict[int, float]
     bytes: float = 0.0
 
+    @property
+    def sender(self) -> tuple[int, int]:
+        """(node, local GPU) of the sender of a GPU-to-GPU flow; ValueError for a read from storage."""
+        if self.from_gpu is None:
+            raise ValueError(f"a {self.link} flow to rank {self.to_rank} has no sending GPU")
+        return self.from_gpu
+
 
 def _route(old: StateLayout, new: StateLayout, terms: tuple[StateTerm, ...], nodes: NodeMap) -> list[_Flow]:
     """Every (to rank, from rank, kind, link) flow with the bytes per layer, in routing order."""
@@ -281,10 +288,10 @@ def _ports(flows: list[_Flow], rates: Rates) -> dict[tuple, list]:
         node, local = f.to_gpu
         if f.link == "nvlink":
             add(("GPU", node, local, "NVLink in"), f.bytes, rates.nvlink[node], "nvlink")
-            add(("GPU", f.from_gpu[0], f.from_gpu[1], "NVLink out"), f.bytes, rates.nvlink[f.from_gpu[0]], "nvlink")
+            add(("GPU", f.sender[0], f.sender[1], "NVLink out"), f.bytes, rates.nvlink[f.sender[0]], "nvlink")
         elif f.link == "fabric":
             add(("node", node, None, "NICs in"), f.bytes, rates.nic[node], "fabric")
-            add(("node", f.from_gpu[0], None, "NICs out"), f.bytes, rates.nic[f.from_gpu[0]], "fabric")
+            add(("node", f.sender[0], None, "NICs out"), f.bytes, rates.nic[f.sender[0]], "fabric")
         elif f.link == "storage":
             add(("node", node, None, "NICs in"), f.bytes, rates.nic[node], "storage")  # reads cross the NICs too
             port, rate = rates.storage_port(node)

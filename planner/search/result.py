@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.cost import Estimate
 from planner.cost.groups import GroupsEstimate
+from planner.errors import GroupPlanError
 from planner.search.space import SpaceOptions
 from planner.strategy import Strategy
 
@@ -75,6 +76,27 @@ class CompileResult(BaseModel):
                                           "per pool) when they beat every single-strategy plan.")
     group_results: dict[str, "CompileResult"] = Field(
         default_factory=dict, description="Each group's compile of its pool sub-job, by pool.")
+
+    @property
+    def single_strategy(self) -> Strategy:
+        """The chosen strategy of a single-strategy result; GroupPlanError for replica groups."""
+        if self.strategy is None:
+            raise GroupPlanError("a replica-group result (a strategy per pool) has no single strategy")
+        return self.strategy
+
+    @property
+    def single_estimate(self) -> Estimate:
+        """evaluate() of the chosen strategy of a single-strategy result; GroupPlanError for replica groups."""
+        if self.estimate is None:
+            raise GroupPlanError("a replica-group result (a strategy per pool) has no single estimate")
+        return self.estimate
+
+    @property
+    def replica_groups(self) -> GroupsEstimate:
+        """The replica groups of a replica-group result; GroupPlanError for a single-strategy one."""
+        if self.groups is None:
+            raise GroupPlanError("a single-strategy result has no replica groups")
+        return self.groups
 
 
 CompileResult.model_rebuild()

@@ -231,7 +231,7 @@ def placement_variants(job: Job, config: Strategy, options: SpaceOptions, offloa
     their per-stage choices from here.
     """
     regathers: list[Placement] = [{}]
-    if config.regather == "network" and _fcdp(job, options, config.tp, config.cp, config.dp, config.zero,
+    if config.regather == "network" and _fcdp(job, options, config.tp, config.cp, config.data_parallel, config.zero,
                                               config.shard) and "regather" not in options.fixed:
         regathers.append({"regather": "host"})
     offloads: list[Placement] = [{}]

@@ -117,9 +117,10 @@ def plan_runs(plan: Plan, job: Job, catalog: Catalog | None = None) -> tuple[lis
     """(pool, batch, run) of every strategy in the plan, and the cross-group sync seconds."""
     catalog = catalog or load_catalog()
     if not plan.groups:
-        return [(None, job.global_batch, simulate(job, plan.strategy, catalog))], 0.0
-    runs = [(g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), g.plan.strategy, catalog))
-            for g in plan.groups]
+        return [(None, job.global_batch, simulate(job, plan.single_strategy, catalog))], 0.0
+    runs: list[tuple[str | None, int, SimulationRun]] = [
+        (g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), g.plan.single_strategy, catalog))
+        for g in plan.groups]
     return runs, sync_seconds(job, [g.pool for g in plan.groups], catalog)
 
 
