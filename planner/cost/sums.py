@@ -113,8 +113,14 @@ class StageSums:
 
 
 def roles() -> dict[str, Role]:
-    """Each StageSums field's declared role, in field order."""
-    return {f.name: f.metadata["role"] for f in fields(StageSums)}
+    """Each StageSums field's declared role, in field order (TypeError for a field that declares none)."""
+    out: dict[str, Role] = {}
+    for f in fields(StageSums):
+        role = f.metadata.get("role")
+        if role not in ("sum", "max"):
+            raise TypeError(f"StageSums.{f.name}: declare its role (metadata=SUM or MAX), not {role!r}")
+        out[f.name] = role
+    return out
 
 
 # Derived once from the declarations, in field order (StageSums is built positionally from them: the search
