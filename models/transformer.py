@@ -361,7 +361,7 @@ def build_transformer(cfg: TransformerConfig) -> ModelGraph:
         layers += _mtp(cfg, j)
     return ModelGraph(
         name=cfg.name, family="decoder" if cfg.causal else "encoder", layers=layers,
-        hidden=cfg.hidden, num_blocks=cfg.num_layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+        hidden=cfg.hidden, num_blocks=cfg.num_layers, heads=cfg.heads, kv_heads=cfg.query_groups,
         vocab=cfg.vocab, num_experts=cfg.moe.num_experts if cfg.moe else 0, source=cfg.source,
         rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
     )

@@ -35,7 +35,7 @@ from planner.emit.check import TargetCheck, emit_checked
 from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
-from planner.job import Job, Precision
+from planner.job import Job, MoeRouting, Precision
 from planner.plan.groups import build_plan
 from planner.plan.output import write_outputs
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
@@ -43,8 +43,8 @@ from planner.plan.report import LAUNCH_COMMANDS, render_report
 from planner.plan.schema import Plan, plan_json
 from planner.profile import CLI_RUNTIME, load_runtime
 from planner.search.compile import compile_job
-from planner.search.result import CompileOptions, CompileResult
-from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.search.result import CompileOptions, CompileResult, Objective
+from planner.search.space import OffloadSearch, SpaceOptions, narrow_to_runtime
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
 
@@ -55,7 +55,7 @@ Progress = Callable[[str], None]
 
 
 def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq_len: int,
-             precision: Precision = "bf16", flash_attention: bool = True, moe_routing: str = "learned",
+             precision: Precision = "bf16", flash_attention: bool = True, moe_routing: MoeRouting = "learned",
              memory_margin: float | None = None, runtime: str | None = None) -> Job:
     """A job from a model (zoo name, spec file, HF config.json, or a graph) and a cluster (PRESET:NODES, a
     cluster file, or a Cluster).  memory_margin None: constants.yaml's default (what `compile` leaves free);
@@ -191,8 +191,9 @@ def _embedding_launch_section(targets: tuple[str, ...], inputs: LaunchInputs) ->
 
 
 def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = None,
-            fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
-            time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
+            fixed: dict[str, int | str] | None = None, objective: Objective = "time",
+            max_step_time: float | None = None, time_limit: float = 60.0, work_limit: float | None = None,
+            offload_search: OffloadSearch = "always",
             embedding_planner: EmbeddingStrategyName = "planner", progress: Progress | None = None) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
@@ -229,9 +230,9 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 
 
-def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,
+def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: Objective,
              max_step_time: float | None, time_limit: float, work_limit: float | None,
-             offload_search: str) -> CompileOptions:
+             offload_search: OffloadSearch) -> CompileOptions:
     """The search's options: one plan every named target can express (the intersection of their spaces; a
     target whose runtime cannot run the model at all is skipped when the files are written instead)."""
     space = SpaceOptions(fixed=fixed, offload_search=offload_search)

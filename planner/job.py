@@ -12,6 +12,7 @@ from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
 
 Precision = Literal["bf16", "fp16", "fp8"]
+MoeRouting = Literal["learned", "balanced"]
 # batch and sequence length at most 2**31 - 1: the search scales times and counts to 64-bit integers, which
 # a batch of 1e20 sequences overflows
 MAX_COUNT = 2**31 - 1
@@ -38,7 +39,7 @@ class Job(BaseModel):
         description="Element-wise work may run in fused kernels (Megatron/Transformer Engine fusions or "
         "torch.compile) where the runtime has them; False forces eager PyTorch's unfused kernels.",
     )
-    moe_routing: Literal["learned", "balanced"] = Field(
+    moe_routing: MoeRouting = Field(
         "learned",
         description="How MoE tokens spread over the expert-parallel ranks: learned (the router's own choice, "
         "the busiest rank getting constants.yaml's moe_routing_imbalance times the mean) or balanced (evenly: "

@@ -398,7 +398,7 @@ def parse_strategy(spec: str) -> Strategy:
         else:
             values[key] = raw.lower()
     try:
-        return Strategy(**values)
+        return Strategy.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
         message = first["msg"].removeprefix("Value error, ")

@@ -16,7 +16,7 @@ from planner.cli.options import (finite_seconds, job_options, json_option, memor
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
-from planner.job import Precision
+from planner.job import MoeRouting, Precision
 from planner.profile import load_runtime
 
 # the job's columns first, so a CSV of several compares concatenated still says what each row ran
@@ -124,7 +124,7 @@ def _legend(rows: list[CompareRow]) -> str:
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: str,
+             moe_routing: MoeRouting,
              only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None,
              plot_path: Path | None, runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.

@@ -28,7 +28,9 @@ from planner.emit import DEFAULT_TARGETS, TARGETS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.fields import fields_with
-from planner.job import Precision
+from planner.job import MoeRouting, Precision
+from planner.search.result import Objective
+from planner.search.space import OffloadSearch
 from planner.plan.output import check_output_dir
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG
 from planner.plan.schema import plan_json_schema
@@ -107,11 +109,11 @@ def _progress(enabled: bool | None):
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float,
+             moe_routing: MoeRouting, objective: Objective, max_step_time: float | None, time_limit: float,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: EmbeddingStrategyName,
-             offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
+             offload_search: OffloadSearch, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's

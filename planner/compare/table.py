@@ -185,7 +185,7 @@ def _not_applicable(name: str, job: Job, probe: Strategy) -> CompareRow | None:
 
 
 def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> CompareRow:
-    blocked = _not_applicable(name, job, Strategy(**space.fixed))
+    blocked = _not_applicable(name, job, Strategy.model_validate(space.fixed))
     if blocked is not None:
         return blocked
     start = time.perf_counter()

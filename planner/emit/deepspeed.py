@@ -22,12 +22,12 @@ from planner.emit.deepspeed_launch import hostfile, launch_sh, readme
 from planner.emit.inputs import LaunchInputs
 from planner.job import Job
 from planner.plan.schema import Plan
-from planner.strategy import Offload, Strategy
+from planner.strategy import Offload, OffloadDevice, Recompute, Strategy
 
 __all__ = ["emit", "layer_specs", "written_strategy"]
 
 
-def _offload_of(section: dict) -> tuple[Offload, str, float]:
+def _offload_of(section: dict) -> tuple[Offload, OffloadDevice, float]:
     """(offload, device, ratio) of a zero_optimization section."""
     opt, par = section.get("offload_optimizer"), section.get("offload_param")
     kinds: dict[tuple[bool, bool], Offload] = {(False, False): "none", (True, False): "optimizer",
@@ -45,7 +45,8 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     config, pipeline = ds_config(d), pipeline_json(d)
     section = config["zero_optimization"]
     offload, device, ratio = _offload_of(section)
-    recompute, recompute_layers = "none", None
+    recompute: Recompute = "none"
+    recompute_layers: tuple[int, ...] | None = None
     checkpointing = config.get("activation_checkpointing")
     if pipeline["activation_checkpoint_interval"] and checkpointing is not None:
         recompute = "full"

@@ -246,7 +246,7 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
         "split": split, "stage_pools": stage_pools,
     }
     try:
-        return Strategy(**values)
+        return Strategy.model_validate(values)
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"the Megatron arguments have no planner strategy: {message}") from None

@@ -231,7 +231,7 @@ def read_config(model: ModelGraph, like: TransformerConfig | None = None) -> Tra
         causal=shape.causal, moe=moe,
     )
     try:
-        return TransformerConfig(**values)
+        return TransformerConfig.model_validate(values)
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"{model.name}: the graph reads as no valid transformer: {message}") from None

@@ -45,9 +45,9 @@ from planner.emit.torchtitan_launch import launch_script, readme
 from planner.emit.torchtitan_model import RELEASE, torchtitan_model
 from planner.job import Job
 from planner.plan.schema import Plan
-from planner.strategy import Strategy
+from planner.strategy import Schedule, Strategy
 
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULES: dict[Schedule, str] = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
 def _value(value: Any) -> str:

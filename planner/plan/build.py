@@ -118,7 +118,7 @@ def _layout(strategy: Strategy) -> RankLayout:
     return RankLayout(
         order="tp, cp, dp, pp (tp fastest)",
         rank_formula="rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index",
-        tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep,
+        tp=s.tp, cp=s.cp, dp=s.data_parallel, pp=s.pp, ep=s.ep,
         strides={"tp": 1, "cp": s.tp, "dp": s.tp * s.cp, "pp": s.tp * s.cp * s.data_parallel},
         groups={
             "tp": "tp consecutive ranks",

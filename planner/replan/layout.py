@@ -50,6 +50,7 @@ import bisect
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from typing import Literal
 
 from models.graph import ModelGraph
 from planner.cost.layout import split_blocks
@@ -60,7 +61,8 @@ from planner.profile import RuntimeProfile
 from planner.strategy import Strategy
 from hardware import Cluster
 
-STATE_KINDS = ("weights", "optimizer")  # the state terms a migration moves (gradients are recomputed)
+
+MovedKind = Literal["weights", "optimizer"]  # the state terms a migration moves (gradients are recomputed)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class StateTerm:
     """One per-parameter state term the runtime keeps and a migration moves."""
 
     name: str
-    kind: str  # weights or optimizer
+    kind: MovedKind
     bytes_per_param: float
     sharded_from_zero: int | None  # lowest ZeRO stage that shards it over the shard group; None: never
 
@@ -79,7 +81,7 @@ class StateTerm:
 def moving_terms(runtime: RuntimeProfile) -> tuple[StateTerm, ...]:
     """The runtime's weight and optimizer terms (what a checkpoint holds and a migration moves)."""
     return tuple(StateTerm(t.name, t.kind, t.bytes_per_param, t.sharded_from_zero)
-                 for t in runtime.states if t.kind in STATE_KINDS)
+                 for t in runtime.states if t.kind == "weights" or t.kind == "optimizer")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware import Catalog, Cluster
 from hardware.collectives import intra_efficiency
 from models.graph import ModelGraph
-from planner.replan.layout import RankSite, StateLayout, StateTerm, overlapping
+from planner.replan.layout import MovedKind, RankSite, StateLayout, StateTerm, overlapping
 from planner.replan.nodes import NodeMap
 
 Link = Literal["local", "nvlink", "fabric", "storage"]
@@ -49,7 +49,7 @@ class Move(BaseModel):
     """Bytes of one state kind one new rank takes from one source over one link."""
 
     model_config = _FIELD
-    kind: Literal["weights", "optimizer"] = Field(description="weights (the runtime's weight copies) or "
+    kind: MovedKind = Field(description="weights (the runtime's weight copies) or "
                                                   "optimizer (master weights and Adam moments).")
     layers: list[tuple[int, int]] = Field(description="[first, last] runs of model layer indices (inclusive) "
                                           "whose bytes this move carries.")
@@ -204,7 +204,7 @@ class _Flow:
 
     to_rank: int
     from_rank: int | None
-    kind: str
+    kind: MovedKind
     link: Link
     to_gpu: tuple[int, int]
     from_gpu: tuple[int, int] | None

@@ -19,11 +19,14 @@ from planner.strategy import Strategy
 Status = Literal["OPTIMAL", "FEASIBLE"]
 
 
+Objective = Literal["time", "cost"]
+
+
 class CompileOptions(BaseModel):
     """What to optimise and how long to search."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    objective: Literal["time", "cost"] = Field("time", description="Minimise step time, or cost per step.")
+    objective: Objective = Field("time", description="Minimise step time, or cost per step.")
     max_step_time: float | None = Field(None, gt=0, description="With objective=cost: step time limit, seconds.")
     time_limit: float = Field(60.0, gt=0, description="Wall-clock budget of the search, seconds (inf: none; the "
                               "command line asks for a finite one, as plan.json records it).")

@@ -94,9 +94,11 @@ def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | No
     if topology.num_gpus != j.cluster_gpus:
         raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "
                                 f"{cluster or j.cluster} has {topology.num_gpus}")
-    job = Job(model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
-              flash_attention=j.flash_attention, fused_kernels=j.fused_kernels, runtime=load_runtime(j.runtime),
-              memory_margin=j.memory_margin, moe_routing=j.moe_routing)
+    # validated as it is read: plan.json's precision is a string
+    job = Job.model_validate(dict(
+        model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
+        flash_attention=j.flash_attention, fused_kernels=j.fused_kernels, runtime=load_runtime(j.runtime),
+        memory_margin=j.memory_margin, moe_routing=j.moe_routing))
     _check_digest(plan, job, path, model, cluster)
     return job
 
