@@ -258,7 +258,7 @@ def _build_node(entry: PoolEntry, index: int, label: str) -> NodeSpec:
             )
         fields = catalog.nodes[entry.preset].model_dump()
     else:
-        fields = {"name": entry.name, **entry.node}
+        fields = {"name": entry.name, **(entry.node or {})}  # given: checked above
     overrides = entry.overrides or {}
     fields.update(overrides)
 

@@ -185,6 +185,21 @@ class Layer(BaseModel):
         return self.params if self.active_params is None else self.active_params
 
     @property
+    def moe_shape(self) -> MoEShape:
+        """The expert structure of a mixture-of-experts layer; ValueError for any other layer (code that reads
+        it has chosen MoE layers)."""
+        if self.moe is None:
+            raise ValueError(f"{self.name}: not a mixture-of-experts layer")
+        return self.moe
+
+    @property
+    def attention_shape(self) -> AttentionShape:
+        """The head structure of an attention layer; ValueError for any other layer."""
+        if self.attention is None:
+            raise ValueError(f"{self.name}: not an attention layer")
+        return self.attention
+
+    @property
     def routed_params(self) -> float:
         """Parameters of the routed experts (MoE layers; 0 otherwise): all experts but the top_k a token
         visits are untouched, so one expert holds (params - touched) / (num_experts - top_k)."""
@@ -301,7 +316,7 @@ class ModelGraph(BaseModel):
         """A directed graph view: the execution chain plus any extra edges."""
         import networkx as nx
 
-        graph = nx.DiGraph()
+        graph: nx.DiGraph[str] = nx.DiGraph()
         for layer in self.layers:
             graph.add_node(layer.name, kind=str(layer.kind), params=layer.params)
         for prev, nxt in zip(self.layers, self.layers[1:]):

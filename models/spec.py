@@ -39,7 +39,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from models.errors import ModelInputError
 from models.graph import ModelGraph
@@ -50,7 +50,7 @@ from models.zoo.entry import ZooEntry
 from models import yamlio
 
 # builder name -> function from the spec's fields to a config
-BUILDERS: dict[str, Callable[..., BaseModel]] = {
+BUILDERS: dict[str, Callable[..., TransformerConfig | DLRMConfig]] = {
     "transformer": TransformerConfig,
     "llama": llama,
     "gpt": gpt,

@@ -139,6 +139,16 @@ class TransformerConfig(BaseModel):
         return self
 
     @property
+    def query_groups(self) -> int:
+        """kv_heads resolved (heads when omitted, as the validator fills it); Megatron's num_query_groups."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def kv_channels(self) -> int:
+        """head_dim resolved (hidden // heads when omitted, as the validator fills it); Megatron's kv_channels."""
+        return self.hidden // self.heads if self.head_dim is None else self.head_dim
+
+    @property
     def gated(self) -> bool:
         """Gated MLP (three matrices: gate, up, down)."""
         return self.activation in GATED
@@ -190,9 +200,9 @@ def _embedding(cfg: TransformerConfig) -> Layer:
 
 
 def _attention(cfg: TransformerConfig, i: int) -> Layer:
-    h, a, kv, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
+    h, a, kv, d = cfg.hidden, cfg.heads, cfg.query_groups, cfg.kv_channels
     if cfg.mla is not None:
-        return _mla_attention(cfg, i)
+        return _mla_attention(cfg, cfg.mla, i)
     qw, kvw = a * d, kv * d
     weights = h * qw + 2 * h * kvw + qw * h
     biases = (qw + 2 * kvw if cfg.qkv_bias else 0) + (h if cfg.bias else 0)
@@ -211,7 +221,7 @@ def _attention(cfg: TransformerConfig, i: int) -> Layer:
     )
 
 
-def _mla_attention(cfg: TransformerConfig, i: int) -> Layer:
+def _mla_attention(cfg: TransformerConfig, m: MLAConfig, i: int) -> Layer:
     """MLA: low-rank Q and joint KV latent, expanded per head (DeepSeek-V2 Sec. 2.1).
 
     Activation approximation: the latents (q after its down-projection and norm,
@@ -220,7 +230,7 @@ def _mla_attention(cfg: TransformerConfig, i: int) -> Layer:
     The per-head Q, K (qk_nope + qk_rope wide), V and output count like MHA.
     AttentionShape.head_dim is the q/k head width (nope + rope).
     """
-    m, h, a = cfg.mla, cfg.hidden, cfg.heads
+    h, a = cfg.hidden, cfg.heads
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
     if m.q_lora_rank:
         q_weights, q_norm, q_latent = h * m.q_lora_rank + m.q_lora_rank * a * qk, m.q_lora_rank, m.q_lora_rank
@@ -268,8 +278,13 @@ def _mlp(cfg: TransformerConfig, i: int) -> Layer:
     )
 
 
-def _moe(cfg: TransformerConfig, i: int) -> Layer:
-    m, h = cfg.moe, cfg.hidden
+def _feed_forward(cfg: TransformerConfig, i: int) -> Layer:
+    """Block i's MoE layer where it is a MoE block, else its MLP."""
+    return _moe(cfg, cfg.moe, i) if cfg.moe is not None and cfg.is_moe_block(i) else _mlp(cfg, i)
+
+
+def _moe(cfg: TransformerConfig, m: MoEConfig, i: int) -> Layer:
+    h = cfg.hidden
     weights, biases = _ffn_weights(cfg, m.expert_ffn)
     expert = weights + biases
     router = h * m.num_experts
@@ -329,7 +344,7 @@ def _mtp(cfg: TransformerConfig, j: int) -> list[Layer]:
         flops_per_token=2.0 * 2 * h * h, act_replicated=float(2 * 2 * h + 2 * 2 * h),  # norm inputs, proj input
     )
     block = [layer.model_copy(update={"name": f"mtp.{j}.{layer.kind.value}", "block": None})
-             for layer in (_attention(cfg, last), _moe(cfg, last) if cfg.is_moe_block(last) else _mlp(cfg, last))]
+             for layer in (_attention(cfg, last), _feed_forward(cfg, last))]
     head = _head(cfg)
     head = head.model_copy(update={"name": f"mtp.{j}.head", "params": 0, "tied_params": 0})
     return [proj, *block, head]
@@ -340,13 +355,13 @@ def build_transformer(cfg: TransformerConfig) -> ModelGraph:
     layers = [_embedding(cfg)]
     for i in range(cfg.num_layers):
         layers.append(_attention(cfg, i))
-        layers.append(_moe(cfg, i) if cfg.is_moe_block(i) else _mlp(cfg, i))
+        layers.append(_feed_forward(cfg, i))
     layers += [_final_norm(cfg), _head(cfg)]
     for j in range(cfg.mtp_layers):
         layers += _mtp(cfg, j)
     return ModelGraph(
         name=cfg.name, family="decoder" if cfg.causal else "encoder", layers=layers,
-        hidden=cfg.hidden, num_blocks=cfg.num_layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+        hidden=cfg.hidden, num_blocks=cfg.num_layers, heads=cfg.heads, kv_heads=cfg.query_groups,
         vocab=cfg.vocab, num_experts=cfg.moe.num_experts if cfg.moe else 0, source=cfg.source,
         rope_theta=cfg.rope_theta, norm_eps=cfg.norm_eps,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,11 @@ def as_name(text: str, fallback: str) -> str:
     return name or fallback
 
 
-class _UniqueKeys:
-    """construct_mapping refusing a key given twice in one mapping (PyYAML silently keeps the last)."""
+class _UniqueKeys(yaml.constructor.SafeConstructor):
+    """construct_mapping refusing a key given twice in one mapping (PyYAML silently keeps the last); mixed in
+    before a loader (whose SafeConstructor it extends)."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         lines: dict = {}
         for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
             if isinstance(key_node, yaml.ScalarNode) and not key_node.tag.endswith(":merge"):

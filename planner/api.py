@@ -24,7 +24,7 @@ from typing import Any
 
 from hardware import Cluster, load_catalog, load_cluster
 from models import ModelGraph, load_model
-from planner.compare.plugins import load_strategies
+from planner.compare.plugins import UserStrategy, load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
 from planner.compare.data_candidates import data_plan_over_degrees
@@ -39,7 +39,7 @@ from planner.emit.check import TargetCheck, emit_checked
 from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
-from planner.job import Job, Precision
+from planner.job import Job, MoeRouting, Precision
 from planner.plan.build import inputs_digest
 from planner.plan.groups import build_plan
 from planner.plan.output import write_outputs
@@ -52,8 +52,8 @@ from planner.replan.candidates import ReplanOptions, ReplanResult, old_options, 
 from planner.replan.layout import plan_layout
 from planner.replan.output import replan_files
 from planner.search.compile import compile_job
-from planner.search.result import CompileOptions, CompileResult
-from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.search.result import CompileOptions, CompileResult, Objective, Prefer
+from planner.search.space import OffloadSearch, SpaceOptions, narrow_to_runtime
 from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan
 from planner.simulate.plan_input import simulate_plan as simulate_runs
 from planner.simulate.simulator import SimulationRun
@@ -67,7 +67,7 @@ Progress = Callable[[str], None]
 
 
 def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq_len: int,
-             precision: Precision = "bf16", flash_attention: bool = True, moe_routing: str = "learned",
+             precision: Precision = "bf16", flash_attention: bool = True, moe_routing: MoeRouting = "learned",
              memory_margin: float | None = None, runtime: str | None = None) -> Job:
     """A job from a model (zoo name, spec file, HF config.json, or a graph) and a cluster (PRESET:NODES, a
     cluster file, or a Cluster).  memory_margin None: constants.yaml's default (what `compile` leaves free);
@@ -154,7 +154,7 @@ class Compiled:
         target's launch folder whose written strategy, costed under the target's runtime, holds the plan.
         InfeasibleError when a named target would not run the plan as costed (nothing is written then)."""
         if isinstance(self.plan, EmbeddingPlan):
-            return self._embedding_files(inputs)
+            return self._embedding_files(self.plan, inputs)
         files: dict[str, str | bytes] = {"plan.json": plan_json(self.plan)}
         checks, refused, skipped = [], [], []
         for target in self.targets:  # each target's written strategy is costed under its runtime first
@@ -182,8 +182,7 @@ class Compiled:
             return tuple(t for t in self.targets if t in DLRM_EMITTERS)
         return tuple(c.target for c in self.checks if c.status == "written")
 
-    def _embedding_files(self, inputs: LaunchInputs) -> dict[str, str | bytes]:
-        plan = self.plan
+    def _embedding_files(self, plan: EmbeddingPlan, inputs: LaunchInputs) -> dict[str, str | bytes]:
         files: dict[str, str | bytes] = {"plan.json": to_json(plan), "sharding_plan.json": to_json(plan.sharding),
                                          RANKS_PNG: ranks_png(plan)}
         for target in self.written:
@@ -220,9 +219,10 @@ def _embedding_launch_section(targets: tuple[str, ...], inputs: LaunchInputs) ->
 
 
 def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = None,
-            fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
-            time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
-            embedding_planner: EmbeddingStrategyName = "planner", prefer: str = "validated",
+            fixed: dict[str, int | str] | None = None, objective: Objective = "time",
+            max_step_time: float | None = None, time_limit: float = 60.0, work_limit: float | None = None,
+            offload_search: OffloadSearch = "always",
+            embedding_planner: EmbeddingStrategyName = "planner", prefer: Prefer = "validated",
             progress: Progress | None = None, data_profile: DataProfile | None = None) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
@@ -249,10 +249,10 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     if job.model.family == "recsys":
         # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
         budget = work_limit or time_limit
-        result = compile_embedding(job, strategy=embedding_planner, time_limit=budget, progress=progress)
-        plan = build_embedding_plan(job, result, EmbeddingCompileOptions(strategy=embedding_planner,
-                                                                         time_limit=budget))
-        return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit)
+        found = compile_embedding(job, strategy=embedding_planner, time_limit=budget, progress=progress)
+        sharding = build_embedding_plan(job, found, EmbeddingCompileOptions(strategy=embedding_planner,
+                                                                            time_limit=budget))
+        return Compiled(job=job, plan=sharding, result=found, targets=chosen, explicit_targets=explicit)
     if embedding_planner != "planner":
         raise PlannerInputError(f"--embedding-planner: {embedding_planner} plans the tables of recommendation "
                                 f"models; {job.model.name} has none")
@@ -281,9 +281,9 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 
 
-def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,
+def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: Objective,
              max_step_time: float | None, time_limit: float, work_limit: float | None,
-             offload_search: str, prefer: str = "validated") -> CompileOptions:
+             offload_search: OffloadSearch, prefer: Prefer = "validated") -> CompileOptions:
     """The search's options: one plan every named target can express (the intersection of their spaces; a
     target whose runtime cannot run the model at all is skipped when the files are written instead)."""
     space = SpaceOptions(fixed=fixed, offload_search=offload_search)
@@ -304,7 +304,8 @@ def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: 
             time_limit: float = 60.0) -> list[CompareRow]:
     """Every applicable baseline (or those named in `only`) and the compiler's plan on `job`, each costed as
     its framework runs it; strategies_file adds the named strategies of a YAML file (examples/strategies/)."""
-    names, plugins = ((), ())
+    names: tuple[str, ...] = ()
+    plugins: tuple[UserStrategy, ...] = ()
     if strategies_file is not None:
         names, plugins = load_strategies(Path(strategies_file),
                                          tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))

@@ -7,10 +7,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from hardware import Catalog, Cluster
+from hardware.catalog import Dtype
 from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
 
 Precision = Literal["bf16", "fp16", "fp8"]
+MoeRouting = Literal["learned", "balanced"]
 # batch and sequence length at most 2**31 - 1: the search scales times and counts to 64-bit integers, which
 # a batch of 1e20 sequences overflows
 MAX_COUNT = 2**31 - 1
@@ -43,7 +45,7 @@ class Job(BaseModel):
         description="Element-wise work may run in fused kernels (Megatron/Transformer Engine fusions or "
         "torch.compile) where the runtime has them; False forces eager PyTorch's unfused kernels.",
     )
-    moe_routing: Literal["learned", "balanced"] = Field(
+    moe_routing: MoeRouting = Field(
         "learned",
         description="How MoE tokens spread over the expert-parallel ranks: learned (the router's own choice, "
         "the busiest rank getting constants.yaml's moe_routing_imbalance times the mean) or balanced (evenly: "
@@ -128,6 +130,6 @@ class Job(BaseModel):
         return 1.0 if self.moe_routing == "balanced" else catalog.constant("moe_routing_imbalance")
 
     @property
-    def compute_dtype(self) -> str:
+    def compute_dtype(self) -> Dtype:
         """Datatype of non-GEMM work and of attention (fp8 runs keep bf16 there)."""
         return "bf16" if self.precision == "fp8" else self.precision

@@ -212,6 +212,15 @@ class Strategy(BaseModel):
         return self.tp > 1 if self.sp is None else self.sp
 
     @property
+    def data_parallel(self) -> int:
+        """Resolved data-parallel degree: dp of a strategy that `with_dp` resolved (every plan's, every
+        estimate's).  ValueError for one whose dp is still to be derived from the GPU count (a programmer's
+        error: the cost model and the emitters read only resolved strategies)."""
+        if self.dp is None:
+            raise ValueError(f"strategy {self.spec()}: dp is not resolved (Strategy.with_dp)")
+        return self.dp
+
+    @property
     def expert_tp(self) -> int:
         """Resolved expert tensor-parallel degree (etp, default tp)."""
         return self.tp if self.etp is None else self.etp
@@ -413,7 +422,7 @@ def parse_strategy(spec: str) -> Strategy:
         else:
             values[key] = raw.lower()
     try:
-        return Strategy(**values)
+        return Strategy.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
         message = first["msg"].removeprefix("Value error, ")

@@ -40,7 +40,7 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
                 problems.append(f"every stage needs at least vpp({s.vpp}) blocks; split={s.split}")
         elif s.vpp > 1 and blocks % (s.pp * s.vpp):
             problems.append(f"blocks({blocks}) % (pp({s.pp}) * vpp({s.vpp})) != 0 for an even interleaved split")
-    replicas_batch = s.dp * s.mbs
+    replicas_batch = s.data_parallel * s.mbs
     if job.global_batch % replicas_batch:
         problems.append(f"global batch({job.global_batch}) % (dp({s.dp}) * mbs({s.mbs})) != 0")
     if s.cp > 1:
@@ -57,7 +57,7 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
         if not model.num_experts:
             if s.ep == 1:
                 problems.append(f"etp({s.etp}) set but the model has no experts")
-        elif s.tp * s.cp * s.dp % (s.expert_tp * s.ep):
+        elif s.tp * s.cp * s.data_parallel % (s.expert_tp * s.ep):
             problems.append(f"tp({s.tp}) * cp({s.cp}) * dp({s.dp}) % (etp({s.expert_tp}) * ep({s.ep})) != 0 "
                             "(expert groups fold over a stage's ranks)")
     if s.pipeline_schedule == "interleaved":

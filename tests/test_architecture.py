@@ -1,4 +1,5 @@
-"""The architecture holds: no import cycles, and packages import only the layers beneath them.
+"""The architecture holds: no import cycles, and packages import only the layers beneath them; ruff is clean and
+mypy finds no error.
 
 The layers, lowest first (a module may import its own layer's package and any lower layer; packages
 that share a layer know nothing of each other, except the core's modules, and hardware reads its files with
@@ -95,3 +96,13 @@ def test_ruff_is_clean():
     run = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "--no-cache", str(ROOT)],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def test_mypy_is_clean():
+    # pyproject.toml [tool.mypy]: planner/, models/ and hardware/ type-check under pydantic's plugin; mypy's cache
+    # (.mypy_cache, git-ignored) makes a rerun incremental
+    run = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
+                          "--cache-dir", str(ROOT / ".mypy_cache")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+    assert "Success: no issues found" in run.stdout, run.stdout[-2000:]

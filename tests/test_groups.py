@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from planner.cli import cli
 from planner.cost.groups import evaluate_groups, sync_seconds
+from planner.errors import GroupPlanError
 from planner.plan.runnable import strategy_problem
 from planner.search.exhaustive import batch_splits, exhaustive_groups
 from planner.plan.groups import build_plan
@@ -137,6 +138,20 @@ def test_group_plan_lists_each_group_with_its_own_plan():
     assert list(json.loads(plan_json(plan))["strategy"]["replica_groups"][0])[:3] == ["pool", "batch", "tp"]
     assert Plan.model_validate_json(plan_json(plan)) == plan
     assert strategy_problem(plan.strategy).startswith("a replica-group plan")  # the torch runtime refuses it
+    # the narrowing accessors: one strategy (and rank layout) only from a single-strategy plan or result
+    with pytest.raises(GroupPlanError, match="replica-group plan \\(2 groups"):
+        plan.single_strategy
+    with pytest.raises(GroupPlanError, match="no single rank layout"):
+        plan.rank_layout
+    with pytest.raises(GroupPlanError):
+        result.single_strategy
+    with pytest.raises(GroupPlanError):
+        result.single_estimate
+    assert result.replica_groups is result.groups
+    for g in plan.groups:
+        assert g.plan.single_strategy is g.plan.strategy and g.plan.rank_layout is g.plan.layout
+        with pytest.raises(GroupPlanError, match="no replica groups"):
+            result.group_results[g.pool].replica_groups
     for g in plan.groups:
         assert g.plan.job.global_batch == g.batch and g.plan.job.num_gpus == g.plan.job.cluster_gpus
         assert g.plan.stages and g.plan.strategy_spec in plan.strategy_spec

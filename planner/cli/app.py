@@ -68,8 +68,9 @@ class PlannerGroup(click.Group):
             click.echo(f"Error: {one_line(err.format_message())}{hint}", err=True)
             sys.exit(err.exit_code)
         except click.ClickException as err:
-            err.message = printable(err.message)  # an Infeasible explanation keeps its lines
-            err.show()
+            # what err.show() prints (click's message is final), made printable: an Infeasible explanation keeps
+            # its lines
+            click.echo(f"Error: {printable(err.format_message())}", err=True)
             sys.exit(err.exit_code)
         except click.Abort:
             click.echo("Aborted!", err=True)

@@ -17,6 +17,7 @@ from planner.cli.options import (data_profile_option, finite_seconds, job_option
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
+from planner.job import MoeRouting, Precision
 from planner.profile import load_runtime
 from planner.strategy import short_spec
 
@@ -82,23 +83,24 @@ def _breakdown(rows: list[CompareRow]) -> str:
 
 def _margin(rows: list[CompareRow]) -> str:
     """The planner row against the fastest fitting baseline, as a ratio of step times, with both runtimes."""
-    planner = next((r for r in rows if r.strategy == "planner" and r.fits), None)
-    others = sorted((r for r in rows if r.strategy != "planner" and r.fits and r.step_time_s),
-                    key=lambda r: (r.step_time_s, r.strategy))
+    planner = next(((r, r.step_time_s) for r in rows if r.strategy == "planner" and r.fits and r.step_time_s), None)
+    others = sorted(((r.step_time_s, r.strategy, r) for r in rows
+                     if r.strategy != "planner" and r.fits and r.step_time_s), key=lambda item: item[:2])
     if planner is None or not others:
         return "" if planner is None else "no baseline fits; the planner row does"
-    best = others[0]
-    ratio = best.step_time_s / planner.step_time_s
+    best_time, _, best = others[0]
+    planned, planner_time = planner
+    ratio = best_time / planner_time
     side = "faster" if ratio >= 1 else "slower"
-    line = (f"planner ({planner.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
+    line = (f"planner ({planned.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
             f"{best.strategy} ({best.runtime} runtime)")
-    theirs = sorted((r for r in rows if r.strategy != "planner" and r.fits and r.torchrec_model_s),
-                    key=lambda r: (r.torchrec_model_s, r.strategy))
-    if planner.torchrec_model_s and theirs:  # the same plans in TorchRec's own estimators
-        ratio = theirs[0].torchrec_model_s / planner.torchrec_model_s
+    theirs = sorted(((r.torchrec_model_s, r.strategy) for r in rows
+                     if r.strategy != "planner" and r.fits and r.torchrec_model_s))
+    if planned.torchrec_model_s and theirs:  # the same plans in TorchRec's own estimators
+        ratio = theirs[0][0] / planned.torchrec_model_s
         side = "faster" if ratio >= 1 else "slower"
         line += (f"\nin {TORCHREC_MODEL}: planner is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
-                 f"{theirs[0].strategy}")
+                 f"{theirs[0][1]}")
     return line
 
 
@@ -142,8 +144,8 @@ def _legend(rows: list[CompareRow]) -> str:
 @data_profile_option
 @json_option
 @user_errors
-def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str,
+def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
+             moe_routing: MoeRouting,
              only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None,
              plot_path: Path | None, runtime: str | None, memory_margin: float | None, data_profile: Path | None,
              as_json: bool) -> None:

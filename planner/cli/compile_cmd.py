@@ -22,12 +22,16 @@ from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, data_profile_optio
                                  job_options, json_option, launch_options, memory_margin_option,
                                  note_default_runtime, output_dir_path, runtime_option, user_errors)
 from planner.data.profile import DataProfile
+from planner.embedding.compile import EmbeddingStrategyName
 from planner.embedding.plan_doc import EmbeddingPlan
 from planner.embedding.report import summary as embedding_summary
 from planner.emit import DEFAULT_TARGETS, TARGETS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.fields import fields_with
+from planner.job import MoeRouting, Precision
+from planner.search.result import Objective, Prefer
+from planner.search.space import OffloadSearch
 from planner.plan.output import check_output_dir
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG
 from planner.plan.schema import plan_json_schema
@@ -111,12 +115,12 @@ def _progress(enabled: bool | None):
 @launch_options
 @json_option
 @user_errors
-def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float,
+def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
+             moe_routing: MoeRouting, objective: Objective, max_step_time: float | None, time_limit: float,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
-             embedding_planner: str,
-             offload_search: str, prefer: str, progress: bool | None, data_profile: Path | None,
+             embedding_planner: EmbeddingStrategyName,
+             offload_search: OffloadSearch, prefer: Prefer, progress: bool | None, data_profile: Path | None,
              inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 

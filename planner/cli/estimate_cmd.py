@@ -10,7 +10,7 @@ from planner import api
 from planner.cli import render
 from planner.cli.options import (Infeasible, InputError, data_profile_option, emit_json, job_options, json_option,
                                  memory_margin_option, note_default_runtime, runtime_option, user_errors)
-from planner.job import Job
+from planner.job import Job, MoeRouting, Precision
 
 
 # ---------------------------------------------------------------- estimate
@@ -35,9 +35,9 @@ from planner.job import Job
 @data_profile_option
 @json_option
 @user_errors
-def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str, spec: str, sharding_file: Path | None, runtime: str | None, memory_margin: float,
-             data_profile: Path | None, as_json: bool) -> None:
+def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
+             moe_routing: MoeRouting, spec: str, sharding_file: Path | None, runtime: str | None,
+             memory_margin: float, data_profile: Path | None, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
     Exits 1 (after printing the report) when the strategy does not fit in memory.

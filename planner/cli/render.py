@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
+from hardware.catalog import Dtype
 from models.graph import ModelGraph
 from planner.strategy import short_spec
 
@@ -74,7 +75,7 @@ def _peak_flops(device: DeviceSpec) -> float:
         return 0.0
 
 
-def _peak(device: DeviceSpec, dtype: str = "bf16") -> str:
+def _peak(device: DeviceSpec, dtype: Dtype = "bf16") -> str:
     """TFLOP/s of `dtype` as a column value: bf16 falls back to fp16; others as listed."""
     flops = _peak_flops(device) if dtype == "bf16" else device.peak_flops.get(dtype, 0.0)
     return f"{flops / 1e12:.0f}" if flops else "-"

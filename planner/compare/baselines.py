@@ -334,6 +334,8 @@ def balanced_split(lines: list[StageLine], blocks: int) -> tuple[int, ...] | Non
 def _fit_memory(job: Job, strategy: Strategy, catalog: Catalog) -> tuple[Strategy, Estimate] | None:
     """Move blocks off stages over their HBM onto the stage with the most headroom until all fit:
     (strategy, estimate), or None when a stage cannot give up more."""
+    if strategy.split is None:
+        raise ValueError("_fit_memory moves blocks of a strategy with a split")
     split = list(strategy.split)
     for _ in range(sum(split)):
         estimate = evaluate(job, strategy, catalog=catalog)
@@ -370,9 +372,9 @@ def metis_greedy(job: Job, time_limit: float) -> Strategy | None:
     modes: tuple[Recompute, ...] = ("none", "selective", "full") if selective else ("none", "full")
     best: tuple[float, str, Strategy] | None = None
     for config in global_configs(job, space):
-        if config.pp < 2 or config.zero != (1 if config.dp > 1 else 0) or config.recompute != "none":
+        if config.pp < 2 or config.zero != (1 if config.data_parallel > 1 else 0) or config.recompute != "none":
             continue  # Megatron's distributed optimizer over dp; recompute modes are tried below
-        layout = proportional_layout(job, config.pp, config.tp * config.dp)
+        layout = proportional_layout(job, config.pp, config.tp * config.data_parallel)
         if layout is None or len(set(layout)) < 2:
             continue
         for mode in modes:

@@ -107,7 +107,8 @@ def _forget_if_elsewhere(module_name: str, folder: str | None) -> None:
     if folder is None or cached is None:
         return
     found = PathFinder.find_spec(top, [folder])
-    if found is None or getattr(cached, "__spec__", None) is not None and cached.__spec__.origin == found.origin:
+    spec = getattr(cached, "__spec__", None)
+    if found is None or spec is not None and spec.origin == found.origin:
         return
     for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
         del sys.modules[name]

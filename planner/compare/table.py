@@ -140,11 +140,13 @@ class CompareRow(BaseModel):
         return out
 
 
-def _dense_fixed(name: str) -> dict:
-    plain = {"tp": 1, "pp": 1, "cp": 1}
-    return {"ddp": {**plain, "zero": 0}, "zero1": {**plain, "zero": 1}, "zero2": {**plain, "zero": 2},
-            "zero3": {**plain, "zero": 3, "shard": "full", "regather": "network"},
-            "hsdp": {**plain, "zero": 3, "shard": "node"}}[name]
+def _dense_fixed(name: str) -> dict[str, int | str]:
+    plain: dict[str, int | str] = {"tp": 1, "pp": 1, "cp": 1}
+    fixed: dict[str, dict[str, int | str]] = {
+        "ddp": {**plain, "zero": 0}, "zero1": {**plain, "zero": 1}, "zero2": {**plain, "zero": 2},
+        "zero3": {**plain, "zero": 3, "shard": "full", "regather": "network"},
+        "hsdp": {**plain, "zero": 3, "shard": "node"}}
+    return fixed[name]
 
 
 def runtime_for(name: str, job: Job) -> RuntimeProfile:
@@ -183,7 +185,7 @@ def _not_applicable(name: str, job: Job, probe: Strategy) -> CompareRow | None:
 
 
 def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> CompareRow:
-    blocked = _not_applicable(name, job, Strategy(**space.fixed))
+    blocked = _not_applicable(name, job, Strategy.model_validate(space.fixed))
     if blocked is not None:
         return blocked
     start = time.perf_counter()
@@ -193,7 +195,7 @@ def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> Co
         return _failed(name, job.runtime.name, str(err), time.perf_counter() - start)
     elapsed = time.perf_counter() - start
     if result.estimate is None:  # replica groups on a mixed cluster
-        g = result.groups
+        g = result.replica_groups
         spec = "; ".join(f"{r.group.pool}[batch={r.group.batch}]: {r.estimate.strategy_spec}" for r in g.groups)
         reasons = list(dict.fromkeys(x for r in g.groups for x in r.estimate.confidence.reasons))
         return CompareRow(strategy=name, runtime=job.runtime.name, spec=spec, fits=g.fits, why="",
@@ -260,6 +262,7 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
             if blocked:
                 return _failed(name, EMBEDDING_RUNTIME, blocked, 0.0, applicable=False)
             theirs = plan_with_torchrec(model, time_limit)
+            own_s: float | None
             placements, planning_s, own_s = theirs.placements, theirs.planning_s, theirs.own_rating_s
             status, gap = "evaluated", None
             spec = _sharding_summary(placements) + (" (TorchRec's timeout)" if theirs.timed_out else "")

@@ -99,8 +99,8 @@ def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageGroups
     a rank): shared experts are a tensor-parallel MLP; experts split over etp > 1 ranks all-gather the routed
     tokens (top_k per token) before their GEMMs and reduce-scatter the outputs (Megatron-Core's all-to-all
     dispatcher, gather_from_sequence_parallel_region over the expert tensor-parallel group)."""
-    seconds = coll.all_reduce(volume, groups.tp, catalog) if layer.moe.shared_experts else 0.0
-    return seconds + coll.all_reduce(volume * layer.moe.top_k, groups.etp, catalog)
+    seconds = coll.all_reduce(volume, groups.tp, catalog) if layer.moe_shape.shared_experts else 0.0
+    return seconds + coll.all_reduce(volume * layer.moe_shape.top_k, groups.etp, catalog)
 
 
 def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime,
@@ -112,7 +112,7 @@ def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups
     hide behind the layer's compute of the micro-batch scheduled beside it, as far as it lasts."""
     s = strategy
     tokens = s.mbs * job.seq_len / s.cp
-    routed = tokens * layer.moe.top_k * layer.hidden * ACT_BYTES
+    routed = tokens * layer.moe_shape.top_k * layer.hidden * ACT_BYTES
     if s.sequence_parallel:
         routed /= s.tp  # each TP rank dispatches its own sequence shard
     count = 4 + (2 if recompute == "full" else 0)
@@ -134,7 +134,7 @@ def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: S
     one point-to-point message with its link latency) hides behind that step's attention block; the backward
     sends K, V and their gradients behind the backward block.  Short chunks leave little compute per step, so
     the per-step latency and bytes show (the block's own efficiency is priced in `layer_time`)."""
-    att = layer.attention
+    att = layer.attention_shape
     steps = strategy.cp
     kv_width = 2 * att.kv_heads * att.head_dim / min(strategy.tp, att.kv_heads)
     chunk = strategy.mbs * job.seq_len / strategy.cp * kv_width * ACT_BYTES
@@ -182,7 +182,7 @@ def boundary_crossings(strategy: Strategy, stage: int, gpus_per_node: int, mixed
         return False, False
     if mixed:
         return True, True
-    ranks, pp = strategy.tp * strategy.cp * strategy.dp, strategy.pp
+    ranks, pp = strategy.tp * strategy.cp * strategy.data_parallel, strategy.pp
 
     def crosses(boundary: int) -> bool:  # between stage `boundary` and the next one
         last = ((boundary % pp + 1) * ranks - 1) // gpus_per_node

@@ -140,7 +140,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
 def expert_flops_per_token(layer: Layer) -> float:
     """Forward FLOPs per token of one expert of a MoE layer (its flops_per_token is 2 x (the top_k routed and
     the shared experts' weights + the router's hidden x experts))."""
-    moe = layer.moe
+    moe = layer.moe_shape
     router = 2.0 * layer.hidden * moe.num_experts
     return (layer.flops_per_token - router) / (moe.top_k + moe.shared_experts)
 
@@ -152,7 +152,7 @@ def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceS
     tensor parallelism; the same FLOPs when each expert is instead split over etp ranks), as grouped GEMMs
     whose rows are one expert's tokens: tokens x top_k x etp x ep / (experts x tp), the same for any etp.
     The router and the shared experts run over all the rank's tokens."""
-    moe, tokens, tp = layer.moe, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
+    moe, tokens, tp = layer.moe_shape, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
     per_expert = expert_flops_per_token(layer)
     routed_flops = tokens * moe.top_k * per_expert / tp * job.moe_imbalance(catalog)
     expert_tokens = tokens * moe.top_k * strategy.expert_tp * strategy.ep / (moe.num_experts * tp)

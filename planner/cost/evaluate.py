@@ -30,7 +30,7 @@ from planner.validation import check_strategy
 
 def micro_batches(job: Job, strategy: Strategy) -> int:
     """Micro-batches per step per data-parallel replica."""
-    return job.global_batch // (strategy.dp * strategy.mbs)
+    return job.global_batch // (strategy.data_parallel * strategy.mbs)
 
 
 def refusals(job: Job, strategy: Strategy) -> list[str]:
@@ -117,10 +117,10 @@ def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None
     optimizer, offload = costs[last].optimizer, costs[last].offload
     step = pipeline + dp_end + costs[last].update
 
-    n = s.tp * s.cp * s.dp * s.pp
+    n = s.tp * s.cp * s.data_parallel * s.pp
     tokens = job.tokens_per_step
     # MFU against the dense 16-bit peak of the GPUs used, also for fp8 runs (the published convention)
-    ranks_per_stage = s.tp * s.cp * s.dp
+    ranks_per_stage = s.tp * s.cp * s.data_parallel
     peak_sum = sum(ranks_per_stage * stage.device.peak(job.compute_dtype) for stage in stages)
     model_flops = job.model.model_flops_per_token(job.attended) * tokens
     # recompute adds forward work; its share of compute time approximates its share of FLOPs

@@ -96,9 +96,10 @@ def _pools_of_ranks(cluster: Cluster, first: int, last: int) -> tuple[Pool, ...]
 
 def place_stages(job: Job, strategy: Strategy, catalog: Catalog) -> list[StagePlacement]:
     """Stage placements for a resolved strategy (dp set)."""
-    ranks_per_stage = strategy.tp * strategy.cp * strategy.dp
+    ranks_per_stage = strategy.tp * strategy.cp * strategy.data_parallel
     placements = []
     for i, layers in enumerate(stage_layers(job.model, strategy.pp, strategy.split)):
+        pools: tuple[Pool, ...]
         if strategy.stage_pools is not None:
             pools = (job.cluster.pool(strategy.stage_pools[i]),)
         else:
@@ -149,9 +150,9 @@ class StageGroups:
 def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
     """Ranks a ZeRO/FSDP shard group spans: all of dp, or those of dp inside one node."""
     if strategy.shard == "full":
-        return strategy.dp * strategy.cp
+        return strategy.data_parallel * strategy.cp
     in_node = max(1, gpus_per_node // (strategy.tp * strategy.cp))
-    return max(1, min(strategy.dp, in_node)) * strategy.cp
+    return max(1, min(strategy.data_parallel, in_node)) * strategy.cp
 
 
 # what `stage_groups` reads of the strategy (with the site's pools): its cache key (strategy_key)
@@ -161,14 +162,14 @@ GROUPS_READS = reads(Reader.GROUPS)
 GROUP_SHAPES: dict[str, Callable[[Strategy, int], tuple[int, int]]] = {
     "tp": lambda s, gpn: (s.tp, 1),
     "cp": lambda s, gpn: (s.cp, s.tp),
-    "dp": lambda s, gpn: (s.dp * s.cp, s.tp),
+    "dp": lambda s, gpn: (s.data_parallel * s.cp, s.tp),
     "dp_shard": lambda s, gpn: (shard_degree(s, gpn), s.tp),
-    "dp_replicate": lambda s, gpn: (s.dp * s.cp // shard_degree(s, gpn), s.tp * shard_degree(s, gpn)),
+    "dp_replicate": lambda s, gpn: (s.data_parallel * s.cp // shard_degree(s, gpn), s.tp * shard_degree(s, gpn)),
     # Megatron-Core folds expert groups over a stage's tp x cp x dp ranks in the order etp, ep, edp
     # (parallel_state's expert RankGenerator, order "tp-ep-dp-pp"): an ep group's members are etp apart
     "ep": lambda s, gpn: (s.ep, s.expert_tp),
     "etp": lambda s, gpn: (s.expert_tp, 1),
-    "pp": lambda s, gpn: (2 if s.pipelined else 1, s.tp * s.cp * s.dp),
+    "pp": lambda s, gpn: (2 if s.pipelined else 1, s.tp * s.cp * s.data_parallel),
 }
 
 

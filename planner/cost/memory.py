@@ -25,7 +25,7 @@ from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
 from planner.job import Job
-from planner.profile import Autocast, Gather, LossBytes, SavedTensor, SaveWidth
+from planner.profile import Activations, Autocast, Gather, GatherUnits, LossBytes, SavedTensor, SaveWidth
 from planner.strategy import Strategy
 
 
@@ -159,7 +159,7 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
     activations = job.runtime.activations
     if activations is not None and layer.kind in activations.layers:
         return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
-                   for t in profile_saves(layer, job, strategy, recompute)) + extra
+                   for t in profile_saves(layer, job, strategy, recompute, activations)) + extra
     return layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
         recompute=recompute, flash_attention=job.flash,
@@ -169,15 +169,19 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
 def autocast(job: Job, strategy: Strategy) -> Autocast | None:
     """The runtime's torch.autocast saves where they apply: a 16-bit run at a ZeRO stage it runs under autocast."""
     activations = job.runtime.activations
-    rule = activations.autocast if activations is not None else None
-    if rule is None or activations.compute_bytes >= 4.0 or strategy.zero >= rule.below_zero:
+    if activations is None or activations.autocast is None:
+        return None
+    rule = activations.autocast
+    if activations.compute_bytes >= 4.0 or strategy.zero >= rule.below_zero:
         return None
     return rule
 
 
-def profile_saves(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode) -> tuple[SavedTensor, ...]:
-    """The tensors the runtime's activations section lists for `layer` under `recompute` (and autocast)."""
-    saves = job.runtime.activations.layers[layer.kind]
+def profile_saves(layer: Layer, job: Job, strategy: Strategy, recompute: RecomputeMode,
+                  activations: Activations) -> tuple[SavedTensor, ...]:
+    """The tensors the runtime's activations section (`activations`) lists for `layer` under `recompute` (and
+    autocast)."""
+    saves = activations.layers[layer.kind]
     rule = autocast(job, strategy)
     if recompute == "full":
         return rule.checkpointed.get(layer.kind, saves.checkpointed) if rule else saves.checkpointed
@@ -256,7 +260,7 @@ def resaved_checkpoint_bytes(layer: Layer, job: Job, strategy: Strategy) -> floa
         return saved_bytes(layer, job, strategy, "full")
     same = activations.compute_bytes == 4.0  # an fp32 upcast of an fp32 tensor is the tensor itself
     return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
-               for t in profile_saves(layer, job, strategy, "full") if t.resaved == "same" or same)
+               for t in profile_saves(layer, job, strategy, "full", activations) if t.resaved == "same" or same)
 
 
 def pipeline_output_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -289,7 +293,7 @@ def gathered_bytes(job: Job, strategy: Strategy, sums: StageSums, shard: int) ->
     gathering = job.runtime.gathering
     policy = gathering.policy(strategy.zero, strategy.pipelined) if shard > 1 else None
     if gathering.units is not None and policy in ("layers", "microbatch"):
-        return unit_gathered_bytes(job, sums, policy, strategy.tp)
+        return unit_gathered_bytes(job, sums, policy, strategy.tp, gathering.units)
     per_param = gathering.bytes_per_param + gathering.grad_bytes_per_param
     if policy == "layers":  # the running and the prefetched layer
         return 2.0 * sums.largest_layer_params * per_param
@@ -315,7 +319,7 @@ def sharded_grads_after_peak(job: Job, strategy: Strategy, shard: int) -> bool:
     return shard > 1 and job.runtime.gathering.policy(strategy.zero, strategy.pipelined) == "step"
 
 
-def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int) -> float:
+def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int, units: GatherUnits) -> float:
     """Gathered weights and unsharded gradients at their joint peak under block and root FSDP units
     (`Gathering.units`).  The root unit stays gathered for the step, with the stage's weights (microbatch) or
     besides it; its gradients wait for one reduce-scatter after the whole backward, so the head's and the final
@@ -325,11 +329,11 @@ def unit_gathered_bytes(job: Job, sums: StageSums, policy: Gather, tp: int) -> f
     gathering = job.runtime.gathering
     w, g = gathering.bytes_per_param, gathering.grad_bytes_per_param
     block = sums.largest_block_params
-    embedding_grad = sums.embedding_params * (tp if gathering.units.whole_embedding_grad_under_tp else 1)
+    embedding_grad = sums.embedding_params * (tp if units.whole_embedding_grad_under_tp else 1)
     if policy == "microbatch":
         held, running = sums.params * w, block * g
     else:
-        held, running = sums.root_params * w, block * (gathering.units.blocks_gathered * w + g)
+        held, running = sums.root_params * w, block * (units.blocks_gathered * w + g)
     return held + (sums.root_params - sums.embedding_params) * g + max(running, embedding_grad * g)
 
 

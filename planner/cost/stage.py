@@ -155,7 +155,7 @@ def param_fetch_seconds(job: Job, memory: RankMemory, site: StageSite, strategy:
     """Seconds per micro-batch to bring offloaded weight shards to the GPU (forward and backward)."""
     if not strategy.offloads_params:
         return 0.0
-    shard_bytes = job.runtime.state_bytes("weights", memory.params, 3, max(1, strategy.dp))
+    shard_bytes = job.runtime.state_bytes("weights", memory.params, 3, strategy.data_parallel)
     node = site.node
     if strategy.offload_device == "cpu":
         rate = host_rate(site, catalog)

@@ -6,89 +6,74 @@ sits beneath both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from operator import attrgetter, add
+from typing import Any, Callable, Literal
+
+Role = Literal["sum", "max"]
+# A field's role says how the totals of two sets of layers combine: a sum adds (and scales with a count of
+# copies), a max takes the larger (and stays under copies): the transients and the largest units.
+SUM = {"role": "sum"}
+MAX = {"role": "max"}
 
 
 @dataclass(frozen=True)
 class StageSums:
-    """Per-rank, per-micro-batch totals of a set of layers (the fields marked max are maxima)."""
+    """Per-rank, per-micro-batch totals of a set of layers; each field's metadata declares its role (SUM or MAX),
+    from which `+` and `times` are derived."""
 
-    forward: float = 0.0  # forward compute seconds
-    compute: float = 0.0  # forward + backward compute seconds
-    recompute: float = 0.0  # recomputed forward seconds
-    tp: float = 0.0  # exposed tensor-parallel seconds
-    cp: float = 0.0  # exposed context-parallel seconds
-    ep: float = 0.0  # expert all-to-all seconds
-    params: float = 0.0  # parameters held before ZeRO sharding
-    expert_params: float = 0.0  # the routed experts' share of params (sharded over the expert data-parallel group)
-    kept_activations: float = 0.0  # saved bytes per micro-batch in flight
-    head_activations: float = 0.0  # the loss head's saved bytes per micro-batch (its own in-flight count)
-    pipeline_outputs: float = 0.0  # bytes of one micro-batch's logits a pipeline schedule keeps for the step
-    working_set: float = 0.0  # the loss's transient in its backward, on top of everything kept (max)
-    recomputed_kept: float = 0.0  # saved bytes of the layers under full recompute: their blocks' checkpoints
-    recompute_resaved: float = 0.0  # a recomputed block's checkpoint that its recompute saves again (max)
-    recompute_attention: float = 0.0  # a recomputed block's first layer, re-materialised whole (max)
-    recompute_ffn: float = 0.0  # the rest of a recomputed block (its MLP or MoE), re-materialised (max)
-    block_transient: float = 0.0  # activation gradients a block layer's backward holds at once (max)
-    root_kept: float = 0.0  # saved bytes of the layers outside blocks but the head (the final norm)
-    largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
-    root_params: float = 0.0  # parameters of the layers outside blocks (embedding, final norm, head)
-    embedding_params: float = 0.0  # the embedding's parameters (the root unit's last gradient)
-    largest_attention_params: float = 0.0  # a block's attention (max): with the next field, one block's parameters
-    largest_ffn_params: float = 0.0  # a block's MLP or MoE (max)
-    max_hidden: float = 0.0  # widest boundary activation (max)
-    layers: int = 0
-    gather_calls: float = 0.0  # all-gather collectives of one gather of these layers' sharded weights
-    reduce_calls: float = 0.0  # gradient reduce-scatter collectives of these layers
-    regather_params: float = 0.0  # parameters gathered once more for a recomputed forward (module hooks)
-    regather_calls: float = 0.0  # the collectives of that extra gather
+    forward: float = field(default=0.0, metadata=SUM)  # forward compute seconds
+    compute: float = field(default=0.0, metadata=SUM)  # forward + backward compute seconds
+    recompute: float = field(default=0.0, metadata=SUM)  # recomputed forward seconds
+    tp: float = field(default=0.0, metadata=SUM)  # exposed tensor-parallel seconds
+    cp: float = field(default=0.0, metadata=SUM)  # exposed context-parallel seconds
+    ep: float = field(default=0.0, metadata=SUM)  # expert all-to-all seconds
+    params: float = field(default=0.0, metadata=SUM)  # parameters held before ZeRO sharding
+    # the routed experts' share of params (sharded over the expert data-parallel group)
+    expert_params: float = field(default=0.0, metadata=SUM)
+    kept_activations: float = field(default=0.0, metadata=SUM)  # saved bytes per micro-batch in flight
+    # the loss head's saved bytes per micro-batch (its own in-flight count)
+    head_activations: float = field(default=0.0, metadata=SUM)
+    # bytes of one micro-batch's logits a pipeline schedule keeps for the step
+    pipeline_outputs: float = field(default=0.0, metadata=SUM)
+    working_set: float = field(default=0.0, metadata=MAX)  # the loss's transient in its backward, on top of all kept
+    # saved bytes of the layers under full recompute: their blocks' checkpoints
+    recomputed_kept: float = field(default=0.0, metadata=SUM)
+    # a recomputed block's checkpoint that its recompute saves again
+    recompute_resaved: float = field(default=0.0, metadata=MAX)
+    recompute_attention: float = field(default=0.0, metadata=MAX)  # a recomputed block's first layer, whole
+    recompute_ffn: float = field(default=0.0, metadata=MAX)  # the rest of a recomputed block (its MLP or MoE)
+    block_transient: float = field(default=0.0, metadata=MAX)  # activation gradients a block layer's backward holds
+    root_kept: float = field(default=0.0, metadata=SUM)  # saved bytes of the layers outside blocks but the head
+    largest_layer_params: float = field(default=0.0, metadata=MAX)  # largest layer's parameters (FSDP gather unit)
+    # parameters of the layers outside blocks (embedding, final norm, head)
+    root_params: float = field(default=0.0, metadata=SUM)
+    embedding_params: float = field(default=0.0, metadata=SUM)  # the embedding's (the root unit's last gradient)
+    # a block's attention: with the next field, one block's parameters
+    largest_attention_params: float = field(default=0.0, metadata=MAX)
+    largest_ffn_params: float = field(default=0.0, metadata=MAX)  # a block's MLP or MoE
+    max_hidden: float = field(default=0.0, metadata=MAX)  # widest boundary activation
+    layers: int = field(default=0, metadata=SUM)
+    # all-gather collectives of one gather of these layers' sharded weights
+    gather_calls: float = field(default=0.0, metadata=SUM)
+    reduce_calls: float = field(default=0.0, metadata=SUM)  # gradient reduce-scatter collectives of these layers
+    # parameters gathered once more for a recomputed forward (module hooks)
+    regather_params: float = field(default=0.0, metadata=SUM)
+    regather_calls: float = field(default=0.0, metadata=SUM)  # the collectives of that extra gather
 
     def __add__(self, other: "StageSums") -> "StageSums":
-        return StageSums(
-            forward=self.forward + other.forward, compute=self.compute + other.compute,
-            recompute=self.recompute + other.recompute, tp=self.tp + other.tp, cp=self.cp + other.cp,
-            ep=self.ep + other.ep, params=self.params + other.params,
-            expert_params=self.expert_params + other.expert_params,
-            kept_activations=self.kept_activations + other.kept_activations,
-            head_activations=self.head_activations + other.head_activations,
-            pipeline_outputs=self.pipeline_outputs + other.pipeline_outputs,
-            working_set=max(self.working_set, other.working_set),
-            recomputed_kept=self.recomputed_kept + other.recomputed_kept,
-            recompute_resaved=max(self.recompute_resaved, other.recompute_resaved),
-            recompute_attention=max(self.recompute_attention, other.recompute_attention),
-            recompute_ffn=max(self.recompute_ffn, other.recompute_ffn),
-            block_transient=max(self.block_transient, other.block_transient),
-            root_kept=self.root_kept + other.root_kept,
-            largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
-            root_params=self.root_params + other.root_params,
-            embedding_params=self.embedding_params + other.embedding_params,
-            largest_attention_params=max(self.largest_attention_params, other.largest_attention_params),
-            largest_ffn_params=max(self.largest_ffn_params, other.largest_ffn_params),
-            max_hidden=max(self.max_hidden, other.max_hidden), layers=self.layers + other.layers,
-            gather_calls=self.gather_calls + other.gather_calls, reduce_calls=self.reduce_calls + other.reduce_calls,
-            regather_params=self.regather_params + other.regather_params,
-            regather_calls=self.regather_calls + other.regather_calls,
-        )
+        """Both sets of layers: sums add, maxima take the larger."""
+        # each field's own type (float, int for layers): add and max of two ints stay an int
+        values: list[Any] = [combine(mine, theirs) for combine, mine, theirs in zip(_COMBINE, _VALUES(self),
+                                                                                    _VALUES(other))]
+        return StageSums(*values)
 
     def times(self, count: int) -> "StageSums":
         """`count` copies of these layers (maxima stay, sums scale)."""
         if count <= 0:
             return StageSums()
-        return StageSums(
-            forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
-            tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
-            expert_params=self.expert_params * count,
-            kept_activations=self.kept_activations * count, head_activations=self.head_activations * count,
-            pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
-            recomputed_kept=self.recomputed_kept * count, recompute_resaved=self.recompute_resaved,
-            recompute_attention=self.recompute_attention, recompute_ffn=self.recompute_ffn,
-            block_transient=self.block_transient, root_kept=self.root_kept * count,
-            largest_layer_params=self.largest_layer_params, root_params=self.root_params * count,
-            embedding_params=self.embedding_params * count, largest_attention_params=self.largest_attention_params,
-            largest_ffn_params=self.largest_ffn_params, max_hidden=self.max_hidden, layers=self.layers * count,
-            gather_calls=self.gather_calls * count, reduce_calls=self.reduce_calls * count,
-            regather_params=self.regather_params * count, regather_calls=self.regather_calls * count,
-        )
+        values: list[Any] = [value * count if scales else value for scales, value in zip(_SCALES, _VALUES(self))]
+        return StageSums(*values)
 
     @property
     def largest_block_params(self) -> float:
@@ -125,3 +110,22 @@ class StageSums:
     def recompute_peak(self) -> float:
         """Saved bytes of one micro-batch while its last recomputed block is re-materialised."""
         return self.recomputed_kept - self.recompute_resaved + self.recompute_attention + self.recompute_ffn
+
+
+def roles() -> dict[str, Role]:
+    """Each StageSums field's declared role, in field order (TypeError for a field that declares none)."""
+    out: dict[str, Role] = {}
+    for f in fields(StageSums):
+        role = f.metadata.get("role")
+        if role not in ("sum", "max"):
+            raise TypeError(f"StageSums.{f.name}: declare its role (metadata=SUM or MAX), not {role!r}")
+        out[f.name] = role
+    return out
+
+
+# Derived once from the declarations, in field order (StageSums is built positionally from them: the search
+# adds stage sums millions of times)
+_VALUES = attrgetter(*roles())
+_COMBINE: tuple[Callable[[float, float], float], ...] = tuple(add if role == "sum" else max
+                                                              for role in roles().values())
+_SCALES = tuple(role == "sum" for role in roles().values())

@@ -28,7 +28,7 @@ def lp_solution(coefficients: RelaxedCoefficients) -> tuple[float, np.ndarray | 
     c = coefficients
     solver = pywraplp.Solver.CreateSolver("GLOP")
     if solver is None:
-        return -math.inf
+        return -math.inf, None
     tables, options = c.valid.shape
     x = {(t, i): solver.NumVar(0.0, 1.0, f"x_{t}_{i}") for t in range(tables) for i in range(options) if c.valid[t, i]}
     lookup, comm = solver.NumVar(0.0, solver.infinity(), "lookup"), solver.NumVar(0.0, solver.infinity(), "comm")

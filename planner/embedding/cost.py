@@ -89,7 +89,7 @@ class CostTable:
         world, g = sites.world, sites.node_spec(pool).gpus_per_node
         batch, kind = float(self.job.global_batch), option.kind
         width = table.dim // option.shards
-        rows = table.rows
+        rows: float = table.rows
         if kind == ShardingType.ROW_WISE:
             rows, lookups = rows / world, batch * table.pooling_factor / world
         elif kind == ShardingType.TABLE_ROW_WISE:

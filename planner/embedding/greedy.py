@@ -154,16 +154,13 @@ def greedy_torchrec_style(model: EmbeddingCostModel, cache_levels: tuple[float, 
             return placements
         # relieve storage: the table that did not fit moves to its next option that needs less HBM;
         # when it has none, the table with the most HBM per unit does
-        step = _relief(model, ranked, position, failed[0])
+        t, step = failed[0], _relief(model, ranked, position, failed[0])
         if step is None:
-            movable = [(-option_hbm(model, t, ranked[t][position[t]]), t) for t in range(len(ranked))
-                       if _relief(model, ranked, position, t) is not None]
+            movable = [(-option_hbm(model, k, ranked[k][position[k]]), k, relief) for k in range(len(ranked))
+                       if (relief := _relief(model, ranked, position, k)) is not None]
             if not movable:
                 return None
-            t = min(movable)[1]
-            step = _relief(model, ranked, position, t)
-        else:
-            t = failed[0]
+            _, t, step = min(movable)
         position[t] = step
     return None
 

@@ -9,7 +9,7 @@ times are left out so the same inputs give byte-identical files.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,7 +20,7 @@ from planner.job import Job
 from planner.plan.build import inputs_digest, plan_job
 from planner.plan.schema import PlanJob
 
-SCHEMA = "planner.embedding-plan/1"
+SCHEMA: Final = "planner.embedding-plan/1"
 
 
 class EmbeddingCompileOptions(BaseModel):

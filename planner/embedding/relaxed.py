@@ -25,9 +25,13 @@ class RelaxedCoefficients:
         gpn = min(model.sites.node_spec(p).gpus_per_node for p in pools)
         shape = (len(space), max(map(len, space)))
         self.valid = np.zeros(shape, dtype=bool)
-        names = ("unit_lookup", "unit_send", "lookup", "send", "hbm", "everywhere", "host", "receive", "sync")
-        for name in names:
-            setattr(self, name, np.zeros(shape))
+        # per (table, option): one unit's lookup and send seconds (0 for options on every rank), the summed
+        # lookup and send seconds and HBM bytes of all its units, HBM bytes on every rank, host bytes, the
+        # receive seconds and the data-parallel gradient sync seconds
+        self.unit_lookup, self.unit_send = np.zeros(shape), np.zeros(shape)
+        self.lookup, self.send, self.hbm = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.everywhere, self.host = np.zeros(shape), np.zeros(shape)
+        self.receive, self.sync = np.zeros(shape), np.zeros(shape)
         costs = model.costs
         for t, options in enumerate(space):
             for i, option in enumerate(options):

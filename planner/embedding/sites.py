@@ -41,7 +41,8 @@ class JobSites:
     def __init__(self, cluster: Cluster, catalog: Catalog):
         self.cluster = cluster
         self.catalog = catalog
-        sites, node = [], 0
+        sites: list[RankSite] = []
+        node = 0
         for p, pool in enumerate(cluster.pools):
             for _ in range(pool.count):
                 for local in range(pool.node.gpus_per_node):

@@ -63,6 +63,7 @@ def uniform_placements(model: EmbeddingCostModel, option: TableOption) -> list[T
     world, nodes = model.sites.world, model.sites.num_nodes
     out = []
     for t in tables:
+        target: tuple[int, ...]
         if option.kind == ShardingType.TABLE_ROW_WISE:
             target = (t % nodes,)
         else:

@@ -62,7 +62,7 @@ class Target:
 
     @property
     def code(self) -> TargetModule:
-        return import_module(f"planner.emit.{self.module}")  # type: ignore[return-value]
+        return import_module(f"planner.emit.{self.module}")
 
 
 # Slurm and Kubernetes wrap the torch target's launcher, which runs planner's own runtime.
@@ -114,10 +114,10 @@ def strategy_writer(name: str) -> Callable[[Plan, Job], Strategy]:
 def one_placement(plan: Plan, target: str) -> None:
     """UnsupportedPlan when the plan's stages keep their state differently: `target` writes one offload
     setting for every rank."""
-    per_stage = [key for key in PLACEMENT_KEYS if getattr(plan.strategy, f"stage_{key}")]
+    per_stage = [key for key in PLACEMENT_KEYS if getattr(plan.single_strategy, f"stage_{key}")]
     if per_stage:
         key = per_stage[0]
-        values = "/".join(map(str, getattr(plan.strategy, f"stage_{key}")))
+        values = "/".join(map(str, getattr(plan.single_strategy, f"stage_{key}")))
         raise UnsupportedPlan(f"{target} applies one {key} setting to every rank; the plan's stages differ "
                               f"({key}={values})")
 

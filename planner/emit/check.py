@@ -67,7 +67,7 @@ def split_blocks(job: Job, strategy: Strategy) -> tuple[int, ...] | None:
 
 def _unsupported(plan: Plan, target: str, runtime: RuntimeProfile, reasons: list[str],
                  written: Strategy | None = None) -> TargetCheck:
-    changed, planned = spec_changes(plan.strategy, written) if written is not None else ((), ())
+    changed, planned = spec_changes(plan.single_strategy, written) if written is not None else ((), ())
     return TargetCheck(target=target, runtime=runtime.name, status="unsupported", reasons=tuple(reasons),
                        written_spec=written.spec() if written is not None else None, changed=changed,
                        planned=planned, plan_step_time_s=plan.time.step_time_s, tolerance=TOLERANCE)
@@ -90,7 +90,7 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
     on_runtime = job.on(runtime)
     missing = runtime.cannot_express(written, model_has_experts=bool(job.model.num_experts),
                                      flash_attention=on_runtime.flash, split_blocks=split_blocks(job, written),
-                                     micro_batches=job.global_batch // (written.dp * written.mbs))
+                                     micro_batches=job.global_batch // (written.data_parallel * written.mbs))
     if missing:
         return _unsupported(plan, target, runtime, [f"the {runtime.name} runtime cannot run {', '.join(missing)}"],
                             written)
@@ -101,8 +101,8 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
                             written)
     same = runtime.name == plan.job.runtime
     reference = (plan.time.step_time_s if same
-                 else evaluate(job, plan.strategy, runtime, catalog=catalog).step_time_s)
-    changed, planned = spec_changes(plan.strategy, written)
+                 else evaluate(job, plan.single_strategy, runtime, catalog=catalog).step_time_s)
+    changed, planned = spec_changes(plan.single_strategy, written)
     stages = tuple(StageFit(stage=r.stage, peak_bytes=r.peak_bytes, capacity_bytes=r.capacity_bytes, fits=r.fits)
                    for r in estimate.memory.per_stage)
     record = TargetCheck(

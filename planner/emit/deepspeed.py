@@ -22,12 +22,12 @@ from planner.emit.deepspeed_launch import hostfile, launch_sh, readme
 from planner.emit.inputs import LaunchInputs
 from planner.job import Job
 from planner.plan.schema import Plan
-from planner.strategy import Offload, Strategy
+from planner.strategy import Offload, OffloadDevice, Recompute, Strategy
 
 __all__ = ["emit", "layer_specs", "written_strategy"]
 
 
-def _offload_of(section: dict) -> tuple[Offload, str, float]:
+def _offload_of(section: dict) -> tuple[Offload, OffloadDevice, float]:
     """(offload, device, ratio) of a zero_optimization section."""
     opt, par = section.get("offload_optimizer"), section.get("offload_param")
     kinds: dict[tuple[bool, bool], Offload] = {(False, False): "none", (True, False): "optimizer",
@@ -45,7 +45,8 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     config, pipeline = ds_config(d), pipeline_json(d)
     section = config["zero_optimization"]
     offload, device, ratio = _offload_of(section)
-    recompute, recompute_layers = "none", None
+    recompute: Recompute = "none"
+    recompute_layers: tuple[int, ...] | None = None
     checkpointing = config.get("activation_checkpointing")
     if pipeline["activation_checkpoint_interval"] and checkpointing is not None:
         recompute = "full"
@@ -61,7 +62,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
         recompute=recompute, recompute_layers=recompute_layers, offload=offload, offload_device=device,
         offload_ratio=ratio, schedule="1f1b",
         split=tuple(pipeline["blocks_per_stage"]) if pipeline["stages"] > 1 else None,
-        stage_pools=plan.strategy.stage_pools)
+        stage_pools=plan.single_strategy.stage_pools)
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:

@@ -27,10 +27,10 @@ class Decisions:
     """The DeepSpeed settings for a plan, and the notes on what was substituted."""
 
     def __init__(self, plan: Plan, job: Job) -> None:
-        s = plan.strategy
+        s = plan.single_strategy
         one_placement(plan, "deepspeed")  # one ds_config.json for every rank
         self.plan, self.job = plan, job
-        self.tp, self.pp, self.dp, self.cp, self.ep = s.tp, s.pp, s.dp, s.cp, s.ep
+        self.tp, self.pp, self.dp, self.cp, self.ep = s.tp, s.pp, s.data_parallel, s.cp, s.ep
         self.mbs = s.mbs
         self.notes: list[str] = []
         self.micro_batches = plan.job.global_batch // (self.dp * self.mbs)
@@ -115,7 +115,7 @@ def _zero_section(d: Decisions) -> dict:
     if d.zero == 3:
         section["stage3_prefetch_bucket_size"] = int(0.9 * bucket)
         section["stage3_param_persistence_threshold"] = 10 * hidden if hidden else 100_000
-        if d.plan.strategy.shard == "node":
+        if d.plan.single_strategy.shard == "node":
             per_node = _dp_ranks_per_node(d)
             if per_node > 1:
                 section["zero_hpz_partition_size"] = per_node
@@ -125,7 +125,7 @@ def _zero_section(d: Decisions) -> dict:
                 "forward/backward all-gathers stay intra-node, while gradients and optimizer states are sharded "
                 "over the whole data-parallel group."
             )
-    elif d.plan.strategy.shard == "node":
+    elif d.plan.single_strategy.shard == "node":
         d.notes.append(
             f"shard=node -> full: DeepSpeed ZeRO-{d.zero} shards over the whole data-parallel group "
             "(less memory than the plan assumed, more inter-node traffic)."
@@ -139,7 +139,7 @@ def _offload_sections(d: Decisions) -> dict:
     out: dict = {}
     if d.offload_optimizer:
         opt = {"device": d.offload_optimizer, "pin_memory": True}
-        ratio = d.plan.strategy.offload_ratio
+        ratio = d.plan.single_strategy.offload_ratio
         if ratio < 1.0 and d.zero == 3:
             opt["ratio"] = ratio  # ZeRO-Offload++: this share on CPU Adam, the rest on the GPU
         if d.offload_optimizer == "nvme":
@@ -213,7 +213,7 @@ def ds_config(d: Decisions, inputs: LaunchInputs = LaunchInputs()) -> dict:
         "zero_optimization": _zero_section(d),
         **_precision(d),
     }
-    if plan.strategy.recompute == "full":
+    if plan.single_strategy.recompute == "full":
         per_stage = recompute_per_stage(plan)
         cfg["activation_checkpointing"] = {
             "partition_activations": d.tp > 1,
@@ -232,7 +232,9 @@ def ds_config(d: Decisions, inputs: LaunchInputs = LaunchInputs()) -> dict:
 def layer_specs(job: Job) -> list[str]:
     """The PipelineModule LayerSpec list the `parts` index: pre-block layers (the embedding), one entry per
     transformer block, then the post-block layers (final norm, head)."""
-    pre, post, seen = [], [], False
+    pre: list[str] = []
+    post: list[str] = []
+    seen = False
     for layer in job.model.layers:
         if layer.block is not None:
             seen = True
@@ -243,7 +245,7 @@ def layer_specs(job: Job) -> list[str]:
 
 def pipeline_parts(plan: Plan, job: Job) -> list[int]:
     specs = layer_specs(job)
-    if plan.strategy.pp == 1:
+    if plan.single_strategy.pp == 1:
         return [0, len(specs)]
     first_block = specs.index("block.0") if job.model.num_blocks else 0
     parts, edge = [0], first_block
@@ -256,7 +258,7 @@ def pipeline_parts(plan: Plan, job: Job) -> list[int]:
 
 def pipeline_json(d: Decisions) -> dict:
     plan, job = d.plan, d.job
-    s = plan.strategy
+    s = plan.single_strategy
     recompute = s.recompute
     per_stage = recompute_per_stage(plan)
     blocks = [stage.blocks[1] - stage.blocks[0] + 1 if stage.blocks else 0 for stage in plan.stages]
@@ -293,7 +295,7 @@ def pipeline_json(d: Decisions) -> dict:
         "expert_parallel_size": d.ep,
         "sequence_parallel": s.sequence_parallel,
         "world_size": d.tp * d.cp * d.dp * d.pp,
-        "rank_order": plan.layout.rank_formula,
+        "rank_order": plan.rank_layout.rank_formula,
     }
 
 

@@ -101,7 +101,7 @@ def launch_sh(plan: Plan, inputs: LaunchInputs) -> str:
     ]
     if len(node_slots(plan)) > 1:
         lines += _slurm_hosts()
-    pipeline = ' --pipeline "$here/pipeline.json"' if plan.strategy.pp > 1 else ""
+    pipeline = ' --pipeline "$here/pipeline.json"' if plan.single_strategy.pp > 1 else ""
     lines += [
         "",
         f"exec deepspeed {_launcher_flags(plan)} --master_port {MASTER_PORT} --no_local_rank \\",
@@ -168,7 +168,7 @@ def readme(d: Decisions, inputs: LaunchInputs) -> str:
                   "then one entry per transformer block, then the final norm and the head. Stage i owns layers "
                   "`parts[i]` to `parts[i+1] - 1`, the plan's split, which DeepSpeed's own `partition_method` "
                   f"cannot express. {d.pp} stages, activation_checkpoint_interval "
-                  f"{1 if plan.strategy.recompute == 'full' else 0}.", ""]
+                  f"{1 if plan.single_strategy.recompute == 'full' else 0}.", ""]
     if nvme:
         lines += ["## NVMe", "",
                   f"`nvme_path` is `{NVME_PATH}`: edit it in ds_config.json to a fast local NVMe mount on every node.",

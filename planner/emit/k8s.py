@@ -96,9 +96,10 @@ def _resources(spec: PodSpec) -> dict:
 
 def _volumes(spec: PodSpec) -> tuple[list[dict], list[dict]]:
     """(volumeMounts, volumes) of the pod: plan.json, /dev/shm and the checkpoint claim."""
-    mounts = [{"name": "plan", "mountPath": f"{WORKDIR}/plan.json", "subPath": "plan.json", "readOnly": True},
-              {"name": "dshm", "mountPath": "/dev/shm"}]
-    volumes = [{"name": "plan", "configMap": {"name": f"{spec.name}-plan"}},
+    mounts: list[dict] = [
+        {"name": "plan", "mountPath": f"{WORKDIR}/plan.json", "subPath": "plan.json", "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict] = [{"name": "plan", "configMap": {"name": f"{spec.name}-plan"}},
                {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     if spec.checkpoint_dir is not None:
         mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint_dir})

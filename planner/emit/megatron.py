@@ -92,7 +92,9 @@ def _pipeline_split(counts: list[int], vpp: int) -> tuple[dict[str, Any], list[s
 
 def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     """The distributed optimizer, its instances, CPU offload, and the overlap the megatron profile costs."""
-    s, args, notes = plan.strategy, {}, []
+    s = plan.single_strategy
+    args: dict[str, Any] = {}
+    notes: list[str] = []
     if s.zero >= 1:
         args["use-distributed-optimizer"] = True
         if s.zero >= 2:
@@ -100,9 +102,9 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
             notes.append(f"zero={s.zero} ({what}) -> Megatron's distributed optimizer (zero=1), which shards the "
                          "optimizer states only: fp32 gradients and weights stay whole on every dp rank.")
         if s.shard == "node":
-            shard = max(1, min(s.dp, launch_shape(plan)["nproc_per_node"] // (s.tp * s.cp)))
-            if s.dp // shard > 1:
-                args["num-distributed-optimizer-instances"] = s.dp // shard
+            shard = max(1, min(s.data_parallel, launch_shape(plan)["nproc_per_node"] // (s.tp * s.cp)))
+            if s.data_parallel // shard > 1:
+                args["num-distributed-optimizer-instances"] = s.data_parallel // shard
     if s.offload in ("optimizer", "all") and s.offload_device == "cpu":
         # core_v0.16 runs the CPU optimizer through the precision-aware optimizer (validate_args asserts it)
         args.update({"optimizer-cpu-offload": True, "use-precision-aware-optimizer": True})
@@ -114,7 +116,7 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     if s.regather == "host":
         notes.append("regather=host (a host-memory weight cache) has no Megatron counterpart; weights are not "
                      "sharded, so nothing is re-gathered.")
-    if s.dp * s.cp > 1:  # gradients are reduced over dp x cp ranks: hide it behind the backward pass
+    if s.data_parallel * s.cp > 1:  # gradients are reduced over dp x cp ranks: hide it behind the backward pass
         args["overlap-grad-reduce"] = True
         if s.zero >= 1:  # and gather the updated weights during the next forward
             args["overlap-param-gather"] = True
@@ -123,7 +125,7 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
 
 def _parallel_args(plan: Plan, moe: bool) -> tuple[dict[str, Any], list[str]]:
     """Parallel degrees, pipeline split and interleaving, recomputation and optimizer sharding."""
-    s = plan.strategy
+    s = plan.single_strategy
     args: dict[str, Any] = {
         "tensor-model-parallel-size": s.tp,
         "pipeline-model-parallel-size": s.pp,
@@ -198,9 +200,9 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     arch = architecture(job.model)
     cfg = arch.config
     args, notes = _parallel_args(plan, moe=cfg.moe is not None)
-    args.update({"micro-batch-size": plan.strategy.mbs, "global-batch-size": job.global_batch})
+    args.update({"micro-batch-size": plan.single_strategy.mbs, "global-batch-size": job.global_batch})
     model, model_notes = architecture_args(arch, job.seq_len)
-    vocab, vocab_notes = vocab_args(cfg.vocab, plan.strategy.tp, cfg.hidden, cfg.tied_embeddings)
+    vocab, vocab_notes = vocab_args(cfg.vocab, plan.single_strategy.tp, cfg.hidden, cfg.tied_embeddings)
     args.update({**model, **vocab, **_kernel_args(job), **_recipe_args()})
     notes += model_notes + vocab_notes
     if cfg.moe is not None and job.moe_routing == "balanced":
@@ -252,7 +254,7 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
         "split": split, "stage_pools": stage_pools,
     }
     try:
-        return Strategy(**values)
+        return Strategy.model_validate(values)
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"the Megatron arguments have no planner strategy: {message}") from None
@@ -277,7 +279,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     errors = check_megatron_args(args, plan.job.num_gpus)
     if errors:
         raise UnsupportedPlan("the arguments would break Megatron's rules: " + "; ".join(errors))
-    return strategy_of_args(args, plan.job.num_gpus, plan.strategy.stage_pools)
+    return strategy_of_args(args, plan.job.num_gpus, plan.single_strategy.stage_pools)
 
 
 def args_lines(args: dict[str, Any]) -> list[str]:

@@ -150,8 +150,15 @@ def _flag_errors(args: dict[str, Any]) -> list[str]:
     return errors
 
 
-def _int(args: dict[str, Any], key: str, default: int | None = 1) -> int | None:
-    value = args.get(key, default)
+def _int(args: dict[str, Any], key: str, default: int = 1) -> int:
+    """A numeric argument, `default` when absent (Megatron's default for the degrees and sizes read here)."""
+    value = args.get(key)
+    return default if value is None else int(value)
+
+
+def _given(args: dict[str, Any], key: str) -> int | None:
+    """A numeric argument without a default: None when absent."""
+    value = args.get(key)
     return None if value is None else int(value)
 
 
@@ -165,15 +172,15 @@ def check_megatron_args(args: dict[str, Any], world_size: int) -> list[str]:
     cp = _int(args, "context-parallel-size")
     ep = _int(args, "expert-model-parallel-size")
     mbs = _int(args, "micro-batch-size")
-    gbs = _int(args, "global-batch-size", None)
-    layers = _int(args, "num-layers", None)
-    heads = _int(args, "num-attention-heads", None)
-    groups = _int(args, "num-query-groups", None)
-    seq = _int(args, "seq-length", None)
-    experts = _int(args, "num-experts", None)
-    vpp_layers = _int(args, "num-layers-per-virtual-pipeline-stage", None)
-    first = _int(args, "decoder-first-pipeline-num-layers", None)
-    last = _int(args, "decoder-last-pipeline-num-layers", None)
+    gbs = _given(args, "global-batch-size")
+    layers = _given(args, "num-layers")
+    heads = _given(args, "num-attention-heads")
+    groups = _given(args, "num-query-groups")
+    seq = _given(args, "seq-length")
+    experts = _given(args, "num-experts")
+    vpp_layers = _given(args, "num-layers-per-virtual-pipeline-stage")
+    first = _given(args, "decoder-first-pipeline-num-layers")
+    last = _given(args, "decoder-last-pipeline-num-layers")
 
     model_ranks = tp * pp * cp
     dp = None
@@ -241,7 +248,7 @@ def check_megatron_args(args: dict[str, Any], world_size: int) -> list[str]:
         errors.append(f"--recompute-method {method} needs --recompute-granularity full (it is {granularity})")
     if granularity not in (None, "full", "selective"):
         errors.append(f"--recompute-granularity must be full or selective, not {granularity!r}")
-    recompute_layers = _int(args, "recompute-num-layers", None)
+    recompute_layers = _given(args, "recompute-num-layers")
     if recompute_layers is not None:
         if method is None:
             errors.append("--recompute-num-layers needs --recompute-method uniform|block")
@@ -291,7 +298,7 @@ def _switch_errors(args: dict[str, Any]) -> list[str]:
     errors += [f"--{flag} needs --{other}" for flag, other in needs if args.get(flag) and not args.get(other)]
     excludes = [("group-query-attention", "multi-latent-attention"), ("swiglu", "squared-relu")]
     errors += [f"--{a} and --{b} are mutually exclusive" for a, b in excludes if args.get(a) and args.get(b)]
-    seq, positions = _int(args, "seq-length", None), _int(args, "max-position-embeddings", None)
+    seq, positions = _given(args, "seq-length"), _given(args, "max-position-embeddings")
     if seq is not None and positions is not None and positions < seq:
         errors.append(f"max-position-embeddings ({positions}) is below seq-length ({seq})")
     if "lr" in args and float(args.get("min-lr", 0.0)) > float(args["lr"]):
@@ -302,11 +309,11 @@ def _switch_errors(args: dict[str, Any]) -> list[str]:
 def _moe_errors(args: dict[str, Any], world_size: int, pp: int) -> list[str]:
     """Expert groups, router settings and the MoE layer pattern."""
     errors: list[str] = []
-    experts = _int(args, "num-experts", None)
+    experts = _given(args, "num-experts")
     if experts is None:
         return errors
     ep = _int(args, "expert-model-parallel-size")
-    etp = _int(args, "expert-tensor-parallel-size", None) or _int(args, "tensor-model-parallel-size")
+    etp = _given(args, "expert-tensor-parallel-size") or _int(args, "tensor-model-parallel-size")
     if world_size % (etp * ep * pp):
         errors.append(f"world size ({world_size}) is not divisible by expert-tensor-parallel-size ({etp}) x "
                       f"expert-model-parallel-size ({ep}) x pipeline-model-parallel-size ({pp}) = {etp * ep * pp}")
@@ -328,7 +335,7 @@ def _moe_errors(args: dict[str, Any], world_size: int, pp: int) -> list[str]:
         if pp > 1 and args.get("num-layers-per-virtual-pipeline-stage") is None:
             errors.append("--overlap-moe-expert-parallel-comm with pipeline parallelism needs "
                           "--num-layers-per-virtual-pipeline-stage")
-    pattern, layers = layer_pattern(args.get("moe-layer-freq", 1)), _int(args, "num-layers", None)
+    pattern, layers = layer_pattern(args.get("moe-layer-freq", 1)), _given(args, "num-layers")
     if isinstance(pattern, list) and layers is not None and len(pattern) != layers:
         errors.append(f"moe-layer-freq lists {len(pattern)} layers, num-layers is {layers}")
     return errors

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from models.graph import Layer, LayerKind, ModelGraph
+from models.graph import AttentionShape, Layer, LayerKind, ModelGraph
 from models.transformer import MoEConfig, TransformerConfig, build_transformer
 from models.yamlio import as_name
 from models.zoo import ZOO
@@ -154,9 +154,10 @@ def _named(model: ModelGraph, name: str) -> Layer:
     return layer
 
 
-def _biases(model: ModelGraph, attention: Layer, norm: int) -> tuple[bool, bool]:
-    """(all linear biases, Q/K/V biases) from what the attention layer holds beyond its weights and norm."""
-    shape, h = attention.attention, model.hidden
+def _biases(model: ModelGraph, attention: Layer, shape: AttentionShape, norm: int) -> tuple[bool, bool]:
+    """(all linear biases, Q/K/V biases) from what the attention layer (of head structure `shape`) holds beyond
+    its weights and norm."""
+    h = model.hidden
     qkv = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
     extra = attention.params - 2 * h * (shape.heads + shape.kv_heads) * shape.head_dim - norm
     if extra not in (0, h, qkv, qkv + h):
@@ -166,14 +167,17 @@ def _biases(model: ModelGraph, attention: Layer, norm: int) -> tuple[bool, bool]
     return extra in (h, qkv + h), extra in (qkv, qkv + h)
 
 
-def _ffn(model: ModelGraph, norm: int, bias: bool, like: TransformerConfig | None) -> tuple[int | None, bool]:
-    """(dense MLP width, gated) of the first MLP layer; gating from the biases, else the zoo's or Llama's."""
+def _ffn(model: ModelGraph, norm: int, bias: bool, like: TransformerConfig | None) -> tuple[int, bool]:
+    """(MLP width, gated) of the first MLP layer (of an expert where every block is MoE); gating from the
+    biases, else the zoo's or Llama's."""
     h = model.hidden
     mlp, moe = _first(model, LayerKind.MLP), _first(model, LayerKind.MOE)
     if mlp is None:  # every block is MoE: gating from one expert's size
+        if moe is None or moe.moe is None:
+            raise UnsupportedPlan(f"{model.name}: no MLP or mixture-of-experts layer")
         m = moe.moe
         expert = (moe.params - h * m.num_experts - norm) / (m.num_experts + m.shared_experts)
-        return None, expert == 3 * h * m.expert_ffn + ((2 * m.expert_ffn + h) if bias else 0)
+        return m.expert_ffn, expert == 3 * h * m.expert_ffn + ((2 * m.expert_ffn + h) if bias else 0)
     weights = round(mlp.flops_per_token / 2)  # 2 FLOPs per weight per token
     if bias:  # gated: 2f + h biases with f = weights / 3h; plain: f + h with f = weights / 2h
         gated = weights % (3 * h) == 0 and mlp.params - weights - norm == 2 * weights // (3 * h) + h
@@ -183,10 +187,11 @@ def _ffn(model: ModelGraph, norm: int, bias: bool, like: TransformerConfig | Non
 
 
 def _experts(model: ModelGraph) -> MoEConfig | None:
-    blocks = [layer.block for layer in model.layers if layer.kind == LayerKind.MOE]
-    if not blocks:
+    experts = [(layer.block, layer.moe) for layer in model.layers
+               if layer.kind == LayerKind.MOE and layer.block is not None and layer.moe is not None]
+    if not experts:
         return None
-    m = _first(model, LayerKind.MOE).moe
+    blocks, m = [block for block, _ in experts], experts[0][1]
     every = blocks[1] - blocks[0] if len(blocks) > 1 else 1
     return MoEConfig(num_experts=m.num_experts, top_k=m.top_k, expert_ffn=m.expert_ffn,
                      shared_experts=m.shared_experts, first_dense_layers=blocks[0], every=every)
@@ -205,7 +210,7 @@ def read_config(model: ModelGraph, like: TransformerConfig | None = None) -> Tra
         raise UnsupportedPlan(f"{model.name}: final_norm holds {final.params} parameters (RMSNorm {h}, "
                               f"LayerNorm {2 * h}); post-norm encoders are known for zoo models only")
     norm = final.params
-    bias, qkv_bias = _biases(model, attention, norm)
+    bias, qkv_bias = _biases(model, attention, attention.attention, norm)
     ffn, gated = _ffn(model, norm, bias, like)
     moe = _experts(model)
     if like is not None and like.gated == gated:
@@ -217,7 +222,7 @@ def read_config(model: ModelGraph, like: TransformerConfig | None = None) -> Tra
     values = dict(
         # the config's name only labels it (a model's name is checked where it enters; emitters quote their own)
         name=as_name(model.name, "model"), num_layers=model.num_blocks, hidden=h, heads=shape.heads,
-        kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn=ffn if ffn is not None else moe.expert_ffn,
+        kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn=ffn,
         vocab=model.vocab,
         activation=activation, norm="rmsnorm" if norm == h else "layernorm", bias=bias, qkv_bias=qkv_bias,
         position="learned" if positions > 0 else "rope",
@@ -226,7 +231,7 @@ def read_config(model: ModelGraph, like: TransformerConfig | None = None) -> Tra
         causal=shape.causal, moe=moe,
     )
     try:
-        return TransformerConfig(**values)
+        return TransformerConfig.model_validate(values)
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"{model.name}: the graph reads as no valid transformer: {message}") from None
@@ -308,10 +313,10 @@ def _attention_args(cfg: TransformerConfig) -> dict:
                 # stage), which megatron-core fuses for YaRN only (MLATransformerConfig.__post_init__)
                 "rope-type": "rope", "no-rope-fusion": True}
     args = {}
-    if cfg.head_dim * cfg.heads != cfg.hidden:
-        args["kv-channels"] = cfg.head_dim
-    if cfg.kv_heads != cfg.heads:
-        args.update({"group-query-attention": True, "num-query-groups": cfg.kv_heads})
+    if cfg.kv_channels * cfg.heads != cfg.hidden:
+        args["kv-channels"] = cfg.kv_channels
+    if cfg.query_groups != cfg.heads:
+        args.update({"group-query-attention": True, "num-query-groups": cfg.query_groups})
     return args
 
 
@@ -359,8 +364,7 @@ def _layer_args(cfg: TransformerConfig, facts: ModelFacts) -> dict:
     return {**args, "attention-dropout": dropout, "hidden-dropout": dropout, "init-method-std": facts.init_std}
 
 
-def _moe_args(cfg: TransformerConfig, router: RouterRecipe) -> dict:
-    m = cfg.moe
+def _moe_args(cfg: TransformerConfig, m: MoEConfig, router: RouterRecipe) -> dict:
     args: dict = {"num-experts": m.num_experts, "moe-ffn-hidden-size": m.expert_ffn, "moe-router-topk": m.top_k}
     if m.shared_experts:
         args["moe-shared-expert-intermediate-size"] = m.shared_experts * m.expert_ffn
@@ -401,8 +405,8 @@ def architecture_args(arch: Architecture, seq_len: int) -> tuple[dict, list[str]
     args = {"num-layers": cfg.num_layers, "hidden-size": cfg.hidden, "ffn-hidden-size": cfg.ffn,
             "num-attention-heads": cfg.heads, **_attention_args(cfg), **_position_args(cfg, facts, seq_len),
             **_layer_args(cfg, facts)}
-    if cfg.moe is not None:
-        args.update(_moe_args(cfg, facts.router))
+    if cfg.moe is not None:  # `architecture` gives every mixture-of-experts model a router recipe
+        args.update(_moe_args(cfg, cfg.moe, facts.router or DEFAULT_ROUTER))
     notes = list(arch.notes)
     if facts.parallel_residual:
         notes.append(f"{cfg.name}'s parallel residual (attention and MLP read the same input) has no Megatron GPT "

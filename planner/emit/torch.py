@@ -96,7 +96,7 @@ def _launch(plan: Plan, job: Job | None, inputs: LaunchInputs) -> str:
 def _readme(plan: Plan, inputs: LaunchInputs) -> str:
     shape = launch_shape(plan)
     nnodes, nproc = shape["nnodes"], shape["nproc_per_node"]
-    s = plan.strategy
+    s = plan.single_strategy
     given = "\n".join(input_lines(inputs, TARGET_INPUTS["torch"]))
     return f"""# torch launch files
 
@@ -163,8 +163,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     problem = runtime_problem(plan)
     if problem is not None:
         raise UnsupportedPlan(problem)
-    assert isinstance(plan.strategy, Strategy)  # runtime_problem refuses replica groups
-    return plan.strategy
+    return plan.single_strategy
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:

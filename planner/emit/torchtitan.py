@@ -45,9 +45,9 @@ from planner.emit.torchtitan_launch import launch_script, readme
 from planner.emit.torchtitan_model import DOCUMENT_FLAVORS, RELEASE, torchtitan_model
 from planner.job import Job
 from planner.plan.schema import Plan
-from planner.strategy import Strategy
+from planner.strategy import Schedule, Strategy
 
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULES: dict[Schedule, str] = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 
 
 def _value(value: Any) -> str:
@@ -79,8 +79,8 @@ def toml_text(sections: dict[str, dict[str, Any]], header: list[str]) -> str:
 
 def dp_degrees(plan: Plan) -> tuple[int, int]:
     """(data_parallel_replicate_degree, data_parallel_shard_degree)."""
-    s = plan.strategy
-    dp = s.dp
+    s = plan.single_strategy
+    dp = s.data_parallel
     if s.zero == 0:
         return dp, 1
     if s.shard == "full":
@@ -92,7 +92,7 @@ def dp_degrees(plan: Plan) -> tuple[int, int]:
 
 def split_points(plan: Plan) -> list[int]:
     """Index of the block that begins each model chunk after the first (pp*vpp uniform chunks with vpp > 1)."""
-    s = plan.strategy
+    s = plan.single_strategy
     counts = stage_block_counts(plan)
     if s.pp == 1:
         return []
@@ -117,7 +117,7 @@ def model_parts(plan: Plan, num_blocks: int) -> list[list[str]]:
 
 
 def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
-    s = plan.strategy
+    s = plan.single_strategy
     if s.recompute == "none":
         return {"mode": "none"}
     if s.recompute == "selective":
@@ -142,7 +142,7 @@ def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
 def _parallelism(plan: Plan, num_blocks: int, replicate: int, shard: int, reshard: str,
                  notes: list[str]) -> dict[str, Any]:
     """The [parallelism] section."""
-    s = plan.strategy
+    s = plan.single_strategy
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
@@ -174,7 +174,7 @@ def _parallelism(plan: Plan, num_blocks: int, replicate: int, shard: int, reshar
 
 def _offload_and_reshard(plan: Plan, shard: int, notes: list[str]) -> tuple[bool, str]:
     """(training.enable_cpu_offload, parallelism.fsdp_reshard_after_forward)."""
-    s = plan.strategy
+    s = plan.single_strategy
     offload = s.offload != "none"
     cpu_offload = offload and s.offload_device == "cpu" and shard > 1
     if offload and not cpu_offload:
@@ -226,7 +226,7 @@ def _document_flavor(plan: Plan, job: Job, name: str, flavor: str, notes: list[s
 def torchtitan_config(plan: Plan, job: Job,
                       inputs: LaunchInputs = LaunchInputs()) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Sections of train.toml and README notes."""
-    s = plan.strategy
+    s = plan.single_strategy
     one_placement(plan, "torchtitan")  # one [training] and [parallelism] section for every rank
     name, flavor, notes = torchtitan_model(job.model)
     if plan.data is not None:
@@ -292,6 +292,8 @@ def _recompute_of(section: dict[str, Any], counts: tuple[int, ...], vpp: int) ->
         return {"recompute": "selective"}
     # every `option`-th block of a stage is checkpointed (torchtitan counts the blocks it wraps): per chunk,
     # as planner counts recompute_layers
+    if option is None:
+        raise ValueError(f"[activation_checkpoint] mode {mode!r} without selective_ac_option")
     chunks = [max(1, c // vpp) for c in counts]
     per_stage = tuple(c // int(option) for c in chunks)
     if all(k >= c for k, c in zip(per_stage, chunks)):
@@ -307,10 +309,10 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     p, training = sections["parallelism"], sections["training"]
     replicate, shard = p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]
     tp, pp = p["tensor_parallel_degree"], p["pipeline_parallel_degree"]
-    zero = plan.strategy.zero  # one data-parallel rank: nothing is sharded, the plan's zero costs the same
+    planned = plan.single_strategy.zero
+    zero = planned  # one data-parallel rank: nothing is sharded, the plan's zero costs the same
     if shard > 1:
-        zero = 3 if p["fsdp_reshard_after_forward"] == "default" else plan.strategy.zero if plan.strategy.zero in (
-            1, 2) else 1
+        zero = 3 if p["fsdp_reshard_after_forward"] == "default" else planned if planned in (1, 2) else 1
     elif replicate > 1:
         zero = 0  # DDP
     schedule = {v: k for k, v in SCHEDULES.items()}[p.get("pipeline_parallel_schedule", "1F1B")]
@@ -321,7 +323,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
         sp=tp > 1, zero=zero, shard="node" if replicate > 1 and shard > 1 else "full",
         offload="all" if training["enable_cpu_offload"] else "none", schedule=schedule,
         tp_overlap=p["enable_async_tensor_parallel"], split=counts if pp > 1 else None,
-        stage_pools=plan.strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts, vpp))
+        stage_pools=plan.single_strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts, vpp))
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:

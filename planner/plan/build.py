@@ -74,7 +74,7 @@ def stage_spans(cluster: Cluster, strategy: Strategy) -> list[list[RankSpan]]:
     Without stage_pools rank g is GPU g of the cluster (pools in order); with
     it, each stage takes the next free GPUs of its pool.
     """
-    per_stage = strategy.tp * strategy.cp * strategy.dp
+    per_stage = strategy.tp * strategy.cp * strategy.data_parallel
     offsets = _pool_offsets(cluster)
     out: list[list[RankSpan]] = []
     used: dict[str, int] = {}
@@ -104,7 +104,7 @@ def rank_location(span: RankSpan, rank: int) -> tuple[int, int]:
 
 def _stage_ranks(strategy: Strategy, stage: int, spans: list[RankSpan]) -> StageRanks:
     tp, cp = strategy.tp, strategy.cp
-    base = stage * tp * cp * strategy.dp
+    base = stage * tp * cp * strategy.data_parallel
     return StageRanks(
         first_rank=spans[0].first_rank, last_rank=spans[-1].last_rank,
         nodes=[spans[0].first_node, spans[-1].last_node], spans=spans,
@@ -118,8 +118,8 @@ def _layout(strategy: Strategy) -> RankLayout:
     return RankLayout(
         order="tp, cp, dp, pp (tp fastest)",
         rank_formula="rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index",
-        tp=s.tp, cp=s.cp, dp=s.dp, pp=s.pp, ep=s.ep,
-        strides={"tp": 1, "cp": s.tp, "dp": s.tp * s.cp, "pp": s.tp * s.cp * s.dp},
+        tp=s.tp, cp=s.cp, dp=s.data_parallel, pp=s.pp, ep=s.ep,
+        strides={"tp": 1, "cp": s.tp, "dp": s.tp * s.cp, "pp": s.tp * s.cp * s.data_parallel},
         groups={
             "tp": "tp consecutive ranks",
             "cp": "cp ranks with the same pp, dp and tp index (stride tp)",
@@ -189,7 +189,7 @@ def _memory(estimate: Estimate) -> PlanMemory:
 
 def build_single_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan:
     """The Plan of a single-strategy compile result: deterministic in (job, result, options)."""
-    estimate = result.estimate
+    estimate = result.single_estimate
     strategy = Strategy.model_validate(estimate.strategy)  # dp resolved
     spans = stage_spans(job.cluster, strategy)
     layers = stage_layers(job.model, strategy.pp, strategy.split)

@@ -79,7 +79,7 @@ def stage_problem(plan: Plan, num_blocks: int) -> str | None:
             if problem is not None:
                 return f"groups[{i}].plan.{problem}"
         return None
-    strategy = plan.strategy
+    strategy = plan.single_strategy
     if len(plan.stages) != strategy.pp:
         return f"stages: {len(plan.stages)} stages, the strategy has pp={strategy.pp}"
     if strategy.split is not None and sum(strategy.split) != num_blocks:

@@ -35,11 +35,11 @@ def groups_spec(plan_groups: list[PlanGroup]) -> str:
 
 def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan:
     """The Plan of a compile result whose answer is replica groups."""
-    estimate = result.groups
+    estimate = result.replica_groups
     offsets, rank, node = {}, 0, 0
-    for pool in job.cluster.pools:
-        offsets[pool.name] = (rank, node)
-        rank, node = rank + pool.gpus, node + pool.count
+    for cluster_pool in job.cluster.pools:
+        offsets[cluster_pool.name] = (rank, node)
+        rank, node = rank + cluster_pool.gpus, node + cluster_pool.count
     groups = []
     for scored in estimate.groups:
         pool, batch = scored.group.pool, scored.group.batch
@@ -61,7 +61,8 @@ def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -
         options=options.model_dump(mode="json"),
         job=plan_job(job, estimate.num_gpus),
         strategy=ReplicaGroupsStrategy(
-            replica_groups=[GroupStrategy(pool=g.pool, batch=g.batch, **g.plan.strategy.model_dump()) for g in groups],
+            replica_groups=[GroupStrategy(pool=g.pool, batch=g.batch, **g.plan.single_strategy.model_dump())
+                            for g in groups],
             sync_s=estimate.sync_s),
         strategy_spec=groups_spec(groups),
         layout=None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Sequence
 
 from planner.plan.schema import Plan
 
@@ -89,7 +90,7 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def _capacity_marks(axis, xs: list[float], capacities: list[float], width: float, label: str) -> None:
+def _capacity_marks(axis, xs: Sequence[float], capacities: Sequence[float], width: float, label: str) -> None:
     """A short horizontal line at each bar's capacity (capacities differ per stage on mixed clusters)."""
     for i, (x, cap) in enumerate(zip(xs, capacities)):
         axis.hlines(cap, x - width / 2, x + width / 2, colors="black", linestyles="--", linewidth=1.5,

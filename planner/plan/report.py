@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from planner.errors import GroupPlanError
 from planner.plan.data_report import data_section
-from planner.plan.schema import Plan, PlanStage
+from planner.plan.schema import Plan, PlanStage, ReplicaGroupsStrategy
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
 from planner.plan.targets import TargetCheck
 
@@ -78,7 +79,7 @@ def _why(plan: Plan) -> str:
                          "activations per GPU do not fit.")
     else:
         sentences.append(f"Memory is not binding: {usage}.")
-    s = plan.strategy
+    s = plan.single_strategy
     recomputed = sum(st.recompute_blocks for st in plan.stages)
     if recomputed:
         sentences.append(f"{recomputed} block(s) recompute their activations in backward, {br.recompute_s:.3f} s per "
@@ -242,7 +243,7 @@ def _body(plan: Plan, level: str, plots: bool = False) -> list[str]:
         "",
         _stages_table(plan),
         "",
-        f"Rank order {plan.layout.order}: {plan.layout.rank_formula}.",
+        f"Rank order {plan.rank_layout.order}: {plan.rank_layout.rank_formula}.",
         "",
         f"{level} Memory per GPU (GB)",
         "",
@@ -271,6 +272,8 @@ def _step_detail(plan: Plan) -> str:
 
 def _groups(plan: Plan, plots: bool = False) -> list[str]:
     """Replica groups: the split, then each group's own plan."""
+    if not isinstance(plan.strategy, ReplicaGroupsStrategy):
+        raise GroupPlanError("a single-strategy plan has no replica groups")
     rows = [[g.pool, str(g.batch), f"{g.first_rank}-{g.first_rank + g.plan.job.num_gpus - 1}",
              f"`{g.plan.strategy_spec}`", f"{g.plan.time.step_time_s:.4f}",
              f"{_gb(g.plan.memory.peak_bytes)} / {_gb(g.plan.memory.capacity_bytes)}"] for g in plan.groups]

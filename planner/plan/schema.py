@@ -25,7 +25,7 @@ from the strides in `layout`.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, Final, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
                       model_serializer, model_validator)
@@ -35,9 +35,10 @@ from planner.cost.confidence import Confidence
 from planner.cost.interval import Interval
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
 from planner.data.result import DataPlan
+from planner.errors import GroupPlanError
 from planner.strategy import Strategy
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION: Final = "2"
 
 _FIELD = ConfigDict(extra="forbid")
 
@@ -369,6 +370,23 @@ class Plan(BaseModel):
             return strategy.model_copy(update={"sp": strategy.sequence_parallel,
                                                "schedule": strategy.pipeline_schedule})
         return strategy
+
+    @property
+    def single_strategy(self) -> Strategy:
+        """The plan's one strategy: what a launch file, a simulation or a re-plan runs.  GroupPlanError for a
+        replica-group plan (a strategy per pool: read each of `groups`' plans)."""
+        if isinstance(self.strategy, ReplicaGroupsStrategy):
+            raise GroupPlanError(f"a replica-group plan ({len(self.strategy.replica_groups)} groups, a strategy "
+                                 "per pool) has no single strategy; each group's plan has its own")
+        return self.strategy
+
+    @property
+    def rank_layout(self) -> RankLayout:
+        """The rank layout of a single-strategy plan; GroupPlanError for a replica-group plan (each group's plan
+        has its own)."""
+        if self.layout is None:
+            raise GroupPlanError("a replica-group plan has no single rank layout; each group's plan has its own")
+        return self.layout
 
 
 PlanGroup.model_rebuild()

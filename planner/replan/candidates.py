@@ -229,9 +229,9 @@ def _keeps_layout(job: Job, old: Strategy) -> tuple[Job, Strategy] | None:
 def _candidates(job: Job, options: CompileOptions, old: Strategy, best: CompileResult,
                 aware: CompileResult | None,
                 surcharge: MigrationSurcharge | None) -> list[tuple[Source, Strategy, Job]]:
-    out: list[tuple[Source, Strategy, Job]] = [("optimum", best.strategy, job)]
+    out: list[tuple[Source, Strategy, Job]] = [("optimum", best.single_strategy, job)]
     if aware is not None:
-        out.append(("least total", aware.strategy, job))
+        out.append(("least total", aware.single_strategy, job))
     out += [("runner-up", check_strategy(job, parse_strategy(r.strategy)), job) for r in best.runners_up]
     kept = _keeps_degrees(job, options, old, surcharge)
     if kept is not None:
@@ -356,13 +356,13 @@ def _as_result(best: CompileResult, strategy: Strategy, estimate: Estimate, job:
     another plan was chosen, the optimum among them: those that run on the chosen plan's nodes (a plan kept
     on fewer nodes than were compiled is no place for the others)."""
     cert = best.certificate
-    if strategy.spec() == best.strategy.spec():
+    if strategy.spec() == best.single_strategy.spec():
         return best
     gap = max(0.0, (estimate.step_time_s - cert.bound) / estimate.step_time_s)
     certificate = Certificate(status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=estimate.step_time_s,
                               bound=cert.bound, gap=gap, wall_s=cert.wall_s, configurations=cert.configurations,
                               solved=cert.solved, pruned=cert.pruned, stopped=cert.stopped)
-    others = [RunnerUp(strategy=best.strategy.spec(), objective=cert.objective)]
+    others = [RunnerUp(strategy=best.single_strategy.spec(), objective=cert.objective)]
     others += [r for r in best.runners_up if r.strategy != strategy.spec()]
     others = [r for r in others if _runs_on(job, r.strategy)]
     return CompileResult(strategy=strategy, estimate=estimate, certificate=certificate, runners_up=others)

@@ -50,6 +50,7 @@ import bisect
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from typing import Literal
 
 from models.graph import ModelGraph
 from planner.cost.layout import split_blocks
@@ -60,7 +61,8 @@ from planner.profile import RuntimeProfile
 from planner.strategy import Strategy
 from hardware import Cluster
 
-STATE_KINDS = ("weights", "optimizer")  # the state terms a migration moves (gradients are recomputed)
+
+MovedKind = Literal["weights", "optimizer"]  # the state terms a migration moves (gradients are recomputed)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class StateTerm:
     """One per-parameter state term the runtime keeps and a migration moves."""
 
     name: str
-    kind: str  # weights or optimizer
+    kind: MovedKind
     bytes_per_param: float
     sharded_from_zero: int | None  # lowest ZeRO stage that shards it over the shard group; None: never
 
@@ -79,7 +81,7 @@ class StateTerm:
 def moving_terms(runtime: RuntimeProfile) -> tuple[StateTerm, ...]:
     """The runtime's weight and optimizer terms (what a checkpoint holds and a migration moves)."""
     return tuple(StateTerm(t.name, t.kind, t.bytes_per_param, t.sharded_from_zero)
-                 for t in runtime.states if t.kind in STATE_KINDS)
+                 for t in runtime.states if t.kind == "weights" or t.kind == "optimizer")
 
 
 @dataclass(frozen=True)
@@ -136,9 +138,9 @@ class StateLayout:
         """Ranks one ZeRO/FSDP shard group spans on `stage` (planner.cost.layout.shard_degree)."""
         s = self.strategy
         if s.shard == "full":
-            return s.dp * s.cp
+            return s.data_parallel * s.cp
         in_node = max(1, self.stage_gpus_per_node[stage] // (s.tp * s.cp))
-        return max(1, min(s.dp, in_node)) * s.cp
+        return max(1, min(s.data_parallel, in_node)) * s.cp
 
     def shard_class(self, site: RankSite, sharded: bool) -> int:
         """The rank's index in its shard group (0 when the term is not sharded)."""
@@ -324,7 +326,7 @@ def _layer_shapes(model: ModelGraph) -> tuple[tuple[int, int, bool], ...]:
 
 def _layer_experts(model: ModelGraph) -> tuple[tuple[float, int], ...]:
     """(routed-expert params, routed experts) per layer; () when no layer has routed experts."""
-    out = tuple((layer.routed_params, layer.moe.num_experts) if layer.routed_params else (0.0, 0)
+    out = tuple((layer.routed_params, layer.moe_shape.num_experts) if layer.routed_params else (0.0, 0)
                 for layer in model.layers)
     return out if any(x for x, _ in out) else ()
 
@@ -351,13 +353,13 @@ def _sites(strategy: Strategy, spans: list[list[RankSpan]]) -> tuple[RankSite, .
             for rank in range(span.first_rank, span.last_rank + 1):
                 node, local = rank_location(span, rank)
                 out.append(RankSite(rank=rank, stage=stage, tp=rank % s.tp, cp=(rank // s.tp) % s.cp,
-                                    dp=(rank // (s.tp * s.cp)) % s.dp, node=node, local=local))
+                                    dp=(rank // (s.tp * s.cp)) % s.data_parallel, node=node, local=local))
     return tuple(sorted(out, key=lambda site: site.rank))
 
 
 def plan_layout(plan: Plan, model: ModelGraph) -> StateLayout:
     """The layout plan.json records: its stages' chunks and rank spans."""
-    strategy = plan.strategy
+    strategy = plan.single_strategy
     spans = [stage.ranks.spans for stage in plan.stages]
     chunks = [stage.chunks for stage in plan.stages]
     return StateLayout(strategy=strategy, ranks=_sites(strategy, spans),

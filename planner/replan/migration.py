@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware import Catalog, Cluster
 from hardware.collectives import intra_efficiency
 from models.graph import ModelGraph
-from planner.replan.layout import RankSite, StateLayout, StateTerm, overlapping
+from planner.replan.layout import MovedKind, RankSite, StateLayout, StateTerm, overlapping
 from planner.replan.nodes import NodeMap
 
 Link = Literal["local", "nvlink", "fabric", "storage"]
@@ -49,7 +49,7 @@ class Move(BaseModel):
     """Bytes of one state kind one new rank takes from one source over one link."""
 
     model_config = _FIELD
-    kind: Literal["weights", "optimizer"] = Field(description="weights (the runtime's weight copies) or "
+    kind: MovedKind = Field(description="weights (the runtime's weight copies) or "
                                                   "optimizer (master weights and Adam moments).")
     layers: list[tuple[int, int]] = Field(description="[first, last] runs of model layer indices (inclusive) "
                                           "whose bytes this move carries.")
@@ -204,12 +204,19 @@ class _Flow:
 
     to_rank: int
     from_rank: int | None
-    kind: str
+    kind: MovedKind
     link: Link
     to_gpu: tuple[int, int]
     from_gpu: tuple[int, int] | None
     layers: dict[int, float]
     bytes: float = 0.0
+
+    @property
+    def sender(self) -> tuple[int, int]:
+        """(node, local GPU) of the sender of a GPU-to-GPU flow; ValueError for a read from storage."""
+        if self.from_gpu is None:
+            raise ValueError(f"a {self.link} flow to rank {self.to_rank} has no sending GPU")
+        return self.from_gpu
 
 
 def _route(old: StateLayout, new: StateLayout, terms: tuple[StateTerm, ...], nodes: NodeMap) -> list[_Flow]:
@@ -281,10 +288,10 @@ def _ports(flows: list[_Flow], rates: Rates) -> dict[tuple, list]:
         node, local = f.to_gpu
         if f.link == "nvlink":
             add(("GPU", node, local, "NVLink in"), f.bytes, rates.nvlink[node], "nvlink")
-            add(("GPU", f.from_gpu[0], f.from_gpu[1], "NVLink out"), f.bytes, rates.nvlink[f.from_gpu[0]], "nvlink")
+            add(("GPU", f.sender[0], f.sender[1], "NVLink out"), f.bytes, rates.nvlink[f.sender[0]], "nvlink")
         elif f.link == "fabric":
             add(("node", node, None, "NICs in"), f.bytes, rates.nic[node], "fabric")
-            add(("node", f.from_gpu[0], None, "NICs out"), f.bytes, rates.nic[f.from_gpu[0]], "fabric")
+            add(("node", f.sender[0], None, "NICs out"), f.bytes, rates.nic[f.sender[0]], "fabric")
         elif f.link == "storage":
             add(("node", node, None, "NICs in"), f.bytes, rates.nic[node], "storage")  # reads cross the NICs too
             port, rate = rates.storage_port(node)

@@ -55,13 +55,14 @@ def replan_files(old: Plan, result: ReplanResult, ask: ReplanOptions, targets: t
         files.update(produced)
         if target == "deepspeed":
             files["deepspeed/ds_config.json"] = deepspeed_universal_config(produced["deepspeed/ds_config.json"])
-            files["deepspeed/convert.sh"] = deepspeed_convert_sh(old.strategy, plan.strategy, inputs)
+            files["deepspeed/convert.sh"] = deepspeed_convert_sh(old.single_strategy, plan.single_strategy, inputs)
         elif target == "megatron":
-            files["megatron/reshard.sh"] = megatron_reshard_sh(old.strategy, plan.strategy)
+            files["megatron/reshard.sh"] = megatron_reshard_sh(old.single_strategy, plan.single_strategy)
     written = tuple(c.target for c in checks if c.status == "written")
     plan_report = render_report(plan, written, plots=True, checks=tuple(checks),
                                 launch_inputs=inputs_section(inputs, written))
     files["report.md"] = render_replan_report(old, plan, result.choice, result.migration, result.nodes,
-                                              resume_lines(written, old.strategy, plan.strategy, inputs), plan_report)
+                                              resume_lines(written, old.single_strategy, plan.single_strategy, inputs),
+                                              plan_report)
     files.update(report_plots(plan))
     return plan, files, notes

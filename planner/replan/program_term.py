@@ -45,7 +45,7 @@ class MigrationSurcharge:
         self._first_layer = {}  # block -> its first layer
         for layer, block in reversed(list(enumerate(self._layer_block))):
             self._first_layer[block] = layer
-        self._loads: dict[tuple, dict] = {}
+        self._loads: dict[tuple, tuple[StateLayout, dict[int, dict[int | None, dict[str, float]]]]] = {}
 
     def table(self, config: Strategy, scale: int) -> SurchargeTable | None:
         """The configuration's ports; None on a mixed cluster (the program picks each stage's pool, so a

@@ -92,7 +92,7 @@ def load_tokenizer(name: str) -> TextTokenizer:
         except ImportError:
             raise DataError(f"--tokenizer {name}: reading a tokenizer.json needs `pip install tokenizers`") from None
         tok = Tokenizer.from_file(str(path))
-        eos = next((tok.token_to_id(t) for t in _EOS_NAMES if tok.token_to_id(t) is not None), -1)
+        eos = next((i for t in _EOS_NAMES if (i := tok.token_to_id(t)) is not None), -1)
         return TextTokenizer(name, tok.get_vocab_size(with_added_tokens=True), eos,
                              lambda text: tok.encode(text, add_special_tokens=False).ids)
     try:

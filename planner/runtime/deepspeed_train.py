@@ -78,7 +78,7 @@ class BlockPipe(nn.Module):
         super().__init__()
         self.layer_name = f"block.{index}"
         self.block = TransformerBlock(cfg)
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_positions)
+        cos, sin = rope_tables(cfg.kv_channels, cfg.max_positions)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         init_weights(self.block, seed=seed, prefix=f"layers.{index}.")
@@ -203,7 +203,7 @@ def read_json(path: Path, what: str) -> dict:
 
 
 def check_plan(plan: Plan, pipeline: dict | None, path: Path | None) -> None:
-    s = plan.strategy
+    s = plan.single_strategy
     for name, size in (("tensor_model_parallel_size", s.tp), ("context_parallel_size", s.cp)):
         if size > 1:
             fail(f"{path or 'plan.json'}: {name}: {size}: {PROG} runs the reference model without tensor or "
@@ -240,7 +240,7 @@ def init_deepspeed(on_gpu: bool):
     if get_accelerator().device_name() == "cpu":
         # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce at init (minutes, needs a C++
         # toolchain); gloo's collectives serve a CPU run
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        setattr(sys.modules["deepspeed.comm.torch"], "build_shm_op", lambda: None)
     if on_gpu:  # before zero.Init places partitions on "the current device"
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     ocfg = prepare_config(config, args, on_gpu)
     deepspeed = init_deepspeed(on_gpu)
     pipelined = pipeline is not None and pipeline["stages"] > 1
-    if pipelined:
+    if pipeline is not None and pipelined:
         model = planned_pipeline(pipeline, cfg, seed=args.seed, path=args.pipeline, world=dist.get_world_size())
     elif config.get("zero_optimization", {}).get("stage", 0) == 3:
         model = zero3_model(cfg, config, args.seed)
@@ -351,7 +351,9 @@ def rank_summary(engine, model: nn.Module, pipelined: bool) -> dict:
     """What this rank holds: its pipeline stage and the layers it built, and its local parameter count (a
     ZeRO-3 rank's partition, `ds_tensor`)."""
     local = sum((p.ds_tensor if hasattr(p, "ds_tensor") else p).numel() for p in model.parameters())
-    layers = [getattr(f, "layer_name", type(f).__name__) for f in model.forward_funcs] if pipelined else ["all"]
+    # a pipelined model is DeepSpeed's PipelineModule: its layers are forward_funcs
+    layers = ([getattr(f, "layer_name", type(f).__name__) for f in getattr(model, "forward_funcs")] if pipelined
+              else ["all"])
     return {"stage": engine.stage_id if pipelined else 0, "layers": layers, "local_params": local}
 
 

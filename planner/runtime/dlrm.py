@@ -99,6 +99,8 @@ class ShardedTables(nn.Module):
                 (p, *_), = self.shard_index[t]
                 out.append(F.embedding_bag(local_ids[t], self.shards[p], mode="sum"))
                 continue
+            if global_ids is None:  # only the single-process reference goes without, and its tables are whole
+                raise ValueError(f"table {t} is sharded: its lookups need every rank's ids (global_ids)")
             ids = global_ids[t]
             # a leaf that requires grad: ranks without a shard of this table still run the all-reduce's
             # backward, so every rank issues the same collectives in the same order
@@ -147,8 +149,9 @@ def _gather_ids(ids: list[torch.Tensor]) -> list[torch.Tensor]:
 def train(plan_path: Path | None, model_name: str, batch: int, steps: int, lr: float, seed: int,
           reference: bool) -> dict:
     """Run `steps` SGD steps; return losses and per-rank table bytes."""
-    entry = get_entry(model_name)
-    cfg = entry.config
+    cfg = get_entry(model_name).config
+    if not isinstance(cfg, DLRMConfig):
+        raise SystemExit(f"{model_name}: not a DLRM recommendation model (planner.runtime.train runs transformers)")
     names = table_names(len(cfg.tables))  # sharding_plan.json keys tables by their TorchRec names
     distributed = not reference
     if distributed:
@@ -156,6 +159,8 @@ def train(plan_path: Path | None, model_name: str, batch: int, steps: int, lr: f
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     plan = None
     if distributed:
+        if plan_path is None:
+            raise SystemExit("a distributed run needs --plan (--reference runs one process with whole tables)")
         document = json.loads(plan_path.read_text())
         plan = ShardingPlanFile.model_validate(document.get("sharding", document))
         if plan.world_size != world:
@@ -183,7 +188,8 @@ def train(plan_path: Path | None, model_name: str, batch: int, steps: int, lr: f
                 dist.all_reduce(param.grad)
         with torch.no_grad():
             for param in model.parameters():
-                param -= lr * param.grad
+                if param.grad is not None:
+                    param.sub_(lr * param.grad)  # in place, as -= on a tensor
         losses.append(float(total))
         if rank == 0:
             _say(f"step {step} loss {float(total):.6f}")

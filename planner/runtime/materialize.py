@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -111,7 +111,7 @@ def init_weights(module: nn.Module, *, seed: int, prefix: str = "") -> int:
     return largest
 
 
-def materialize(chunks: list[nn.Module], *, device: torch.device, seed: int,
+def materialize(chunks: Sequence[nn.Module], *, device: torch.device, seed: int,
                 buffer_device: torch.device | None = None) -> int:
     """Give the meta chunks storage on `device` and their initial values; returns the largest init block.
     `buffer_device`: where the buffers go when it is not `device` (parameters offloaded to the host, the

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -82,12 +83,12 @@ def local_bytes(t: torch.Tensor | None) -> int:
     return local.numel() * local.element_size()
 
 
-def _optimizer_states(optimizers: list[torch.optim.Optimizer]):
+def _optimizer_states(optimizers: Sequence[torch.optim.Optimizer]):
     for optimizer in optimizers:
         yield from optimizer.state.values()
 
 
-def state_bytes(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+def state_bytes(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, int]:
     """Parameters, gradients and optimizer state this rank holds locally (each parameter once)."""
     params = list({id(p): p for p in model.parameters()}.values())
     opt = sum(local_bytes(v) for state in _optimizer_states(optimizers) for v in state.values()
@@ -145,7 +146,8 @@ class _Record:
     __slots__ = ("nbytes", "kind", "home", "ref", "saved", "recomputed", "alive")
 
     def __init__(self, nbytes: int, kind: str):
-        self.nbytes, self.kind, self.home, self.ref = nbytes, kind, kind, None
+        self.nbytes, self.kind, self.home = nbytes, kind, kind
+        self.ref: weakref.ref[torch.UntypedStorage] | None = None
         self.saved = self.recomputed = 0
         self.alive = True
 
@@ -186,7 +188,7 @@ class MemoryProbe:
     """Measure one step: `with MemoryProbe(chunks, optimizers, inputs=(tokens, labels), micro_batches=m) as probe:`
     run the step, then `probe.report(model)`.  `optimizers`: the step's optimizers (one per chunk)."""
 
-    def __init__(self, chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer], *, inputs=(),
+    def __init__(self, chunks: list[nn.Module], optimizers: Sequence[torch.optim.Optimizer], *, inputs=(),
                  micro_batches: int = 1, pipeline_stages=()):
         self.chunks, self.optimizers, self.inputs, self.micro_batches = chunks, optimizers, inputs, micro_batches
         self.pipeline_stages = list(pipeline_stages)
@@ -203,7 +205,8 @@ class MemoryProbe:
         self._handles: list = []
         self._pending: list[_Saved] = []
         self._restore: list = []
-        self._mode = self._hooks = None
+        self._mode: _LiveMode | None = None
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._active = False
 
     # ------------------------------------------------------------ live storages
@@ -464,18 +467,19 @@ class MemoryProbe:
                     self._handles.append(module.register_forward_hook(self._pop))
                 if isinstance(module, CheckpointWrapper):
                     self._handles.append(module.register_forward_pre_hook(self._checkpoint_inputs))
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
-        self._mode = _LiveMode(self)
-        self._mode.__enter__()
+        hooks, mode = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), _LiveMode(self)
+        hooks.__enter__()
+        mode.__enter__()
+        self._hooks, self._mode = hooks, mode
         self._active = True
         self._sample()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._active = False
-        self._mode.__exit__(*exc)
-        self._hooks.__exit__(*exc)
+        if self._mode is not None and self._hooks is not None:  # entered
+            self._mode.__exit__(*exc)
+            self._hooks.__exit__(*exc)
         for owner, name, original in reversed(self._restore):
             setattr(owner, name, original)
         self._restore.clear()
@@ -495,7 +499,7 @@ class MemoryProbe:
             for label, nbytes in forward.items():
                 by_layer[label] += nbytes
         m = max(1, self.micro_batches)
-        out = state_bytes(model, self.optimizers)
+        out: dict[str, Any] = dict(state_bytes(model, self.optimizers))
         out.update({
             "saved_per_microbatch": sum(by_layer.values()) / m,
             "saved_by_layer": {k: v / m for k, v in sorted(by_layer.items())},

@@ -89,11 +89,11 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        h, d = cfg.hidden, cfg.head_dim
+        h, d = cfg.hidden, cfg.kv_channels
         self.head_dim = d
         self.wq = nn.Linear(h, cfg.heads * d, bias=False)
-        self.wk = nn.Linear(h, cfg.kv_heads * d, bias=False)
-        self.wv = nn.Linear(h, cfg.kv_heads * d, bias=False)
+        self.wk = nn.Linear(h, cfg.query_groups * d, bias=False)
+        self.wv = nn.Linear(h, cfg.query_groups * d, bias=False)
         self.wo = nn.Linear(cfg.heads * d, h, bias=False)
         self.cp_group: dist.ProcessGroup | None = None
 
@@ -158,6 +158,9 @@ class Transformer(nn.Module):
     only, and materialize.materialize gives each rank's shards storage and values after the plan's
     passes."""
 
+    rope_cos: torch.Tensor  # buffers (register_buffer): the rotary tables, max_positions x head_dim / 2
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: TransformerConfig, *, seed: int = 0):
         super().__init__()
         supported(cfg)
@@ -167,15 +170,15 @@ class Transformer(nn.Module):
         self.norm: nn.Module | None = nn.RMSNorm(cfg.hidden, eps=1e-5)
         self.output: nn.Module | None = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.rope_positions: int | None = None  # the sequence length trained on (the runtime sets it)
-        self.register_buffer("rope_cos", torch.empty(cfg.max_positions, cfg.head_dim // 2), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(cfg.max_positions, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("rope_cos", torch.empty(cfg.max_positions, cfg.kv_channels // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(cfg.max_positions, cfg.kv_channels // 2), persistent=False)
         if self.rope_cos.device.type != "meta":  # under torch.device("meta"): materialize.py fills them later
             self.init_buffers()
             init_weights(self, seed=seed)
 
     def init_buffers(self) -> None:
         """The rotary tables (not parameters: not sharded, not saved), on the buffers' device."""
-        cos, sin = rope_tables(self.config.head_dim, self.config.max_positions)
+        cos, sin = rope_tables(self.config.kv_channels, self.config.max_positions)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
@@ -200,6 +203,10 @@ class Transformer(nn.Module):
         if not last_stage:
             self.norm = None
             self.output = None
+
+    def blocks(self) -> list[TransformerBlock]:
+        """The blocks this model keeps, in order (the ModuleDict's values, typed)."""
+        return [block for block in self.layers.values() if isinstance(block, TransformerBlock)]
 
     def forward(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (first stage) or hidden states (later stages) -> hidden states or logits.  `documents`

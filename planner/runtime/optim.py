@@ -13,7 +13,7 @@ so it rises to `lr` over the warmup steps and falls to r * lr at the last step.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -78,7 +78,7 @@ def _copies(param: torch.Tensor, stage_ranks: int) -> int:
     return stage_ranks // shards
 
 
-def settle_partial_grads(params: list[torch.Tensor]) -> None:
+def settle_partial_grads(params: Sequence[torch.Tensor]) -> None:
     """All-reduce gradients DTensor left Partial (a sequence-parallel norm weight: each tp rank holds its
     share of the sum) to the parameter's Replicate, as the optimizer step would on first use."""
     from torch.distributed.tensor import Replicate
@@ -94,7 +94,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def global_grad_norm(params: list[torch.Tensor], *, stage_ranks: int,
+def global_grad_norm(params: Sequence[torch.Tensor], *, stage_ranks: int,
                      reduce: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """L2 norm of the whole model's gradient: every rank's local shards, each piece counted once.
 
@@ -116,7 +116,7 @@ def global_grad_norm(params: list[torch.Tensor], *, stage_ranks: int,
 
 
 @torch.no_grad()
-def clip_grads(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+def clip_grads(params: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
     """Scale every local gradient by max_norm / total_norm when the norm is above max_norm (torch's rule)."""
     coef = max_norm / (float(total_norm) + 1e-6)
     if max_norm <= 0 or coef >= 1.0:

@@ -51,7 +51,9 @@ offload to nvme (FSDP2 offloads to CPU only).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -64,6 +66,10 @@ from planner.plan.runnable import strategy_problem
 from planner.plan.schema import Plan
 from planner.runtime.materialize import materialize
 from planner.runtime.model import Transformer
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+    from torch.distributed.pipelining.stage import _PipelineStageBase  # what the schedules take
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -79,7 +85,7 @@ class Parallelized:
     num_stages: int = 1
     micro_batches: int = 1
     stages: list = field(default_factory=list)  # PipelineStage per chunk when pp > 1
-    schedule: object | None = None  # their schedule
+    schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None  # their schedule
     replicate_group: dist.ProcessGroup | None = None  # zero 0 with dp x cp > 1: all-reduce gradients here
     replicate_size: int = 1
     stage_ranks: int = 1  # ranks of one pipeline stage (tp x cp x dp): they hold its parameters between them
@@ -144,8 +150,8 @@ def mesh_shape(plan: Plan) -> dict[str, int]:
     shard=node (HSDP): dp_shard is the data-parallel ranks inside one node,
     dp_replicate the rest; zero 0 replicates over all of dp.
     """
-    s = plan.strategy
-    tp, cp, dp, pp = s.tp, s.cp, s.dp, s.pp
+    s = plan.single_strategy
+    tp, cp, dp, pp = s.tp, s.cp, s.data_parallel, s.pp
     if s.zero == 0:
         replicate, shard = dp, 1
     elif s.shard == "node":
@@ -197,14 +203,15 @@ def chunk_modules(model: Transformer, plan: Plan, *, stage_index: int) -> list[T
     return out
 
 
-def build_schedule(chunks: list[nn.Module], plan: Plan, *, stage_index: int, pp_mesh: DeviceMesh,
+def build_schedule(chunks: Sequence[nn.Module], plan: Plan, *, stage_index: int, pp_mesh: DeviceMesh,
                    device: torch.device):
     """PipelineStage per chunk and their schedule (1f1b, gpipe or interleaved) over the plan's micro-batches."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    pp, kind = len(plan.stages), plan.strategy.pipeline_schedule
-    stages = [PipelineStage(chunk, j * pp + stage_index, pp * len(chunks), device, group=pp_mesh.get_group())
-              for j, chunk in enumerate(chunks)]
+    pp, kind = len(plan.stages), plan.single_strategy.pipeline_schedule
+    stages: list[_PipelineStageBase] = [
+        PipelineStage(chunk, j * pp + stage_index, pp * len(chunks), device, group=pp_mesh.get_group())
+        for j, chunk in enumerate(chunks)]
     m = plan.time.micro_batches
     if kind == "interleaved":
         return stages, ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
@@ -248,7 +255,7 @@ def apply_tp(model: Transformer, *, tp_mesh: DeviceMesh, sequence_parallel: bool
 
 def apply_cp(model: Transformer, *, cp_mesh: DeviceMesh) -> None:
     """Context parallel attention: every block all-gathers K and V over the cp group."""
-    for block in model.layers.values():
+    for block in model.blocks():
         block.attention.cp_group = cp_mesh.get_group()
 
 
@@ -301,6 +308,8 @@ def _data_parallel_mesh(mesh: DeviceMesh, shape: dict[str, int]) -> DeviceMesh:
     shard = mesh[tuple(names)]._flatten("dp_shard_cp") if len(names) > 1 else mesh[names[0]]
     if shape["dp_replicate"] == 1:
         return shard
+    if shard.mesh_dim_names is None:  # every mesh here is built with names (MESH_DIMS)
+        raise ValueError("the data-parallel mesh has no dimension names")
     return mesh["dp_replicate", shard.mesh_dim_names[0]]
 
 
@@ -311,13 +320,13 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
     torch.device("meta") (materialized here, after the passes, with `seed`'s initial values) or on a
     device (the same init on every rank).  `param_dtype` bf16 turns on mixed precision."""
     _check_supported(plan)
-    s = plan.strategy
+    s = plan.single_strategy
     device = device or torch.device("cpu")
     mesh = device_mesh or build_mesh(plan, device.type)
     rank = dist.get_rank()
-    stage_index = rank // (s.tp * s.cp * s.dp)
+    stage_index = rank // (s.tp * s.cp * s.data_parallel)
     out = Parallelized(model=model, mesh=mesh, stage_index=stage_index, num_stages=len(plan.stages),
-                       micro_batches=plan.time.micro_batches, stage_ranks=s.tp * s.cp * s.dp)
+                       micro_batches=plan.time.micro_batches, stage_ranks=s.tp * s.cp * s.data_parallel)
     on_meta = any(p.device.type == "meta" for p in model.parameters())
 
     # (1) pipeline split: this rank's stage (its chunks when vpp > 1).

@@ -32,9 +32,11 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
 from models.transformer import TransformerConfig
 from models.zoo import get_entry
@@ -113,7 +115,7 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """A user error: one line on stderr (from rank 0 only: every rank finds it), exit status 2."""
     if os.environ.get("RANK", "0") == "0":
         sys.stderr.write(f"{PROG}: error: {message}\n")
@@ -321,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
 
     check_torchrun()
     device = init_distributed()
-    rank, s = dist.get_rank(), plan.strategy
+    rank, s = dist.get_rank(), plan.single_strategy
     par, init_peak = build(plan, config, device=device, dtype=dtype, seed=args.seed)
     optimizers = [build_optimizer(chunk, ocfg) for chunk in par.chunks()]
     computed = watch_compute_dtype(par)
@@ -331,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.checkpoint_dir is not None:
         resume(args.checkpoint_dir, state, progress, rank)
 
-    dp_rank = (rank // (s.tp * s.cp)) % s.dp
+    dp_rank = (rank // (s.tp * s.cp)) % s.data_parallel
     if plan.data is not None:  # the plan's packing and balancing of variable-length documents
         sampler = data_sampler(plan, shards, config.vocab, dp_rank, args, say)
         first = int(progress["step"])
@@ -340,12 +342,13 @@ def main(argv: list[str] | None = None) -> None:
                       compute=computed.get("dtype"))
         return
     cp_index, per_cp = (rank // s.tp) % s.cp, plan.job.seq_len // s.cp
+    reader: SampleReader | SyntheticReader
     if shards is not None:
         reader = SampleReader(shards, seq_len=plan.job.seq_len, global_batch=plan.job.global_batch,
-                              dp_rank=dp_rank, dp_size=s.dp, seed=args.seed)
+                              dp_rank=dp_rank, dp_size=s.data_parallel, seed=args.seed)
     else:
         reader = SyntheticReader(seq_len=plan.job.seq_len, global_batch=plan.job.global_batch, dp_rank=dp_rank,
-                                 dp_size=s.dp, vocab=config.vocab, seed=args.seed)
+                                 dp_size=s.data_parallel, vocab=config.vocab, seed=args.seed)
         if rank == 0:
             say("no --data: training on synthetic sequences (a fixed permutation of the vocabulary)")
     reader.position = int(progress["data_position"])
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     last = args.stop_at_step if args.stop_at_step is not None else args.train_steps
     if first >= last and rank == 0:
         say(f"nothing to train: the checkpoint is at step {first}, the run ends at step {last}")
-    last_stage_ranks = s.tp * s.cp * s.dp
+    last_stage_ranks = s.tp * s.cp * s.data_parallel
     losses, norms, probe = [], [], None
     for step in range(first, last):
         factor = lr_factor(step, ocfg)
@@ -397,7 +400,7 @@ def finish_report(args: argparse.Namespace, plan: Plan, par: Parallelized, rank:
                   compute: str | None) -> None:
     """Print each rank's bytes and write the JSON report (rank 0)."""
     for chunk in par.chunks():
-        if hasattr(chunk, "reshard"):  # FSDP2: parameters back to their shards before measuring
+        if isinstance(chunk, FSDPModule):  # FSDP2: parameters back to their shards before measuring
             chunk.reshard()
     mine = local_param_bytes(par.model)
     world = dist.get_world_size()

@@ -58,7 +58,7 @@ from planner.search.ilp.model import Program, Row, build_program
 from planner.search.ilp.surcharge import Surcharge
 from planner.search.ilp.build import build_tables, stage_pools_for
 from planner.search.ilp.tables import NS, ConfigTables, TableBuilder
-from planner.cost.groups import evaluate_groups, group_job
+from planner.cost.groups import ReplicaGroup, evaluate_groups, group_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
 from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
@@ -137,7 +137,7 @@ class _Search:
 
 def _price_rate(job: Job, strategy: Strategy, catalog: Catalog) -> float:
     """USD per second of the GPUs a (resolved) strategy uses (cost objective)."""
-    ranks = strategy.tp * strategy.cp * strategy.dp
+    ranks = strategy.tp * strategy.cp * strategy.data_parallel
     return sum(ranks * stage.device.price_per_hour for stage in place_stages(job, strategy, catalog)) / 3600.0
 
 
@@ -266,7 +266,7 @@ def _program(search: _Search, tables: ConfigTables, micro_batches: int, runner_u
     return program, cutoff
 
 
-def _solve(search: _Search, program: Program, runner_up: bool) -> tuple[cp_model.CpSolver, int]:
+def _solve(search: _Search, program: Program, runner_up: bool) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
     """Run CP-SAT on the program: (the solver, its status)."""
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1  # deterministic
@@ -303,7 +303,7 @@ def _objective_values(search: _Search, program: Program, solver: cp_model.CpSolv
     return step * _price_rate(search.job, strategy, search.catalog), solver.best_objective_bound * usd_per_unit
 
 
-def _record(search: _Search, program: Program, solver: cp_model.CpSolver, status: int, bound: float,
+def _record(search: _Search, program: Program, solver: cp_model.CpSolver, status: cp_model.CpSolverStatus, bound: float,
             runner_up: bool) -> None:
     """Keep the solved value; a better (or equal and lighter) plan becomes the incumbent."""
     strategy = _read(program, solver)
@@ -363,9 +363,11 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                                   + limits_note(options.space))
         raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
     _solve_closest_runners_up(search)
-    if search.best is None:
-        return _group_result(search, grouped, len(configs))
-    return _result(search, len(configs), grouped.bound if grouped is not None else float("inf"))
+    if search.best is None:  # the replica groups won (the search raised above when it had neither)
+        if grouped is None or grouped.groups is None:
+            raise RuntimeError("no plan: neither a single strategy nor replica groups")
+        return _group_result(search, grouped, grouped.groups, len(configs))
+    return _result(search, search.best, len(configs), grouped.bound if grouped is not None else float("inf"))
 
 
 def _warm(search: _Search, configs: list[Strategy]) -> None:
@@ -432,13 +434,14 @@ def _compile_pool(parent: _Search, job: Job, cap: float, builder: TableBuilder,
     parent.stopped = parent.stopped or search.stopped
     if search.best is None:
         return float("inf"), min([cap, *search.open_bounds]), None
-    result = _result(search, len(configs))
+    result = _result(search, search.best, len(configs))
     return result.certificate.objective, result.certificate.bound, result
 
 
-def _group_result(search: _Search, grouped: GroupSearch, configurations: int) -> CompileResult:
-    """The replica-group plan as the compile result, re-checked by evaluate_groups."""
-    estimate = evaluate_groups(search.job, grouped.groups, search.catalog)
+def _group_result(search: _Search, grouped: GroupSearch, groups: list[ReplicaGroup],
+                  configurations: int) -> CompileResult:
+    """The replica-group plan (`groups`, grouped's) as the compile result, re-checked by evaluate_groups."""
+    estimate = evaluate_groups(search.job, groups, search.catalog)
     if not estimate.fits or abs(estimate.step_time_s - grouped.objective) > 0.005 * grouped.objective:
         raise RuntimeError(f"replica groups re-evaluate to {estimate.step_time_s:.6g} s (fits: {estimate.fits}) "
                            f"against the search's {grouped.objective:.6g} s")
@@ -467,7 +470,7 @@ def _best_runners_up(search: _Search, exclude: str | None) -> list[RunnerUp]:
 
 def _legal_configs(job: Job, space: SpaceOptions) -> list[tuple[int, Strategy]]:
     """(micro-batches, configuration) of every legal configuration some pool can hold, in space order."""
-    return [(job.global_batch // (config.dp * config.mbs), config) for config in global_configs(job, space)
+    return [(job.global_batch // (config.data_parallel * config.mbs), config) for config in global_configs(job, space)
             if _pools(job, config)]
 
 
@@ -507,7 +510,7 @@ def _rate_floor(search: _Search, config: Strategy, pools: list) -> float:
     if search.options.objective != "cost":
         return 1.0
     per_gpu = min(search.catalog.device(pool.node.device).price_per_hour for pool in pools) / 3600.0
-    return per_gpu * config.tp * config.cp * config.dp * config.pp
+    return per_gpu * config.tp * config.cp * config.data_parallel * config.pp
 
 
 def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]], offload: bool) -> None:
@@ -544,8 +547,8 @@ def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, 
     return explain_infeasible(job, catalog, offload_devices)
 
 
-def _result(search: _Search, configurations: int, other_bound: float = float("inf")) -> CompileResult:
-    best = search.best
+def _result(search: _Search, best: Strategy, configurations: int, other_bound: float = float("inf")) -> CompileResult:
+    """The single-strategy result: `best` (the search's), re-checked by evaluate."""
     estimate = evaluate(search.job, best, catalog=search.catalog)  # the re-check every plan gets
     objective = search.incumbent
     step = (objective / _price_rate(search.job, best, search.catalog) if search.options.objective == "cost"

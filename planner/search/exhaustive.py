@@ -55,7 +55,7 @@ def _recomputes(config: Strategy, per_stage: tuple[int, ...]) -> Iterator[tuple[
 def _pool_assignments(job: Job, config: Strategy) -> list[tuple[str, ...] | None]:
     if len(job.cluster.pools) == 1:
         return [None]
-    ranks = config.tp * config.cp * config.dp
+    ranks = config.tp * config.cp * config.data_parallel
     names = [pool.name for pool in job.cluster.pools]
     cap = {pool.name: pool.gpus // ranks for pool in job.cluster.pools}
     return [a for a in itertools.product(names, repeat=config.pp) if all(a.count(n) <= cap[n] for n in names)]
@@ -85,7 +85,7 @@ def _count(job: Job, config: Strategy, placements: int, even: bool = False) -> i
     splits = _split_count(max(1, job.model.num_blocks), pp, config.vpp, config.blocks_recomputable, even) * placements
     if len(pools) == 1:
         return splits
-    ranks = config.tp * config.cp * config.dp
+    ranks = config.tp * config.cp * config.data_parallel
     ways = [1] + [0] * pp  # ways[n]: pool sequences of n stages over the pools so far
     for pool in pools:
         cap = pool.gpus // ranks
@@ -108,7 +108,7 @@ def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], 
 
 
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
-    ranks = strategy.tp * strategy.cp * strategy.dp
+    ranks = strategy.tp * strategy.cp * strategy.data_parallel
     names = strategy.stage_pools or (job.cluster.pools[0].name,) * strategy.pp
     return sum(ranks * catalog.device(job.cluster.pool(n).node.device).price_per_hour for n in names) / 3600.0
 

@@ -25,11 +25,12 @@ from planner.cost import Estimate, evaluate
 from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.search.space import powers_of_two
-from planner.strategy import Strategy
+from planner.strategy import Offload, OffloadDevice, Strategy
 
 GB = 1e9
 _SCALES = (2, 4, 8, 16, 32, 64)
-_OFFLOADS = (("none", "cpu"), ("optimizer", "cpu"), ("optimizer", "nvme"), ("all", "cpu"), ("all", "nvme"))
+_OFFLOADS: tuple[tuple[Offload, OffloadDevice], ...] = (
+    ("none", "cpu"), ("optimizer", "cpu"), ("optimizer", "nvme"), ("all", "cpu"), ("all", "nvme"))
 _MAX_CP = 16
 _HALVINGS = 6
 

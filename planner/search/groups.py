@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from hardware import Catalog
 from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
+from planner.search.result import CompileResult
 
 MAX_SHARES = 16
 WATER_FILL_ROUNDS = 3
@@ -48,8 +49,15 @@ class Entry:
 
     value: float | None = None  # the certified optimum, when known
     above: float = 0.0  # T > above (a cap it missed, or the compile's bound)
-    result: object | None = None  # the pool sub-job's CompileResult when value is known
+    result: CompileResult | None = None  # the pool sub-job's result when value is known
     exact: bool = True  # False when a compile stopped at the time limit
+
+    @property
+    def compiled(self) -> CompileResult:
+        """The pool sub-job's result of an entry whose value is known; ValueError for one only bounded."""
+        if self.result is None:
+            raise ValueError("the entry's value is bounded, not compiled")
+        return self.result
 
 
 @dataclass
@@ -199,11 +207,11 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
             break
         improved = False
         for size in range(1, len(table.pools) + 1):
-            for subset in itertools.combinations(table.pools, size):
-                limit = (best - sync_seconds(job, list(subset), catalog)) * (1 - 1e-9)
+            for active in itertools.combinations(table.pools, size):
+                limit = (best - sync_seconds(job, list(active), catalog)) * (1 - 1e-9)
                 if limit <= 0:
                     continue
-                most = {p: table.most(p, limit) for p in subset}
+                most = {p: table.most(p, limit) for p in active}
                 if min(most.values()) >= 1 and sum(most.values()) >= table.shares:
                     split = _trim(most, table.shares)
                     before = best
@@ -212,9 +220,9 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
     result = GroupSearch(compiled=table.compiled, stopped=table.stopped)
     if best_split:
         chosen = [(p, best_split[p]) for p in table.pools if best_split.get(p, 0) > 0]  # cluster pool order
-        result.groups = [ReplicaGroup(pool=p, batch=n * table.grain, strategy=table.entry(p, n).result.strategy)
-                         for p, n in chosen]
-        result.results = {p: table.entry(p, n).result for p, n in chosen}
+        result.groups = [ReplicaGroup(pool=p, batch=n * table.grain,
+                                      strategy=table.entry(p, n).compiled.single_strategy) for p, n in chosen]
+        result.results = {p: table.entry(p, n).compiled for p, n in chosen}
         result.objective = best
     # what is not known exactly (a compile at its time limit, or never asked) caps the bound: shares never
     # asked, past the time limit, by the compute floor of the whole cluster (no split beats it)

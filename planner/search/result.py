@@ -12,17 +12,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.cost import Estimate
 from planner.cost.groups import GroupsEstimate
+from planner.errors import GroupPlanError
 from planner.search.space import SpaceOptions
 from planner.strategy import Strategy
 
 Status = Literal["OPTIMAL", "FEASIBLE"]
+Prefer = Literal["validated", "fastest"]  # compile --prefer (planner.plan.prefer)
+
+
+Objective = Literal["time", "cost"]
 
 
 class CompileOptions(BaseModel):
     """What to optimise and how long to search."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    objective: Literal["time", "cost"] = Field("time", description="Minimise step time, or cost per step.")
+    objective: Objective = Field("time", description="Minimise step time, or cost per step.")
     max_step_time: float | None = Field(None, gt=0, description="With objective=cost: step time limit, seconds.")
     time_limit: float = Field(60.0, gt=0, description="Wall-clock budget of the search, seconds (inf: none; the "
                               "command line asks for a finite one, as plan.json records it).")
@@ -32,7 +37,7 @@ class CompileOptions(BaseModel):
         "at the same point on any machine under any load (time_limit is then ignored).")
     space: SpaceOptions = Field(default_factory=SpaceOptions, description="The strategy space.")
     runners_up: int = Field(5, ge=0, description="Best other configurations to report.")
-    prefer: Literal["validated", "fastest"] = Field(
+    prefer: Prefer = Field(
         "validated", description="Which plan to return among those within the model's error of the optimum "
         "(planner.plan.prefer); the search and its certificate are the same either way.")
     space_runtimes: tuple[str, ...] = Field(
@@ -78,6 +83,27 @@ class CompileResult(BaseModel):
                                           "per pool) when they beat every single-strategy plan.")
     group_results: dict[str, "CompileResult"] = Field(
         default_factory=dict, description="Each group's compile of its pool sub-job, by pool.")
+
+    @property
+    def single_strategy(self) -> Strategy:
+        """The chosen strategy of a single-strategy result; GroupPlanError for replica groups."""
+        if self.strategy is None:
+            raise GroupPlanError("a replica-group result (a strategy per pool) has no single strategy")
+        return self.strategy
+
+    @property
+    def single_estimate(self) -> Estimate:
+        """evaluate() of the chosen strategy of a single-strategy result; GroupPlanError for replica groups."""
+        if self.estimate is None:
+            raise GroupPlanError("a replica-group result (a strategy per pool) has no single estimate")
+        return self.estimate
+
+    @property
+    def replica_groups(self) -> GroupsEstimate:
+        """The replica groups of a replica-group result; GroupPlanError for a single-strategy one."""
+        if self.groups is None:
+            raise GroupPlanError("a single-strategy result has no replica groups")
+        return self.groups
 
 
 CompileResult.model_rebuild()

@@ -29,7 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.job import Job
 from planner.cost.layout import split_blocks
 from planner.profile import RecomputeCounts, RuntimeProfile, recompute_counts_allowed
-from planner.strategy import Strategy
+from planner.strategy import Recompute, Strategy
+
+OffloadSearch = Literal["fallback", "always"]
 
 
 class SpaceOptions(BaseModel):
@@ -66,7 +68,7 @@ class SpaceOptions(BaseModel):
     regathers: tuple[Literal["network", "host"], ...] = Field(
         ("network", "host"), description="ZeRO-3 re-gather sources tried (host: FCDP host-memory cache)."
     )
-    offload_search: Literal["fallback", "always"] = Field(
+    offload_search: OffloadSearch = Field(
         "always", description="When stages may offload: in every program, where offload can buy fewer "
         "recomputed blocks or a better split (always: the certificate covers every placement the runtime "
         "has), or only where nothing fits without offload (fallback: faster, and the certificate then holds "
@@ -172,7 +174,7 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     layouts = [(etp, e) for etp in etps for e in (_divisors(experts) if experts else [1])
                if (tp * cp * dp) % ((etp or tp) * e) == 0 and e <= (options.max_ep or e) and (etp is None or e > 1)]
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"
-    recomputes = ["none"] if job.flash or not options.selective_recompute else ["none", "selective"]
+    recomputes: list[Recompute] = ["none"] if job.flash or not options.selective_recompute else ["none", "selective"]
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in _divisors(job.global_batch // dp) if b <= (options.max_mbs or b)
             and job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
@@ -231,7 +233,7 @@ def placement_variants(job: Job, config: Strategy, options: SpaceOptions, offloa
     their per-stage choices from here.
     """
     regathers: list[Placement] = [{}]
-    if config.regather == "network" and _fcdp(job, options, config.tp, config.cp, config.dp, config.zero,
+    if config.regather == "network" and _fcdp(job, options, config.tp, config.cp, config.data_parallel, config.zero,
                                               config.shard) and "regather" not in options.fixed:
         regathers.append({"regather": "host"})
     offloads: list[Placement] = [{}]

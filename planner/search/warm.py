@@ -31,7 +31,7 @@ def state_share(config: Strategy, routed: float) -> float:
     """Bytes of training state one GPU of `config` holds per model parameter, roughly: 2 of weights, 2 of
     gradients and 12 of optimizer state, ZeRO sharding them over dp x cp by stage, tp x pp splitting all and
     ep the routed experts (`routed`: their share of the parameters, routed_share)."""
-    shard = config.dp * config.cp
+    shard = config.data_parallel * config.cp
     per_param = (2 / (shard if config.zero >= 3 else 1) + 2 / (shard if config.zero >= 2 else 1)
                  + 12 / (shard if config.zero >= 1 else 1))
     return per_param / (config.tp * config.pp) * ((1 - routed) + routed / config.ep)

@@ -94,9 +94,11 @@ def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | No
     if topology.num_gpus != j.cluster_gpus:
         raise PlannerInputError(f"{path}: job.cluster_gpus: the plan's cluster has {j.cluster_gpus} GPUs, "
                                 f"{cluster or j.cluster} has {topology.num_gpus}")
-    job = Job(model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
-              flash_attention=j.flash_attention, fused_kernels=j.fused_kernels, runtime=load_runtime(j.runtime),
-              memory_margin=j.memory_margin, moe_routing=j.moe_routing)
+    # validated as it is read: plan.json's precision is a string
+    job = Job.model_validate(dict(
+        model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
+        flash_attention=j.flash_attention, fused_kernels=j.fused_kernels, runtime=load_runtime(j.runtime),
+        memory_margin=j.memory_margin, moe_routing=j.moe_routing))
     _check_digest(plan, job, path, model, cluster)
     return job
 
@@ -117,9 +119,10 @@ def plan_runs(plan: Plan, job: Job, catalog: Catalog | None = None) -> tuple[lis
     """(pool, batch, run) of every strategy in the plan, and the cross-group sync seconds."""
     catalog = catalog or load_catalog()
     if not plan.groups:
-        return [(None, job.global_batch, simulate(job, plan.strategy, catalog))], 0.0
-    runs = [(g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), g.plan.strategy, catalog))
-            for g in plan.groups]
+        return [(None, job.global_batch, simulate(job, plan.single_strategy, catalog))], 0.0
+    runs: list[tuple[str | None, int, SimulationRun]] = [
+        (g.pool, g.batch, simulate(group_job(job, g.pool, g.batch), g.plan.single_strategy, catalog))
+        for g in plan.groups]
     return runs, sync_seconds(job, [g.pool for g in plan.groups], catalog)
 
 

@@ -9,7 +9,7 @@ written whole or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -100,7 +100,7 @@ def run_sweep(path: str | Path, executor: str = "local", workers: int = 1, addre
     tasks = tasks if tasks is not None else plan_sweep(path)
     spec = tasks.spec if isinstance(tasks, SweepTasks) else load_sweep(path)
     collected = Collected(keep_jobs=spec.simulate or bool(spec.data_profiles))
-    bar = ProgressBar(len(tasks) if hasattr(tasks, "__len__") else 0, progress)
+    bar = ProgressBar(len(tasks) if isinstance(tasks, Sized) else 0, progress)
 
     def done(task: SweepTask, result: TaskResult) -> None:
         collected.add(task, result)

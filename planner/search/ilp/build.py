@@ -16,7 +16,7 @@ from planner.strategy import Strategy
 
 def stage_pools_for(job: Job, strategy: Strategy) -> list[Pool]:
     """Pools a stage of this configuration can occupy whole."""
-    ranks = strategy.tp * strategy.cp * strategy.dp
+    ranks = strategy.tp * strategy.cp * strategy.data_parallel
     return [pool for pool in job.cluster.pools if pool.gpus >= ranks]
 
 

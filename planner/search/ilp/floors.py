@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import bisect
 
-from hardware import Pool
-from models.graph import Layer
+from hardware import Catalog, Pool
+from models.graph import Layer, RecomputeMode
 from planner.cost.comm import P2P_READS, p2p_seconds
-from planner.cost.layout import StageSite
+from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import stage_memory
 from planner.cost.stage import EXPERT_TIMES_READS, LAYER_TIMES_READS, compose_stage, layer_busy
+from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
+from planner.job import Job
 from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
-from planner.search.ilp.segments import offloads, stage_contents, variants_key
+from planner.search.ilp.segments import Segment, offloads, stage_contents, variants_key
 from planner.strategy import Strategy, strategy_key
 
 WORK_READS = reads(Reader.WORK)  # cheapest block's busy seconds
@@ -41,6 +43,32 @@ def last_stage_view(strategy: Strategy) -> Strategy:
 
 class Floors:
     """The bounds of a TableBuilder (a mixin: it reads the builder's job, segments, caches and stage options)."""
+
+    # What the builder holds: the job, its blocks' segments and the layers before and after them, and the
+    # caches the bounds share with its tables, keyed by what each computation reads
+    job: Job
+    catalog: Catalog
+    segments: list[Segment]
+    before: tuple[Layer, ...]
+    after: tuple[Layer, ...]
+    _work_cache: dict[tuple, float]  # seconds: lower bounds, a layer's busy time, a stage's transfers
+    _pair_cache: dict[tuple, tuple[float, float]]  # (fixed layers', cheapest block's) seconds on a pool
+    _profile_cache: dict[tuple, tuple[list[float], float]]  # (a pool's slot profile, the cap it is complete to)
+
+    # What the builder computes (planner.search.ilp.tables.TableBuilder)
+    def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
+        raise NotImplementedError
+
+    def groups(self, strategy: Strategy, site: StageSite) -> StageGroups:
+        raise NotImplementedError
+
+    def stage_sums(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy,
+                   site: StageSite, with_fixed: bool = True) -> StageSums:
+        raise NotImplementedError
+
+    def fewest_recompute(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
+                         micro_batches: int, with_fixed: bool = True, min_recompute: int = 0) -> int | None:
+        raise NotImplementedError
 
     def lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
         """Seconds no split of this configuration beats.
@@ -62,7 +90,7 @@ class Floors:
 
     def _lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
         p, v, m = strategy.pp, strategy.vpp, micro_batches
-        ranks = strategy.tp * strategy.cp * strategy.dp
+        ranks = strategy.tp * strategy.cp * strategy.data_parallel
         blocks = sum(seg.size for seg in self.segments)
         per_pool = []
         for pool in pools:
@@ -97,7 +125,7 @@ class Floors:
         bound is no smaller).
         """
         p, v, m = strategy.pp, strategy.vpp, micro_batches
-        ranks = strategy.tp * strategy.cp * strategy.dp
+        ranks = strategy.tp * strategy.cp * strategy.data_parallel
         blocks = sum(seg.size for seg in self.segments)
         if len(pools) == 1:
             # one pool: some stage holds at least ceil(B / pp) blocks
@@ -147,7 +175,7 @@ class Floors:
         for every n whose time is at most `cap`."""
         strategy = last_stage_view(strategy)
         key = ("profile", strategy_key(strategy, PROFILE_READS), variants_key(variants), micro_batches, pool.name)
-        cached = self._work_cache.get(key)
+        cached = self._profile_cache.get(key)
         if cached is not None and cached[1] >= cap:
             return cached[0]
         site = self.site(strategy.pp - 1, (pool,))
@@ -169,7 +197,7 @@ class Floors:
             if times[-1] > cap:
                 complete = cap  # longer stages are slower still: the rest cannot be within the cap
                 break
-        self._work_cache[key] = (times, complete)
+        self._profile_cache[key] = (times, complete)
         return times
 
     def sum_floor(self, strategy: Strategy, pools: list[Pool]) -> float:
@@ -184,7 +212,7 @@ class Floors:
         total = blocks * cheapest + fixed + strategy.pp * min(transfers)
         p = strategy.pp
         if len(pools) > 1 and blocks >= p:
-            ranks = strategy.tp * strategy.cp * strategy.dp
+            ranks = strategy.tp * strategy.cp * strategy.data_parallel
             firsts = sorted(w + c for (_, w), c, pool in zip(works, transfers, pools)
                             for _ in range(min(pool.gpus // ranks, p)))
             if len(firsts) >= p:
@@ -194,15 +222,16 @@ class Floors:
     def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> tuple[float, float]:
         """(fixed layers' seconds, cheapest block's seconds) per micro-batch on `pool`, linear part only."""
         key = ("work", strategy_key(strategy, WORK_READS), pool.name)
-        if key not in self._work_cache:
+        if key not in self._pair_cache:
             site = self.site(0, (pool,))
             fixed = self._busy("fixed", self.before + self.after, "none", strategy, site)  # on one stage or two
             blocks = [self._busy(f"seg{k}", seg.layers, strategy.recompute, strategy, site)
                       for k, seg in enumerate(self.segments)]
-            self._work_cache[key] = (fixed, min(blocks, default=0.0))
-        return self._work_cache[key]
+            self._pair_cache[key] = (fixed, min(blocks, default=0.0))
+        return self._pair_cache[key]
 
-    def _busy(self, name: str, layers: tuple[Layer, ...], mode: str, strategy: Strategy, site: StageSite) -> float:
+    def _busy(self, name: str, layers: tuple[Layer, ...], mode: RecomputeMode, strategy: Strategy,
+              site: StageSite) -> float:
         """Busy seconds per micro-batch of the layers `name` (a segment's block, or the fixed layers) under
         `mode` (planner.cost.stage.layer_busy), cached by what the time terms read: configurations that differ
         only in what the bytes read share it."""

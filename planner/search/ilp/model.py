@@ -70,7 +70,7 @@ class Program:
 
 
 def _stage_rows(tables: ConfigTables, stage: int) -> StageRows:
-    rows = []
+    rows: list[Row] = []
     for pool_index, options in enumerate(tables.options[stage]):
         for counts in sorted(options):
             rows.extend(Row(counts, pool_index, option) for option in options[counts])
@@ -131,7 +131,7 @@ def add_stage_choice(model: cp_model.CpModel, tables: ConfigTables, rows: list[S
 def add_pool_capacity(model: cp_model.CpModel, tables: ConfigTables, pool_is: dict) -> None:
     """Each pool holds whole stages only as far as its GPUs go."""
     s_ = tables.strategy
-    ranks = s_.tp * s_.cp * s_.dp
+    ranks = s_.tp * s_.cp * s_.data_parallel
     for p, pool in enumerate(tables.pools):
         model.add(sum(pool_is[s, p] for s in range(s_.pp)) <= pool.gpus // ranks)
 
@@ -223,7 +223,7 @@ def add_cost_objective(model: cp_model.CpModel, tables: ConfigTables, pool_is: d
                        scale: int, prices: list[int]) -> cp_model.IntVar:
     """cost = step (microseconds) x price rate of the GPUs the stages occupy (1e-4 USD per hour units)."""
     s_ = tables.strategy
-    ranks = s_.tp * s_.cp * s_.dp
+    ranks = s_.tp * s_.cp * s_.data_parallel
     top_rate = s_.pp * ranks * max(prices)
     rate = model.new_int_var(0, top_rate, "rate")
     model.add(rate == sum(pool_is[s, p] * ranks * prices[p] for s in range(s_.pp) for p in range(len(prices))))

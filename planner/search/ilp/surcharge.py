@@ -46,9 +46,6 @@ class Surcharge(Protocol):
     def table(self, config: Strategy, scale: int) -> SurchargeTable | None:
         """The configuration's table in units of 1 / scale nanoseconds of amortised surcharge (None: no term)."""
 
-    def seconds(self, strategy: Strategy) -> float:
-        """The amortised surcharge of a resolved strategy the program prices, seconds per step."""
-
 
 def add_surcharge(model: cp_model.CpModel, table: SurchargeTable, cut: list, blocks: int) -> cp_model.IntVar:
     """The surcharge variable: at least every port's load under the split the cuts make."""
@@ -59,7 +56,7 @@ def add_surcharge(model: cp_model.CpModel, table: SurchargeTable, cut: list, blo
             model.add(surcharge >= constant + sum(port.values()))
         return surcharge
     pp = len(cut) - 1
-    on_or_after: dict[tuple[int, int], cp_model.LinearExprT] = {}  # y[s, b] = [b >= cut[s]]
+    on_or_after: dict[tuple[int, int], cp_model.LinearExpr | int] = {}  # y[s, b] = [b >= cut[s]]
     for s in range(pp + 1):
         for b in range(blocks):
             if s == 0:

@@ -22,7 +22,7 @@ from functools import cached_property, partial
 from typing import Callable
 
 from hardware import Catalog, Pool
-from models.graph import Layer
+from models.graph import Layer, RecomputeMode
 from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
 from planner.cost.memory import RankMemory, stage_memory
 from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
@@ -104,7 +104,10 @@ class TableBuilder(Floors):
         self.before, self.after = fixed_layers(job.model)
         self._sums_cache: dict[tuple, StageSums] = {}
         self._groups_cache: dict[tuple, StageGroups] = {}
-        self._work_cache: dict[tuple, object] = {}  # bound ingredients, by the fields they depend on
+        # bound ingredients (planner.search.ilp.floors), by the fields they depend on
+        self._work_cache: dict[tuple, float] = {}
+        self._pair_cache: dict[tuple, tuple[float, float]] = {}
+        self._profile_cache: dict[tuple, tuple[list[float], float]] = {}
         self._site_cache: dict[tuple, StageSite] = {}
         self._stage_sums_cache: dict[tuple, StageSums] = {}
 
@@ -124,7 +127,8 @@ class TableBuilder(Floors):
 
     # ------------------------------------------------------------------ sums
 
-    def _sums(self, layers: tuple[Layer, ...], mode: str, strategy: Strategy, site: StageSite, key: str) -> StageSums:
+    def _sums(self, layers: tuple[Layer, ...], mode: RecomputeMode, strategy: Strategy, site: StageSite,
+              key: str) -> StageSums:
         cache_key = (key, mode, strategy_key(strategy, LAYER_SUMS_READS), tuple(p.name for p in site.pools))
         if cache_key not in self._sums_cache:
             groups = self.groups(strategy, site)
@@ -132,7 +136,7 @@ class TableBuilder(Floors):
                                                      groups, self.catalog)
         return self._sums_cache[cache_key]
 
-    def block_sums(self, segment: int, mode: str, strategy: Strategy, site: StageSite) -> StageSums:
+    def block_sums(self, segment: int, mode: RecomputeMode, strategy: Strategy, site: StageSite) -> StageSums:
         """Sums of one block of `segment` under `mode` (none, selective or full)."""
         return self._sums(self.segments[segment].layers, mode, strategy, site, f"seg{segment}")
 
