@@ -208,7 +208,7 @@ class Layer(BaseModel):
         per_expert = (self.params - self.touched_params) / max(1, self.moe.num_experts - self.moe.top_k)
         return per_expert * self.moe.num_experts
 
-    def forward_flops(self, micro_batch: int, seq_len: int) -> float:
+    def forward_flops(self, micro_batch: int, seq_len: float) -> float:
         """Forward FLOPs for one micro-batch of `micro_batch` sequences of `seq_len` tokens."""
         tokens = micro_batch * seq_len
         return tokens * (self.flops_per_token + self.flops_per_token_per_seq * seq_len)
@@ -296,11 +296,11 @@ class ModelGraph(BaseModel):
         """Parameters touched per token (differs from params for MoE)."""
         return sum(layer.touched_params for layer in self.layers)
 
-    def forward_flops(self, micro_batch: int, seq_len: int) -> float:
+    def forward_flops(self, micro_batch: int, seq_len: float) -> float:
         """Forward FLOPs of the whole model for one micro-batch."""
         return sum(layer.forward_flops(micro_batch, seq_len) for layer in self.layers)
 
-    def model_flops_per_token(self, seq_len: int) -> float:
+    def model_flops_per_token(self, seq_len: float) -> float:
         """Training FLOPs per token (forward + 2x backward), no recompute: ~6N + attention."""
         return 3.0 * self.forward_flops(1, seq_len) / seq_len
 

@@ -276,7 +276,7 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         data, result = data_plan_over_degrees(job, options, result, data_profile, progress)
         plan = build_plan(job, result, options)
         # the profile is an input of the plan: recorded with the options, so inputs_digest covers it
-        record = {**plan.options, "data_profile": data_profile.model_dump(mode="json")}
+        record = {**(plan.options or {}), "data_profile": data_profile.model_dump(mode="json")}
         plan = plan.model_copy(update={"data": data, "options": record, "inputs_digest": inputs_digest(job, record)})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 

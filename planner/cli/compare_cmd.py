@@ -17,6 +17,7 @@ from planner.cli.options import (data_profile_option, finite_seconds, job_option
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
+from planner.plan.schema import Plan
 from planner.job import MoeRouting, Precision
 from planner.profile import load_runtime
 from planner.strategy import short_spec
@@ -217,7 +218,10 @@ def compare_data(job, profile, time_limit: float, csv_path: Path | None, plot_pa
     """compare --data-profile: the data plan and every static layout on the profile's data."""
     from planner.compare.data_layouts import layout_rows, plot_layouts
 
-    data = api.compile(job, time_limit=time_limit, data_profile=profile).plan.data
+    plan = api.compile(job, time_limit=time_limit, data_profile=profile).plan
+    data = plan.data if isinstance(plan, Plan) else None
+    if data is None:
+        raise click.BadParameter(f"{job.model.name}: a data profile plans sequence models", param_hint="--data-profile")
     rows = layout_rows(data)
     title = f"{job.model.name} on {job.cluster.name}, batch {job.global_batch} x {job.seq_len}, {data.profile}"
     if as_json:

@@ -71,11 +71,12 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
         raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
     note_default_runtime(job, runtime)
     result = api.estimate(job, spec)
-    data = None
-    if data_profile is not None:
-        from planner.cli.compile_cmd import load_profile_for
+    from planner.cli.compile_cmd import load_profile_for
 
-        data = api.estimate_data(job, spec, load_profile_for(data_profile, seq_len))
+    data = None
+    profile = load_profile_for(data_profile, seq_len)
+    if profile is not None:
+        data = api.estimate_data(job, spec, profile)
     if as_json:
         out = result.model_dump(mode="json")
         if data is not None:

@@ -26,7 +26,7 @@ def static_candidates(job: Job, options: CompileOptions, result: CompileResult) 
     candidates = [result]
     degree = 1
     while degree <= job.cluster.num_gpus:
-        if degree != result.strategy.cp and "cp" not in options.space.fixed and job.seq_len % (2 * degree) == 0:
+        if degree != result.single_strategy.cp and "cp" not in options.space.fixed and job.seq_len % (2 * degree) == 0:
             fixed = {**options.space.fixed, "cp": degree}
             pinned = options.model_copy(update={"space": options.space.model_copy(update={"fixed": fixed}),
                                                 "runners_up": 0})
@@ -47,5 +47,5 @@ def data_plan_over_degrees(job: Job, options: CompileOptions, result: CompileRes
     candidates = static_candidates(job, options, result)
     if progress:
         progress(f"data plan: {len(candidates)} static strategies on {profile.name}")
-    data, chosen = plan_data(job, profile, [c.strategy for c in candidates], load_catalog())
+    data, chosen = plan_data(job, profile, [c.single_strategy for c in candidates], load_catalog())
     return data, candidates[chosen]

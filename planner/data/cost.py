@@ -17,6 +17,8 @@ for every layout of the data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dataclasses import dataclass, field
 
 from hardware import Catalog
@@ -63,9 +65,9 @@ class MicroCoster:
     @property
     def data_ranks(self) -> int:
         """Ranks that hold a micro-batch each (one tp x pp model replica each): cp x dp."""
-        return self.strategy.cp * self.strategy.dp
+        return self.strategy.cp * self.strategy.data_parallel
 
-    def cost(self, lengths: tuple[int, ...] | list[int], cp: int, row: int = 0) -> MicroCost:
+    def cost(self, lengths: Sequence[int], cp: int, row: int = 0) -> MicroCost:
         """The micro-batch of documents `lengths` on a context-parallel group of `cp` ranks; `row`: its tokens
         when it is padded to a fixed shape (the padding runs through every linear term, attends nothing)."""
         tokens = padded_tokens(max(row, sum(lengths)), cp)

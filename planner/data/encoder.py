@@ -19,6 +19,8 @@ the first stage); the data plan notes when it could not price one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -63,7 +65,7 @@ class Encoders:
     strategy: Strategy
     catalog: Catalog
 
-    def colocated(self, members: tuple[int, ...] | list[int]) -> float:
+    def colocated(self, members: Sequence[int]) -> float:
         """Encoder seconds of a micro-batch of these samples, on its ranks."""
         return sum(e.seconds(sum(e.items[i] for i in members)) for e in self.encoders)
 
@@ -91,12 +93,13 @@ def encoders_for(job: Job, strategy: Strategy, profile: DataProfile, lengths: li
                       f"{strategy.pp})" for m in named]
     out = []
     for m in named:
+        assert m.encoder is not None  # `named` holds the modalities with one
         try:
             graph = load_model(m.encoder)
         except ModelInputError as err:
             raise PlannerInputError(f"data profile {profile.name}: modalities: encoder {m.encoder}: {err}") from None
         enc_job = job.model_copy(update={"model": graph, "seq_len": m.encoder_tokens, "attention_span": None,
-                                         "global_batch": strategy.cp * strategy.dp})
+                                         "global_batch": strategy.cp * strategy.data_parallel})
         enc = check_strategy(enc_job, parse_strategy(f"tp={strategy.tp},pp=1,cp=1,zero={strategy.zero},"
                                                      f"recompute=none"))
         out.append(EncoderCost(modality=m, coster=MicroCoster(enc_job, enc, catalog),

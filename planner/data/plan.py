@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any, Literal
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,10 @@ from planner.data.profile import DataProfile, step_lengths
 from planner.data.result import Bucket, CostFit, DataPlan, StaticLayout
 from planner.job import Job
 from planner.strategy import Strategy
+
+# a static baseline's layout, as the plan names the layout it keeps
+STATIC: dict[str, Literal["static-pad", "static-pack-unmasked", "static-pack"]] = {
+    "pad": "static-pad", "pack-unmasked": "static-pack-unmasked", "pack": "static-pack"}
 
 
 @dataclass
@@ -67,7 +72,7 @@ class Layouts:
 
     def replicas(self, micro: list[list[int]], costs: list[MicroCost], per_replica: int) -> float:
         """The step of static micro-batches dealt out in contiguous slices to the data-parallel replicas."""
-        dp = self.coster.strategy.dp
+        dp = self.coster.strategy.data_parallel
         return max(pipeline_seconds(costs[r * per_replica:(r + 1) * per_replica], self.vpp)
                    for r in range(dp)) + self.end
 
@@ -100,12 +105,14 @@ def rows_of(lengths: Sequence[int], row: int, cut: bool) -> list[list[int]]:
 def static_layouts(ctx: Layouts) -> list[StaticLayout]:
     """The strategy's static layouts of the step (padding, unmasked packing, packing), priced."""
     job, s, lengths = ctx.coster.job, ctx.coster.strategy, ctx.lengths
-    spec, seq, mbs, dp, cp = s.spec(), job.seq_len, s.mbs, s.dp, s.cp
+    spec, seq, mbs, dp, cp = s.spec(), job.seq_len, s.mbs, s.data_parallel, s.cp
     out = []
     # pad: a row per sample; pack-unmasked: the global batch's rows, cut, attending across documents
     padded = [[i] for i in range(len(lengths))]
     cut = rows_of(lengths, seq, cut=True) + [[] for _ in range(job.global_batch)]
-    for layout, rows, count in (("pad", padded, len(padded)), ("pack-unmasked", cut, job.global_batch)):
+    unpacked: tuple[tuple[Literal["pad", "pack-unmasked"], list[list[int]], int], ...] = (
+        ("pad", padded, len(padded)), ("pack-unmasked", cut, job.global_batch))
+    for layout, rows, count in unpacked:
         micro = [sum(rows[i:i + mbs], []) for i in range(0, count, mbs)]
         costs = [ctx.priced(m, [seq] * mbs, cp) for m in micro]
         step = ctx.replicas(micro, costs, math.ceil(len(micro) / dp))
@@ -147,7 +154,7 @@ def _hybrid_under(ctx: Layouts, packed: list[Packed], placement: Placement | Non
     for p, cost, first in zip(packed, costs, plan.groups):
         for r in range(first, first + p.cp):
             per_rank[r].append(cost)
-    extra = ctx.encoders.spread(ranks) if placement == "spread" else 0.0
+    extra = ctx.encoders.spread(ranks) if ctx.encoders is not None and placement == "spread" else 0.0
     fill = min(c.fill for c in costs) / ctx.vpp
     step = max(pipeline_seconds(c, ctx.vpp) for c in per_rank) + extra + ctx.end
     return Hybrid(step=step, bound=lower_bound(degrees, busiest, ranks) + fill + extra + ctx.end, packed=packed,
@@ -247,13 +254,15 @@ def plan_data(job: Job, profile: DataProfile, candidates: Sequence[Strategy], ca
     baseline, base_k = min(fitting, key=lambda x: x[0].step_time_s)
     best, k, ctx, budget, factors = min(hybrids, key=lambda h: (h[0].step, h[1]))
     best, budget, factors = smaller_budgets(ctx, best, budget, factors)
-    common = dict(profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths),
-                  notes=notes, baseline=f"{baseline.layout} {baseline.strategy}",
-                  baseline_step_time_s=baseline.step_time_s, static=[x for x, _ in statics])
+    common: dict[str, Any] = dict(
+        profile=profile.name, source=profile.source, sequences=len(lengths), tokens=sum(lengths), notes=notes,
+        baseline=f"{baseline.layout} {baseline.strategy}", baseline_step_time_s=baseline.step_time_s,
+        static=[x for x, _ in statics])
     if best.step >= baseline.step_time_s:  # the static layout stays: the plan never loses to it
         s = candidates[base_k]
         budget = job.seq_len * s.mbs // s.cp
-        return DataPlan(**common, layout="static-" + baseline.layout, strategy=s.spec(), token_budget=budget,
+        static_layout: Literal["static-pad", "static-pack-unmasked", "static-pack"] = STATIC[baseline.layout]
+        return DataPlan(**common, layout=static_layout, strategy=s.spec(), token_budget=budget,
                         bucket_factors={}, buckets=[], micro_batches=0,
                         encoder_placement="co-located" if hybrids[base_k][2].encoders else None,
                         step_time_s=baseline.step_time_s, bound_s=baseline.step_time_s, gap=0.0, speedup=1.0,

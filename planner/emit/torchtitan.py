@@ -212,14 +212,15 @@ def _document_flavor(plan: Plan, job: Job, name: str, flavor: str, notes: list[s
     parallelism (torchtitan's context parallelism runs SDPA, without the mask), with a note either way."""
     limits = ("torchtitan's data loader neither balances sequences over the data-parallel ranks nor varies the "
               "context-parallel degree per sequence: it runs the plan's strategy as a static packing")
-    if job.model.name in DOCUMENT_FLAVORS and plan.strategy.cp == 1:
+    cp, profile = plan.single_strategy.cp, plan.data.profile if plan.data is not None else "none"
+    if job.model.name in DOCUMENT_FLAVORS and cp == 1:
         name, flavor = DOCUMENT_FLAVORS[job.model.name]
-        notes.append(f"Data plan ({plan.data.profile}): flavor {flavor}, variable-length attention under a "
+        notes.append(f"Data plan ({profile}): flavor {flavor}, variable-length attention under a "
                      f"document mask (documents end at the tokenizer's eos); {limits}.")
     else:
-        why = (f"cp={plan.strategy.cp}: its context parallelism runs SDPA without a document mask"
-               if plan.strategy.cp > 1 else f"{RELEASE} has no variable-length flavor of {job.model.name}")
-        notes.append(f"Data plan ({plan.data.profile}): rows attend across documents ({why}); {limits}.")
+        why = (f"cp={cp}: its context parallelism runs SDPA without a document mask"
+               if cp > 1 else f"{RELEASE} has no variable-length flavor of {job.model.name}")
+        notes.append(f"Data plan ({profile}): rows attend across documents ({why}); {limits}.")
     return name, flavor
 
 

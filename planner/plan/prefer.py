@@ -78,7 +78,7 @@ def prefer(job: Job, result: CompileResult, options: CompileOptions,
 
 def _swap(result: CompileResult, runner: RunnerUp, estimate: Estimate) -> CompileResult:
     """The result with `runner` as its plan and the optimum first among the runners-up."""
-    optimum = RunnerUp(strategy=result.estimate.strategy_spec, objective=result.certificate.objective)
+    optimum = RunnerUp(strategy=result.single_estimate.strategy_spec, objective=result.certificate.objective)
     others = [r for r in result.runners_up if r.strategy != runner.strategy]
     return result.model_copy(update={"strategy": Strategy.model_validate(estimate.strategy), "estimate": estimate,
                                      "runners_up": [optimum, *others]})

@@ -24,7 +24,7 @@ from planner.runtime.sampler import PlanSampler, StepBatch, synthetic_document
 def check_data_plan(plan: Plan) -> None:
     """ValueError when this runtime cannot run the plan's data layout: it packs and balances on data-parallel
     strategies only."""
-    s = plan.strategy
+    s = plan.single_strategy
     if plan.data is not None and (s.tp != 1 or s.cp != 1 or s.pp != 1):
         raise ValueError(f"this runtime runs a data plan on data-parallel strategies (tp=cp=pp=1); the plan's is "
                          f"{plan.strategy_spec}; per-bucket context parallelism needs a framework with dynamic "
@@ -34,7 +34,9 @@ def check_data_plan(plan: Plan) -> None:
 def data_sampler(plan: Plan, shards: TokenShards | None, vocab: int, dp_rank: int, args: argparse.Namespace,
                  say: Callable[[str], None]) -> PlanSampler:
     """The plan's sampler over the token shards' documents, or over synthetic ones (said on rank 0)."""
-    s = plan.strategy
+    s, data = plan.single_strategy, plan.data
+    if data is None:
+        raise ValueError("the plan has no data section (compile --data-profile)")
     if shards is not None:
         document, count = shards.document, shards.header.documents
     else:
@@ -42,9 +44,9 @@ def data_sampler(plan: Plan, shards: TokenShards | None, vocab: int, dp_rank: in
         count = None
     if dist.get_rank() == 0:
         say(f"data plan: {'in order' if args.unbalanced else 'balanced'} packed micro-batches of at most "
-            f"{plan.data.token_budget} tokens from {'--data' if shards is not None else 'synthetic'} documents")
-    return PlanSampler(document, count, plan.data, seq_len=plan.job.seq_len, global_batch=plan.job.global_batch,
-                       dp_rank=dp_rank, dp_size=s.dp, balance=not args.unbalanced)
+            f"{data.token_budget} tokens from {'--data' if shards is not None else 'synthetic'} documents")
+    return PlanSampler(document, count, data, seq_len=plan.job.seq_len, global_batch=plan.job.global_batch,
+                       dp_rank=dp_rank, dp_size=s.data_parallel, balance=not args.unbalanced)
 
 
 def data_step(par: Parallelized, batch: StepBatch, dp: int, device: torch.device) -> torch.Tensor:
