@@ -42,6 +42,7 @@ from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
 from planner.plan.schema import Plan, plan_json
 from planner.profile import CLI_RUNTIME, load_runtime
+from planner.routing.stats import RoutingStats, load_routing
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions, CompileResult
 from planner.search.space import SpaceOptions, narrow_to_runtime
@@ -56,15 +57,21 @@ Progress = Callable[[str], None]
 
 def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq_len: int,
              precision: Precision = "bf16", flash_attention: bool = True, moe_routing: str = "learned",
-             memory_margin: float | None = None, runtime: str | None = None) -> Job:
+             routing: str | Path | RoutingStats | None = None, memory_margin: float | None = None,
+             runtime: str | None = None) -> Job:
     """A job from a model (zoo name, spec file, HF config.json, or a graph) and a cluster (PRESET:NODES, a
     cluster file, or a Cluster).  memory_margin None: constants.yaml's default (what `compile` leaves free);
-    runtime None: DEFAULT_RUNTIME, or megatron for a mixture-of-experts model."""
+    runtime None: DEFAULT_RUNTIME, or megatron for a mixture-of-experts model; routing: a routing statistics
+    file (`--routing`) or its model."""
     graph = load_model(model) if isinstance(model, str) else model
+    stats = load_routing(routing, graph) if isinstance(routing, (str, Path)) else routing
+    if stats is not None and moe_routing == "balanced":
+        raise PlannerInputError(f"--routing {routing}: --moe-routing balanced forces even routing and would ignore "
+                                "the statistics; give one or the other")
     topology = load_cluster(cluster) if isinstance(cluster, str) else cluster
     margin = load_catalog().constant("memory_margin_default") if memory_margin is None else memory_margin
     made = Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-               flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=margin)
+               flash_attention=flash_attention, moe_routing=moe_routing, routing=stats, memory_margin=margin)
     if graph.family == "recsys":
         return made  # recommendation models have the embedding cost model, no runtime profile
     return made.on(load_runtime(runtime or default_runtime(made)[0]))
@@ -119,6 +126,8 @@ class Compiled:
         data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
                           "stopped": cert.stopped, "reproducible": cert.stopped is None}
         data["plan"] = self.plan.model_dump(mode="json")
+        if self.plan.moe is not None:  # the placement's summary beside the estimate; its per-layer map is in the plan
+            data["moe"] = self.plan.moe.model_dump(mode="json", exclude={"layers"})
         return data
 
     def files(self, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str | bytes]:

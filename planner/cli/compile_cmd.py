@@ -105,7 +105,7 @@ def _progress(enabled: bool | None):
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str, objective: str, max_step_time: float | None, time_limit: float,
+             moe_routing: str, routing: str | None, objective: str, max_step_time: float | None, time_limit: float,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
@@ -135,7 +135,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         if inside is not None:
             raise PlannerInputError(inside)
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       memory_margin=memory_margin,
                        runtime=runtime)
     if not targets:  # named targets choose the runtime in api.compile, which says so in its notes
         note_default_runtime(job, runtime)

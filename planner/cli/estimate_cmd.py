@@ -35,7 +35,7 @@ from planner.job import Job
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str,
+             moe_routing: str, routing: str | None,
              spec: str, sharding_file: Path | None, runtime: str | None, memory_margin: float, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
@@ -56,7 +56,8 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       memory_margin=memory_margin,
                        runtime=runtime)
     if job.model.family == "recsys":
         _estimate_embedding(job, spec, sharding_file, as_json)

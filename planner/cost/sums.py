@@ -21,6 +21,7 @@ class StageSums:
     ep: float = 0.0  # expert all-to-all seconds
     params: float = 0.0  # parameters held before ZeRO sharding
     expert_params: float = 0.0  # the routed experts' share of params (sharded over the expert data-parallel group)
+    replica_params: float = 0.0  # parameters in slots of replicated experts (gradients all-reduced among replicas)
     kept_activations: float = 0.0  # saved bytes per micro-batch in flight
     head_activations: float = 0.0  # the loss head's saved bytes per micro-batch (its own in-flight count)
     pipeline_outputs: float = 0.0  # bytes of one micro-batch's logits a pipeline schedule keeps for the step
@@ -49,6 +50,7 @@ class StageSums:
             recompute=self.recompute + other.recompute, tp=self.tp + other.tp, cp=self.cp + other.cp,
             ep=self.ep + other.ep, params=self.params + other.params,
             expert_params=self.expert_params + other.expert_params,
+            replica_params=self.replica_params + other.replica_params,
             kept_activations=self.kept_activations + other.kept_activations,
             head_activations=self.head_activations + other.head_activations,
             pipeline_outputs=self.pipeline_outputs + other.pipeline_outputs,
@@ -77,7 +79,7 @@ class StageSums:
         return StageSums(
             forward=self.forward * count, compute=self.compute * count, recompute=self.recompute * count,
             tp=self.tp * count, cp=self.cp * count, ep=self.ep * count, params=self.params * count,
-            expert_params=self.expert_params * count,
+            expert_params=self.expert_params * count, replica_params=self.replica_params * count,
             kept_activations=self.kept_activations * count, head_activations=self.head_activations * count,
             pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
             recomputed_kept=self.recomputed_kept * count, recompute_resaved=self.recompute_resaved,

@@ -33,6 +33,8 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
+from planner.plan.moe import MoePlacementPlan
+from planner.routing.stats import RoutingStats
 from planner.strategy import Strategy
 
 SCHEMA_VERSION = "2"
@@ -63,6 +65,15 @@ class PlanJob(BaseModel):
         "learned", description="Mixture-of-experts routing the plan was costed with (Job.moe_routing).")
     runtime: str = Field("reference", description="Runtime profile the plan was searched and costed under "
                          "(hardware/data/runtimes/<runtime>.yaml).")
+    routing: RoutingStats | None = Field(None, description="The routing statistics (`--routing FILE`) the plan was "
+                                         "costed with; absent without.")
+
+    @model_serializer(mode="wrap")
+    def _routing_when_given(self, handler) -> dict:
+        data = handler(self)
+        if data.get("routing") is None:
+            data.pop("routing", None)  # plans without routing statistics read as before
+        return data
 
 
 class RankSpan(BaseModel):
@@ -322,6 +333,16 @@ class Plan(BaseModel):
         default_factory=lambda: Confidence(extrapolated=False, reasons=[]),
         description="Terms of the estimate that lean on a regime no validated published run covers "
         "(planner.cost.confidence; each group's for replica groups).")
+    moe: MoePlacementPlan | None = Field(
+        None, description="Expert placement under routing statistics (`--routing`): each MoE layer's experts and "
+        "replicas per expert-parallel rank, and the baselines' ratios and step times; absent without.")
+
+    @model_serializer(mode="wrap")
+    def _moe_when_given(self, handler) -> dict:
+        data = handler(self)
+        if data.get("moe") is None:
+            data.pop("moe", None)  # plans without routing statistics read as before
+        return data
 
     @field_validator("strategy")
     @classmethod
