@@ -16,6 +16,7 @@ import click
 
 from hardware.topology import ClusterFile
 from models.graph import ModelGraph
+from planner.routing.stats import RoutingStats
 from planner import api
 from planner.cli import render
 from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, emit_json, finite_seconds, job_options, json_option,
@@ -173,6 +174,7 @@ _SCHEMAS = {
     "plan": plan_json_schema,
     "model": ModelGraph.model_json_schema,
     "cluster": ClusterFile.model_json_schema,
+    "routing": RoutingStats.model_json_schema,
 }
 
 
@@ -180,12 +182,13 @@ _SCHEMAS = {
 @click.argument("what", type=click.Choice(sorted(_SCHEMAS)))
 @user_errors
 def schema(what: str) -> None:
-    """Print the JSON Schema of plan.json, of a raw model graph, or of a cluster file.
+    """Print the JSON Schema of plan.json, of a raw model graph, of a cluster file, or of a routing file.
 
     \b
     Examples:
         planner schema plan > plan.schema.json
         planner schema model
         planner schema cluster
+        planner schema routing
     """
     emit_json(_SCHEMAS[what]())

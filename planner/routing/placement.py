@@ -79,10 +79,19 @@ def replicate(shares: tuple[float, ...], physical: int) -> list[int]:
     """EPLB's replicate_experts: replica counts for `physical` slots, each extra slot going to the expert with the
     largest load per replica (lowest id on ties); this minimises the largest load of any replica."""
     counts = [1] * len(shares)
+    for expert in _replica_order(shares, physical)[len(shares):]:
+        counts[expert] += 1
+    return counts
+
+
+def _replica_order(shares: tuple[float, ...], physical: int) -> list[int]:
+    """EPLB's physical experts: the experts in id order, then each added replica in the order it was added."""
+    counts, order = [1] * len(shares), list(range(len(shares)))
     for _ in range(physical - len(shares)):
         best = max(range(len(shares)), key=lambda e: (shares[e] / counts[e], -e))
         counts[best] += 1
-    return counts
+        order.append(best)
+    return order
 
 
 def balanced_packing(weights: list[float], packs: int) -> list[int]:
@@ -97,9 +106,11 @@ def balanced_packing(weights: list[float], packs: int) -> list[int]:
     return out
 
 
-def _pack_replicas(shares: tuple[float, ...], counts: list[int], ep: int) -> ExpertPlacement:
-    """The replicas of `counts` dealt to `ep` ranks by balanced_packing."""
-    items = [e for e, c in enumerate(counts) for _ in range(c)]
+def _pack_replicas(shares: tuple[float, ...], counts: list[int], ep: int,
+                   items: list[int] | None = None) -> ExpertPlacement:
+    """The replicas of `counts` dealt to `ep` ranks by balanced_packing (`items`: the physical experts in
+    EPLB's order, which breaks its ties; default each expert's replicas together)."""
+    items = items if items is not None else [e for e, c in enumerate(counts) for _ in range(c)]
     packs = balanced_packing([shares[e] / counts[e] for e in items], ep)
     return ExpertPlacement(tuple(tuple(e for e, p in zip(items, packs) if p == r) for r in range(ep)))
 
@@ -112,7 +123,13 @@ def eplb(shares: tuple[float, ...], ep: int, physical: int, groups: int, nodes: 
         return _pack_replicas(shares, list(pinned), ep)
     if nodes > 1 and groups % nodes == 0 and ep % nodes == 0:
         return _eplb_hierarchical(shares, ep, physical, groups, nodes)
-    return _pack_replicas(shares, replicate(shares, physical), ep)
+    return _pack_eplb(shares, physical, ep)
+
+
+def _pack_eplb(shares: tuple[float, ...], physical: int, ep: int) -> ExpertPlacement:
+    """replicate_experts then balanced_packing, physical experts in EPLB's order."""
+    order = _replica_order(shares, physical)
+    return _pack_replicas(shares, replicate(shares, physical), ep, order)
 
 
 def _eplb_hierarchical(shares: tuple[float, ...], ep: int, physical: int, groups: int,
@@ -125,9 +142,11 @@ def _eplb_hierarchical(shares: tuple[float, ...], ep: int, physical: int, groups
     gpus_per_node = ep // nodes
     ranks: list[tuple[int, ...]] = []
     for node in range(nodes):
-        experts = [e for g in range(groups) if group_node[g] == node for e in range(g * size, (g + 1) * size)]
+        # a node's experts in the order its groups were packed to it (EPLB's log2mlog), which breaks its ties
+        mine = sorted((g for g in range(groups) if group_node[g] == node), key=lambda g: (-group_load[g], g))
+        experts = [e for g in mine for e in range(g * size, (g + 1) * size)]
         local = tuple(shares[e] for e in experts)
-        placed = _pack_replicas(local, replicate(local, physical // nodes), gpus_per_node)
+        placed = _pack_eplb(local, physical // nodes, gpus_per_node)
         ranks.extend(tuple(experts[i] for i in slots) for slots in placed.ranks)
     return ExpertPlacement(tuple(ranks))
 
