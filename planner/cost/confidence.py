@@ -89,7 +89,11 @@ def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage 
                        "grouped GEMMs unvalidated)")
     elif s.ep > c.max_ep:
         reasons.append(f"expert parallelism ep={s.ep}: validated MoE runs reach ep={c.max_ep}")
-    if job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
+    if job.model.num_experts and c.moe and job.routing is not None:
+        reasons.append("mixture of experts under routing statistics: validated MoE runs use "
+                       f"{', '.join(c.moe_routings)} routing (the expert placement's busiest rank and its replicas' "
+                       "cost are predictions no run checks)")
+    elif job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
         reasons.append(f"mixture of experts with {job.moe_routing} routing: validated MoE runs use "
                        f"{', '.join(c.moe_routings)} routing (moe_routing_imbalance is an estimate no run checks)")
     gpus = s.tp * s.cp * (s.dp or 1) * s.pp

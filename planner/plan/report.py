@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from planner.plan.moe import moe_report_lines
 from planner.plan.schema import Plan, PlanStage
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
 from planner.plan.targets import TargetCheck
@@ -339,6 +340,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         "",
         *_runners_up(plan),
         "",
+        *moe_report_lines(plan),
         *_targets(plan, checks),
         "## Launch",
         "",

@@ -144,6 +144,14 @@ class RoutingStats(BaseModel):
         """Canonical JSON of the statistics: the placement cache's key (computed once)."""
         return self.model_dump_json()
 
+    def without_replicas(self) -> "RoutingStats":
+        """The same loads with no redundant slots (a fresh model: the cached key is recomputed)."""
+        data = self.model_dump()
+        data["redundant_slots"] = 0
+        for entry in data["layers"] or []:
+            entry["replicas"] = None
+        return RoutingStats.model_validate(data)
+
     def layer_shares(self, num_experts: int) -> tuple[tuple[float, ...], ...]:
         """Shares per traced layer (in the file's layer order; one entry for a synthetic skew)."""
         if self.synthetic is not None:
