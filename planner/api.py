@@ -31,12 +31,13 @@ from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, EmbeddingPlan, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report
 from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, available_targets, primary_runtime
-from planner.emit.check import TargetCheck, emit_checked
+from planner.emit.check import NO_EXPERT_REPLICAS, TargetCheck, emit_checked
 from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, Precision
 from planner.plan.groups import build_plan
+from planner.plan.moe import without_replicas
 from planner.plan.output import write_outputs
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
@@ -234,9 +235,41 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         job = job.on(load_runtime(name))
         notes += [note] if note else []
     options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search)
-    result: CompileResult = compile_job(job, options, progress=progress)
+    if job.routing is not None and job.routing.redundant_slots and job.model.num_experts:
+        job, result, options, note = _compile_replica_choice(job, options, explicit and targets, progress)
+        notes += [note] if note else []
+    else:
+        result = compile_job(job, options, progress=progress)
     plan = build_plan(job, result, options)
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
+
+
+def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[str, ...] | bool,
+                            progress: Progress | None) -> tuple[Job, CompileResult, CompileOptions, str | None]:
+    """Search with the routing file's redundant expert slots and without them, each on half the budget, and keep
+    the better plan: replicas cost memory and a gradient sync that balance does not always repay.  A named target
+    that holds no replicas (Megatron) searches without them only.  Returns the options each search ran under."""
+    bare = without_replicas(job)
+    holds_none = [t for t in targets or () if t in NO_EXPERT_REPLICAS]
+    if holds_none:
+        return bare, compile_job(bare, options, progress=progress), options, (
+            f"{', '.join(holds_none)} holds no expert replicas: the plan places experts without the routing file's "
+            f"{job.routing.redundant_slots} redundant slots")
+    half = options.model_copy(update={"time_limit": options.time_limit / 2,
+                                      "work_limit": options.work_limit / 2 if options.work_limit else None})
+    results: list[tuple[Job, CompileResult]] = []
+    for candidate in (job, bare):
+        try:
+            results.append((candidate, compile_job(candidate, half, progress=progress)))
+        except InfeasibleError:
+            if candidate is bare and not results:
+                raise
+    chosen, result = min(results, key=lambda pair: pair[1].certificate.objective)
+    if chosen is job:
+        return job, result, half, None
+    other = f" (with them: {results[0][1].certificate.objective:.4g})" if results[0][0] is job else ""
+    return bare, result, half, (f"the routing file's {job.routing.redundant_slots} redundant expert slots do not repay "
+                          f"their memory and gradient sync on this job: the plan uses none{other}")
 
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,

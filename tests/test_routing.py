@@ -11,10 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from models import load_model
+from planner import api
 from planner.api import load_job
 from planner.cli import cli as main
 from planner.cost import evaluate
 from planner.cost.memory import expert_params_per_rank
+from planner.emit.check import check_target
 from planner.errors import PlannerInputError
 from planner.routing import placement as pl
 from planner.routing.stats import RoutingStats, load_routing
@@ -209,4 +211,47 @@ def test_compile_json_reports_the_placements() -> None:
     assert moe["max_load_ratio"] <= moe["eplb_max_load_ratio"]
     assert moe["max_load_ratio"] < moe["contiguous_max_load_ratio"]
     assert moe["step_time_s"] == pytest.approx(data["step_time_s"])
-    assert len(data["plan"]["moe"]["layers"]) == 1 and data["plan"]["job"]["routing"]["redundant_slots"] == 8
+    assert len(data["plan"]["moe"]["layers"]) == 1 and data["plan"]["job"]["routing"]["source"].startswith("synthetic")
+
+
+# ---------------------------------------------------------------- Megatron
+
+
+def test_megatron_relabelling_reproduces_the_plans_placement(tmp_path: Path) -> None:
+    """Without redundant slots the placement is a relabelling: Megatron's contiguous slots filled in
+    expert_placement.json's order carry the plan's busiest-rank ratio, recomputed here from the shares."""
+    routing = _write(tmp_path, {"source": "t", "synthetic": {"exponent": 1.2, "seed": 3}}, "zipf.json")
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(main, ["compile", "mixtral-8x7b", "dgx-h100:1", "-b", "16", "-s", "2048",
+                                       "--routing", str(routing), "--fix", "tp=1,pp=2,ep=4,zero=1",
+                                       "--target", "megatron", "-o", str(out), "--time-limit", "20"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "plan.json").read_text())
+    doc = json.loads((out / "megatron" / "expert_placement.json").read_text())
+    shares = RoutingStats(source="t", synthetic={"exponent": 1.2, "seed": 3}).layer_shares(8)[0]
+    order, ep = doc["layers"][0]["order"], doc["expert_model_parallel_size"]
+    assert sorted(order) == list(range(8)) and ep == 4
+    busiest = max(sum(shares[e] for e in order[r * 2:(r + 1) * 2]) for r in range(ep)) * ep
+    assert busiest == pytest.approx(plan["moe"]["max_load_ratio"])
+    assert busiest < pl.contiguous(8, 4).ratio(shares)
+    assert "Expert placement" in (out / "report.md").read_text()
+
+
+def test_megatron_refuses_replicas_it_cannot_hold() -> None:
+    """A plan with replicas: Megatron's files are costed without them, and refused (slower)."""
+    job = load_job("mixtral-8x7b", "dgx-h100:4", batch=256, seq_len=4096, routing=EXAMPLES / "zipf-mixtral.yaml")
+    compiled = api.compile(job, fixed={"tp": 2, "pp": 4, "ep": 8, "zero": 1}, time_limit=30)
+    assert compiled.plan.moe.redundant_slots == 8  # replicas repay their cost here
+    check = check_target(compiled.plan, compiled.job, "megatron")
+    assert check.status == "refused" and "holds no expert replicas" in " ".join(check.reasons)
+
+
+def test_named_megatron_target_searches_without_replicas(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["compile", "mixtral-8x7b", "dgx-h100:2", "-b", "32", "-s", "2048",
+                                       "--routing", str(EXAMPLES / "zipf-mixtral.yaml"),
+                                       "--fix", "tp=1,pp=2,ep=8,zero=1", "--target", "megatron",
+                                       "-o", str(tmp_path / "plan"), "--time-limit", "20"])
+    assert result.exit_code == 0, result.output
+    assert "megatron holds no expert replicas" in result.stderr
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["moe"]["redundant_slots"] == 0 and (tmp_path / "plan" / "megatron" / "expert_placement.json").exists()
