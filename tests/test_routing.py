@@ -255,3 +255,12 @@ def test_named_megatron_target_searches_without_replicas(tmp_path: Path) -> None
     assert "megatron holds no expert replicas" in result.stderr
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert plan["moe"]["redundant_slots"] == 0 and (tmp_path / "plan" / "megatron" / "expert_placement.json").exists()
+
+
+def test_routing_bench_ratio_grid_renders() -> None:
+    from benches import load_bench
+
+    rows = load_bench("routing").ratio_rows()
+    assert rows
+    for row in rows:  # contiguous, EPLB, planner columns: planner never worse than EPLB
+        assert float(row[7]) <= float(row[6].split()[0]) + 1e-3
