@@ -37,7 +37,7 @@ from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, i
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, Precision
 from planner.plan.groups import build_plan
-from planner.plan.moe import without_replicas
+from planner.plan.moe import MoePlacementPlan, moe_placement_plan, without_replicas
 from planner.plan.output import write_outputs
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
@@ -94,6 +94,15 @@ def estimate(job: Job, strategy: str | Strategy = "", *, runtime: str | None = N
         raise PlannerInputError(f"runtime {name} cannot run {'; '.join(missing)} (hardware/data/runtimes/{name}.yaml, "
                                 "space); the reference runtime costs any strategy")
     return evaluate(costed, checked)
+
+
+def expert_placement(job: Job, strategy: str | Strategy = "") -> MoePlacementPlan | None:
+    """The expert placement of a strategy under the job's routing statistics (None without): ratios and step
+    times under planner's, EPLB's and the contiguous placement, as `compile --json` reports them."""
+    if job.routing is None or not job.model.num_experts:
+        return None
+    checked = check_strategy(job, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
+    return moe_placement_plan(job, checked)
 
 
 @dataclass

@@ -67,7 +67,11 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     note_default_runtime(job, runtime)
     result = api.estimate(job, spec)
     if as_json:
-        emit_json(result.model_dump(mode="json"))
+        data = result.model_dump(mode="json")
+        placed = api.expert_placement(job, spec)
+        if placed is not None:  # routing statistics: the placement's ratios, as compile --json has them
+            data["moe"] = placed.model_dump(mode="json", exclude={"layers"})
+        emit_json(data)
     else:
         kernel = "" if flash_attention else ", no flash attention"
         title = (f"{job.model.name} on {job.cluster.describe()}\n"
