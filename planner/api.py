@@ -244,6 +244,8 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         job = job.on(load_runtime(name))
         notes += [note] if note else []
     options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search)
+    if job.routing is not None and job.model.num_experts:
+        _place_experts(job)  # before the search's clock starts: its budget is for the search
     if job.routing is not None and job.routing.redundant_slots and job.model.num_experts:
         job, result, options, note = _compile_replica_choice(job, options, explicit and targets, progress)
         notes += [note] if note else []
@@ -251,6 +253,15 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         result = compile_job(job, options, progress=progress)
     plan = build_plan(job, result, options)
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
+
+
+def _place_experts(job: Job) -> None:
+    """Solve (and cache) the expert placements of every expert-parallel degree the search may try, with the
+    routing file's redundant slots and without."""
+    experts, gpus = job.model.num_experts, job.cluster.num_gpus
+    for candidate in (job, without_replicas(job)):
+        for ep in (d for d in range(2, min(experts, gpus) + 1) if experts % d == 0):
+            candidate.expert_placement(ep)
 
 
 def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[str, ...] | bool,

@@ -19,6 +19,7 @@ model charges the routed experts' compute and the all-to-all with.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -38,6 +39,9 @@ NEIGHBOURHOOD_VARIABLES = 600
 # a busiest rank within this share of the lower bound is balanced: traces are not more precise
 TOLERANCE = 1e-3
 ROUNDS = 4  # neighbourhoods per layer at most
+# neighbourhood programs per expert-parallel degree, over all its layers (each at most ROUND_BUDGET): a
+# DeepSeek-V3 trace of 58 layers places in seconds; the layers past the budget keep EPLB's global packing
+PROGRAMS_PER_DEGREE = 16
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,14 @@ def balanced_packing(weights: list[float], packs: int) -> list[int]:
     """EPLB's balanced_packing: items heaviest first (lowest index on ties), each to the lightest pack that has
     room for len(weights) / packs items (lowest pack on ties); the pack of each item."""
     per = len(weights) // packs
-    load, items = [0.0] * packs, [0] * packs
+    room = [(0.0, p) for p in range(packs)]  # (load, pack) of the packs with a free slot: a heap
+    items = [0] * packs
     out = [-1] * len(weights)
     for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
-        pack = min((p for p in range(packs) if items[p] < per), key=lambda p: (load[p], p))
-        out[i], load[pack], items[pack] = pack, load[pack] + weights[i], items[pack] + 1
+        load, pack = heapq.heappop(room)
+        out[i], items[pack] = pack, items[pack] + 1
+        if items[pack] < per:
+            heapq.heappush(room, (load + weights[i], pack))
     return out
 
 
@@ -151,18 +158,33 @@ def _eplb_hierarchical(shares: tuple[float, ...], ep: int, physical: int, groups
     return ExpertPlacement(tuple(ranks))
 
 
-def program(shares: tuple[float, ...], ep: int, counts: list[int], start: ExpertPlacement) -> ExpertPlacement:
+@dataclass
+class Budget:
+    """Neighbourhood programs left to one degree's layers (a count, so that the placement is deterministic)."""
+
+    programs: int
+
+
+def program(shares: tuple[float, ...], ep: int, counts: list[int], start: ExpertPlacement,
+            budget: Budget | None = None) -> ExpertPlacement:
     """Each expert's `counts` replicas on distinct ranks of `ep` equal-slot ranks, the busiest rank's load
     minimised from `start`: a CP-SAT program over the busiest rank and the lightest others (all ranks when the
     layer is small, then the program is exact), repeated while the busiest rank gets lighter (large
     neighbourhood search: DeepSeek-V3's 256 experts on 32 ranks are 8,192 placement variables a layer)."""
     experts = range(len(shares))
     weight = [round(shares[e] / counts[e] * SHARE_SCALE) for e in experts]
-    # no rank is lighter than the heaviest replica or the mean
-    floor = max(max(weight), -(-sum(w * c for w, c in zip(weight, counts)) // ep))
     ranks = [list(slots) for slots in start.ranks]
+    if len(ranks[0]) == 1:
+        return start  # one slot a rank: every placement of these replicas has the same busiest rank
+    # no rank is lighter than the mean, nor than the heaviest replica's rank with the lightest replicas beside it
+    items = sorted(w for e in experts for w in [weight[e]] * counts[e])
+    floor = max(-(-sum(items) // ep), items[-1] + sum(items[:len(ranks[0]) - 1]))
+    budget = budget or Budget(ROUNDS)
     size = max(2, min(ep, math.isqrt(NEIGHBOURHOOD_VARIABLES // max(1, len(ranks[0])))))
     for _ in range(ROUNDS):
+        if budget.programs <= 0:
+            break
+        budget.programs -= 1
         loads = [sum(weight[e] for e in slots) for slots in ranks]
         busiest = max(range(ep), key=lambda r: (loads[r], -r))
         if loads[busiest] <= floor * (1 + TOLERANCE):
@@ -273,19 +295,21 @@ def _summarise(stats: RoutingStats, num_experts: int, ep: int, nodes: int) -> Pl
     redundant = usable_redundant(stats, num_experts, ep)
     physical = num_experts + redundant
     hierarchical = nodes > 1 and stats.expert_groups % nodes == 0 and ep % nodes == 0
-    layers, eplb_placed = [], []
-    for index, (shares, pinned) in enumerate(zip(shares_by_layer, pinned_by_layer)):
-        if pinned is not None and sum(pinned) != physical:
-            pinned = None  # pinned counts for another slot total: this degree chooses its own
-        base = contiguous(num_experts, ep)
-        theirs = eplb(shares, ep, physical, stats.expert_groups, nodes, pinned)
-        ours = _best(shares, ep, physical, pinned, theirs)
-        eplb_placed.append(theirs)
-        number = stats.layers[index].layer if stats.layers else 0
-        layers.append(LayerPlacement(layer=number, ranks=[list(r) for r in ours.ranks],
-                                     max_load_ratio=ours.ratio(shares), eplb_max_load_ratio=theirs.ratio(shares),
-                                     contiguous_max_load_ratio=base.ratio(shares)))
-    placed = [ExpertPlacement(tuple(tuple(r) for r in p.ranks)) for p in layers]
+    # pinned counts for another slot total than this degree's: the degree chooses its own
+    pins = [p if p is not None and sum(p) == physical else None for p in pinned_by_layer]
+    eplb_placed = [eplb(shares, ep, physical, stats.expert_groups, nodes, pin)
+                   for shares, pin in zip(shares_by_layer, pins)]
+    # the programs go to the layers EPLB leaves busiest first (the cost model charges the mean ratio)
+    order = sorted(range(len(shares_by_layer)), key=lambda i: (-eplb_placed[i].ratio(shares_by_layer[i]), i))
+    budget = Budget(PROGRAMS_PER_DEGREE)
+    ours = {i: _best(shares_by_layer[i], ep, physical, pins[i], eplb_placed[i], budget) for i in order}
+    base = contiguous(num_experts, ep)
+    layers = [LayerPlacement(layer=stats.layers[i].layer if stats.layers else 0,
+                             ranks=[list(r) for r in ours[i].ranks], max_load_ratio=ours[i].ratio(shares),
+                             eplb_max_load_ratio=eplb_placed[i].ratio(shares),
+                             contiguous_max_load_ratio=base.ratio(shares))
+              for i, shares in enumerate(shares_by_layer)]
+    placed = [ours[i] for i in range(len(shares_by_layer))]
 
     def mean(field: str) -> float:
         return sum(getattr(p, field) for p in layers) / len(layers)
@@ -301,13 +325,13 @@ def _summarise(stats: RoutingStats, num_experts: int, ep: int, nodes: int) -> Pl
 
 
 def _best(shares: tuple[float, ...], ep: int, physical: int, pinned: tuple[int, ...] | None,
-          theirs: ExpertPlacement) -> ExpertPlacement:
+          theirs: ExpertPlacement, budget: Budget) -> ExpertPlacement:
     """Planner's placement of one layer: the program on the optimal replica counts, warm-started from EPLB's
     global packing of them; EPLB's own placement where that is better."""
     if ep == 1:
         return theirs
     counts = list(pinned) if pinned is not None else replicate(shares, physical)
     start = _pack_replicas(shares, counts, ep)
-    ours = program(shares, ep, counts, start)
+    ours = program(shares, ep, counts, start, budget)
     candidates = [ours, start, theirs]
     return min(candidates, key=lambda p: (p.ratio(shares), candidates.index(p)))
