@@ -264,3 +264,30 @@ def test_routing_bench_ratio_grid_renders() -> None:
     assert rows
     for row in rows:  # contiguous, EPLB, planner columns: planner never worse than EPLB
         assert float(row[7]) <= float(row[6].split()[0]) + 1e-3
+
+
+def test_compile_keeps_the_better_of_replicas_and_none() -> None:
+    """The plan is the faster of the search with the file's redundant slots and the search without them."""
+    from planner.plan.moe import without_replicas
+    from planner.search.compile import compile_job
+
+    job = load_job("mixtral-8x7b", "dgx-h100:2", batch=32, seq_len=2048, routing=EXAMPLES / "zipf-mixtral.yaml")
+    fixed = {"tp": 1, "pp": 2, "ep": 8, "zero": 1}
+    compiled = api.compile(job, fixed=fixed, time_limit=20)
+    options = api._options(job, (), fixed, "time", None, 10, None, "always")
+    with_slots = compile_job(job, options).estimate.step_time_s
+    without = compile_job(without_replicas(job), options).estimate.step_time_s
+    assert compiled.plan.time.step_time_s == pytest.approx(min(with_slots, without))
+    assert (compiled.plan.moe.redundant_slots == 0) == (without < with_slots)
+
+
+def test_estimate_json_has_the_placements() -> None:
+    result = CliRunner().invoke(main, ["estimate", "mixtral-8x7b", "dgx-h100:4", "-b", "256", "-s", "4096",
+                                       "--strategy", "tp=2,pp=4,cp=2,ep=8,etp=1,vpp=2",
+                                       "--routing", str(EXAMPLES / "mixtral-8x7b-layers.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    moe = data["moe"]
+    assert moe["step_time_s"] == pytest.approx(data["step_time_s"]) and moe["ep"] == 8
+    assert moe["max_load_ratio"] <= moe["eplb_max_load_ratio"] < moe["contiguous_max_load_ratio"]
+    assert moe["contiguous_step_time_s"] > moe["step_time_s"]

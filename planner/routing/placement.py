@@ -327,11 +327,11 @@ def _summarise(stats: RoutingStats, num_experts: int, ep: int, nodes: int) -> Pl
 def _best(shares: tuple[float, ...], ep: int, physical: int, pinned: tuple[int, ...] | None,
           theirs: ExpertPlacement, budget: Budget) -> ExpertPlacement:
     """Planner's placement of one layer: the program on the optimal replica counts, warm-started from EPLB's
-    global packing of them; EPLB's own placement where that is better."""
+    global packing of them; EPLB's own placement, or without replicas the contiguous one, where that is better."""
     if ep == 1:
         return theirs
     counts = list(pinned) if pinned is not None else replicate(shares, physical)
     start = _pack_replicas(shares, counts, ep)
     ours = program(shares, ep, counts, start, budget)
-    candidates = [ours, start, theirs]
+    candidates = [ours, start, theirs] + ([contiguous(len(shares), ep)] if physical == len(shares) else [])
     return min(candidates, key=lambda p: (p.ratio(shares), candidates.index(p)))
