@@ -36,13 +36,13 @@ def main() -> None:
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(total.item())
-    mine = {e: [w.flatten().tolist() for w in ws] for e, ws in layer.expert_weights().items()}
+    mine = [(e, [w.flatten().tolist() for w in ws]) for e, ws in layer.expert_weights()]
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if me == 0:
         experts: dict[str, list] = {}
         for part in gathered:
-            for e, ws in part.items():
+            for e, ws in part:
                 experts.setdefault(str(e), []).append(ws)
         with open(out, "w") as handle:
             json.dump({"losses": losses, "experts": experts, "router": layer.router.detach().flatten().tolist()},

@@ -8,9 +8,11 @@ Three placements of the same loads on the same slots:
   load per replica, balanced_packing deals replicas heaviest first to the lightest rank with a free slot;
   the hierarchical policy first packs expert groups to nodes when the group count divides by the nodes;
 * planner's program (CP-SAT): the replicas of the optimal replica counts (the greedy is exact for the
-  largest load per replica) packed onto the ranks, every rank filling its slots, minimising the busiest
-  rank's load, warm-started from EPLB's global packing; the result is whichever of it and EPLB is better,
-  so it is never worse than EPLB.
+  largest load per replica) on distinct ranks, every rank filling its slots, minimising the busiest rank's
+  load; a large neighbourhood search (the busiest rank and the lightest others per program, exact when they
+  are all the ranks) warm-started from EPLB's global packing, its programs spent on the layers EPLB leaves
+  busiest; the result is the best of it, EPLB and (without replicas) the contiguous order, so it is never
+  worse than EPLB.  EPLB may put two replicas of an expert on one rank; planner's runtime accepts that.
 
 A replicated expert's tokens split evenly among its replicas (the runtime deals them round-robin), so a
 replica carries share / replicas.  The busiest rank's load over the mean (1 / ep) is the ratio the cost

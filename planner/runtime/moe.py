@@ -62,14 +62,12 @@ class _Sum(torch.autograd.Function):
 
 def check_placement(ranks: list[list[int]], num_experts: int, group_size: int) -> None:
     """ValueError unless `ranks` gives every one of `group_size` ranks the same number of slots and every expert
-    at least one, on distinct ranks."""
+    at least one (EPLB may put two replicas of an expert on one rank: each slot is a replica all the same)."""
     if len(ranks) != group_size:
         raise ValueError(f"placement has {len(ranks)} ranks, the expert-parallel group {group_size}")
     if len({len(slots) for slots in ranks}) != 1:
         raise ValueError("placement: every rank holds the same number of expert slots")
     for r, slots in enumerate(ranks):
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"placement: rank {r} holds an expert twice")
         bad = [e for e in slots if not 0 <= e < num_experts]
         if bad:
             raise ValueError(f"placement: rank {r} holds expert {bad[0]}, the layer has {num_experts}")
@@ -88,8 +86,9 @@ class PlacedMoE(nn.Module):
         self.group, self.top_k, self.num_experts = group, top_k, num_experts
         self.ranks = [list(slots) for slots in ranks]
         self.slots = self.ranks[dist.get_rank(group)]
-        # replica r of expert e sits on holders[e][r]
-        self.holders = [[r for r, slots in enumerate(ranks) if e in slots] for e in range(num_experts)]
+        # replica i of expert e is slot holders[e][i] = (rank, slot index on that rank)
+        self.holders = [[(r, s) for r, slots in enumerate(ranks) for s, x in enumerate(slots) if x == e]
+                        for e in range(num_experts)]
         router = torch.Generator().manual_seed(seed)
         self.router = nn.Parameter(torch.randn(num_experts, hidden, generator=router, dtype=dtype) / hidden ** 0.5)
         weights = [self._expert_weights(seed, e, hidden, ffn, dtype) for e in self.slots]
@@ -110,14 +109,16 @@ class PlacedMoE(nn.Module):
         probs = F.softmax(x @ self.router.t(), dim=-1)
         gates, experts = probs.topk(self.top_k, dim=-1)
         gates = gates / gates.sum(dim=-1, keepdim=True)
-        everyone = _Gather.apply(x, self.group)
-        all_gates = _Gather.apply(gates, self.group)
+        # tokens and gates travel in one gather: two would run their backward all-reduces in an order autograd
+        # may choose differently on different ranks, pairing a token gradient with a gate gradient
+        packed = _Gather.apply(torch.cat([x, gates], dim=-1), self.group)
+        everyone, all_gates = packed[:, :x.shape[-1]], packed[:, x.shape[-1]:]
         all_experts = _Gather.apply(experts, self.group)  # integer: no gradient flows
         out = torch.zeros_like(everyone)
         me = dist.get_rank(self.group)
         for slot, expert in enumerate(self.slots):
             tokens, choice = (all_experts == expert).nonzero(as_tuple=True)  # copies in (token, choice) order
-            replica = self.holders[expert].index(me)
+            replica = self.holders[expert].index((me, slot))
             mine = torch.arange(len(tokens)) % len(self.holders[expert]) == replica
             tokens, choice = tokens[mine], choice[mine]
             h = everyone[tokens]
@@ -130,27 +131,25 @@ class PlacedMoE(nn.Module):
     @torch.no_grad()
     def sync_replica_grads(self) -> None:
         """Sum each replicated expert's gradients over its replicas (every rank calls it, in expert order)."""
+        params = (self.w1, self.w3, self.w2)
         for expert in range(self.num_experts):
-            holders = self.holders[expert]
-            if len(holders) == 1:
+            if len(self.holders[expert]) == 1:
                 continue
             # one all-reduce over the whole group, zeros from ranks without the expert: gloo subgroups would
             # need one process group per holder set
-            grads = [torch.zeros_like(self.w1[0]), torch.zeros_like(self.w3[0]), torch.zeros_like(self.w2[0])]
-            if expert in self.slots:
-                slot = self.slots.index(expert)
-                grads = [self.w1.grad[slot].clone(), self.w3.grad[slot].clone(), self.w2.grad[slot].clone()]
+            mine = [s for s, e in enumerate(self.slots) if e == expert]
+            grads = [sum((p.grad[s] for s in mine), torch.zeros_like(p[0])) for p in params]
             for grad in grads:
                 dist.all_reduce(grad, group=self.group)
-            if expert in self.slots:
-                slot = self.slots.index(expert)
-                self.w1.grad[slot], self.w3.grad[slot], self.w2.grad[slot] = grads
+            for s in mine:
+                for p, grad in zip(params, grads):
+                    p.grad[s] = grad
 
     @torch.no_grad()
     def sync_router_grads(self) -> None:
         """Sum the router's gradient over the group (every rank routed its own tokens)."""
         dist.all_reduce(self.router.grad, group=self.group)
 
-    def expert_weights(self) -> dict[int, list[torch.Tensor]]:
-        """This rank's experts' (w1, w3, w2) by expert id."""
-        return {e: [self.w1[s].detach(), self.w3[s].detach(), self.w2[s].detach()] for s, e in enumerate(self.slots)}
+    def expert_weights(self) -> list[tuple[int, list[torch.Tensor]]]:
+        """(expert id, [w1, w3, w2]) of each of this rank's slots, in slot order."""
+        return [(e, [self.w1[s].detach(), self.w3[s].detach(), self.w2[s].detach()]) for s, e in enumerate(self.slots)]
