@@ -291,3 +291,13 @@ def test_estimate_json_has_the_placements() -> None:
     assert moe["step_time_s"] == pytest.approx(data["step_time_s"]) and moe["ep"] == 8
     assert moe["max_load_ratio"] <= moe["eplb_max_load_ratio"] < moe["contiguous_max_load_ratio"]
     assert moe["contiguous_step_time_s"] > moe["step_time_s"]
+
+
+def test_compare_costs_megatron_with_its_contiguous_placement() -> None:
+    job = load_job("mixtral-8x7b", "dgx-h100:4", batch=256, seq_len=4096, routing=EXAMPLES / "zipf-mixtral.yaml")
+    [row] = api.compare_baselines(job, only=("megatron",))
+    s = check_strategy(job, parse_strategy(row.spec))
+    contiguous = evaluate(job.model_copy(update={"expert_placement_policy": "contiguous"}), s)
+    planners = evaluate(job, s)
+    assert row.step_time_s == pytest.approx(contiguous.step_time_s)
+    assert planners.step_time_s < contiguous.step_time_s
