@@ -198,7 +198,22 @@ class NodeSpec(BaseModel):
         description="Host-side bytes/s per direction the node's GPUs share when they stream from host memory "
         "at once (PCIe switch uplinks / CPU root ports); default: no sharing (gpus x pcie_bandwidth).",
     )
+    compute_hcas: tuple[str, ...] = Field(
+        (), description="RDMA device names of the compute NICs (NCCL_IB_HCA in the launch files), where the node "
+        "type's documentation gives them (its sources say where); empty: NCCL picks among the NICs it finds.")
     sources: list[str] = Field(min_length=1, description="Where each figure comes from.")
+
+    @model_validator(mode="after")
+    def _hcas_sourced(self) -> NodeSpec:
+        if self.compute_hcas and not any(s.startswith("compute_hcas:") for s in self.sources):
+            raise ValueError("compute_hcas needs a source: a 'compute_hcas: ...' line in sources")
+        return self
+
+    @property
+    def compute_hcas_source(self) -> str:
+        """Where compute_hcas come from ('' when there are none)."""
+        return next((s.removeprefix("compute_hcas:").strip() for s in self.sources if s.startswith("compute_hcas:")),
+                    "")
 
     @property
     def nic_bandwidth_per_gpu(self) -> float:

@@ -9,6 +9,9 @@ The entry points (planner/api.py; the command line only parses, calls them and p
     compiled = planner.compile(job, targets=("megatron",))       # the fastest plan that fits, certified
     compiled.write("out/llama3-8b")                              # plan.json, report.md, megatron/
     planner.compare_baselines(job, only=("megatron", "zero3", "planner"))  # baselines beside the plan
+    plan, job = planner.load_plan("out/llama3-8b/plan.json")     # a compiled plan and its job, checked
+    planner.simulate_plan(plan, job).summary.simulated_step_s    # its step, event by event
+    planner.replan_for(plan, job, "dgx-h100:1").plan             # re-planned for a changed allocation
 
 The data path, and the package of each step (lower layers never import higher ones: pyproject.toml's
 import-linter contract):
@@ -30,8 +33,10 @@ from typing import Any
 
 from planner.version import __version__
 
-# not job or compare: planner.job and planner.compare are modules
-__all__ = ["Compiled", "DEFAULT_RUNTIME", "__version__", "compare_baselines", "compile", "estimate", "load_job"]
+# not job or compare: planner.job and planner.compare are modules;
+# not simulate or replan either: their packages are planner.simulate and planner.replan
+__all__ = ["Compiled", "DEFAULT_RUNTIME", "Replanned", "Simulated", "__version__", "compare_baselines", "compile",
+           "estimate", "load_job", "load_plan", "replan_for", "simulate_plan"]
 
 
 def __getattr__(name: str) -> Any:

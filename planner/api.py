@@ -27,6 +27,10 @@ from models import ModelGraph, load_model
 from planner.compare.plugins import load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
+from planner.compare.data_candidates import data_plan_over_degrees
+from planner.data.plan import plan_data
+from planner.data.profile import DataProfile
+from planner.data.result import DataPlan
 from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, EmbeddingPlan, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report
@@ -36,21 +40,29 @@ from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, Precision
+from planner.plan.build import inputs_digest
 from planner.plan.groups import build_plan
 from planner.plan.moe import MoePlacementPlan, moe_placement_plan, without_replicas
 from planner.plan.output import write_outputs
+from planner.plan.prefer import prefer as prefer_plan
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
 from planner.plan.schema import Plan, plan_json
 from planner.profile import CLI_RUNTIME, load_runtime
+from planner.replan.candidates import ReplanOptions, ReplanResult, old_options, replan as replan_job
+from planner.replan.layout import plan_layout
+from planner.replan.output import replan_files
 from planner.routing.stats import RoutingStats, load_routing
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions, CompileResult
 from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan
+from planner.simulate.plan_input import simulate_plan as simulate_runs
+from planner.simulate.simulator import SimulationRun
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
 
-__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "load_job"]
+__all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "estimate_data", "load_job"]
 
 DEFAULT_RUNTIME = CLI_RUNTIME  # the runtime the library's entry points and the command line cost a job under
 Progress = Callable[[str], None]
@@ -103,6 +115,13 @@ def expert_placement(job: Job, strategy: str | Strategy = "") -> MoePlacementPla
         return None
     checked = check_strategy(job, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
     return moe_placement_plan(job, checked)
+def estimate_data(job: Job, strategy: str | Strategy, profile: DataProfile) -> DataPlan:
+    """Score one strategy on a data profile: its static layouts and its hybrid layout of the profile's step
+    (planner.data), the same pricing `compile --data-profile` runs over every candidate."""
+    profile.check_fits(job.seq_len, f"data profile {profile.name}")
+    estimate(job, strategy)  # the strategy's own checks and its runtime's refusals, one line each
+    checked = check_strategy(job, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
+    return plan_data(job, profile, [checked], load_catalog())[0]
 
 
 @dataclass
@@ -133,6 +152,13 @@ class Compiled:
             data["plan"] = self.plan.model_dump(mode="json", by_alias=True)
             return data
         data = (self.result.estimate or self.result.groups).model_dump(mode="json")
+        if self.plan.data is not None:  # the plan's step is the data plan's: the uniform estimate stays beside it
+            planned = self.plan.data
+            data["uniform_step_time_s"] = data["step_time_s"]
+            data["step_time_s"] = planned.step_time_s
+            data["tokens_per_s"] = planned.tokens / planned.step_time_s
+            data["tokens_per_s_per_gpu"] = data["tokens_per_s"] / data["num_gpus"]
+            data["data"] = self.plan.data.model_dump(mode="json")
         data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
                           "stopped": cert.stopped, "reproducible": cert.stopped is None}
         data["plan"] = self.plan.model_dump(mode="json")
@@ -213,19 +239,30 @@ def _embedding_launch_section(targets: tuple[str, ...], inputs: LaunchInputs) ->
 def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = None,
             fixed: dict[str, int | str] | None = None, objective: str = "time", max_step_time: float | None = None,
             time_limit: float = 60.0, work_limit: float | None = None, offload_search: str = "always",
-            embedding_planner: EmbeddingStrategyName = "planner", progress: Progress | None = None) -> Compiled:
+            embedding_planner: EmbeddingStrategyName = "planner", prefer: str = "validated",
+            progress: Progress | None = None, data_profile: DataProfile | None = None) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
     targets: launch targets the plan must be expressible in (their spaces intersect; none named: the default
     targets, written where they hold the plan).  runtime: the runtime the plan is costed under (default: the
     first named target's, else the job's).  fixed: strategy keys the search must use (`--fix`).  work_limit:
-    CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  InfeasibleError when
-    nothing fits, with what does not fit where and the smallest change that would."""
+    CP-SAT's deterministic budget in seconds, instead of the wall-clock time_limit.  prefer: "validated" (a
+    runner-up within the model's error of the optimum that risks less HBM headroom or extrapolation is returned
+    instead, planner.plan.prefer) or "fastest" (the optimum).  InfeasibleError when
+    nothing fits, with what does not fit where and the smallest change that would.  data_profile: plan the
+    packing, per-bucket context parallelism and balancing of that data against the best static plan on it
+    (planner.data; the plan's `data` section; the data plan chooses among strategies by its own step times, so
+    `prefer` does not apply to it)."""
     explicit = bool(targets)
     chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in chosen if t not in available_targets()]
     if missing:
         raise PlannerInputError(f"--target: no emitter for {', '.join(missing)} in this build")
+    if data_profile is not None:
+        if job.model.family == "recsys":
+            raise PlannerInputError(f"--data-profile: {job.model.name} is a recommendation model; a data profile "
+                                    "gives sequence lengths")
+        data_profile.check_fits(job.seq_len, f"data profile {data_profile.name}")
     if job.model.family == "recsys":
         # the embedding search's budget is CP-SAT work already (planner.embedding.compile)
         budget = work_limit or time_limit
@@ -243,7 +280,8 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         name, note = default_runtime(job, targets)
         job = job.on(load_runtime(name))
         notes += [note] if note else []
-    options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search)
+    options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search,
+                       prefer)
     if job.routing is not None and job.model.num_experts:
         _place_experts(job)  # before the search's clock starts: its budget is for the search
     if job.routing is not None and job.routing.redundant_slots and job.model.num_experts:
@@ -251,7 +289,18 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         notes += [note] if note else []
     else:
         result = compile_job(job, options, progress=progress)
-    plan = build_plan(job, result, options)
+    if data_profile is None:
+        result, preference = prefer_plan(job, result, options)
+        plan = build_plan(job, result, options).model_copy(update={"preference": preference})
+    else:
+        if result.strategy is None:
+            raise PlannerInputError("--data-profile: the plan is replica groups over pools of different GPUs; plan "
+                                    "the data on one pool")
+        data, result = data_plan_over_degrees(job, options, result, data_profile, progress)
+        plan = build_plan(job, result, options)
+        # the profile is an input of the plan: recorded with the options, so inputs_digest covers it
+        record = {**plan.options, "data_profile": data_profile.model_dump(mode="json")}
+        plan = plan.model_copy(update={"data": data, "options": record, "inputs_digest": inputs_digest(job, record)})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
 
 
@@ -294,7 +343,7 @@ def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[st
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: str,
              max_step_time: float | None, time_limit: float, work_limit: float | None,
-             offload_search: str) -> CompileOptions:
+             offload_search: str, prefer: str = "validated") -> CompileOptions:
     """The search's options: one plan every named target can express (the intersection of their spaces; a
     target whose runtime cannot run the model at all is skipped when the files are written instead)."""
     space = SpaceOptions(fixed=fixed, offload_search=offload_search)
@@ -308,7 +357,7 @@ def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], ob
                 narrowed.append(profile.name)
     others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)
     return CompileOptions(objective=objective, max_step_time=max_step_time, time_limit=time_limit,
-                          work_limit=work_limit, space=space, space_runtimes=others)
+                          work_limit=work_limit, space=space, space_runtimes=others, prefer=prefer)
 
 
 def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: str | Path | None = None,
@@ -320,3 +369,60 @@ def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: 
         names, plugins = load_strategies(Path(strategies_file),
                                          tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
     return compare_rows(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
+
+
+def load_plan(path: str | Path, *, model: str | None = None, cluster: str | None = None) -> tuple[Plan, Job]:
+    """A plan.json and the job it was compiled for, rebuilt from its model and cluster and checked against its
+    inputs_digest (an edited plan is refused).  model, cluster: the files it was compiled from, where plan.json
+    names a file rather than a zoo model or PRESET:NODES."""
+    plan = read_plan(Path(path))
+    return plan, plan_job(plan, Path(path), model, cluster)
+
+
+@dataclass
+class Simulated:
+    """A plan's step simulated event by event, beside the analytic cost model."""
+
+    summary: PlanSimulation
+    runs: list[tuple[str | None, int, SimulationRun]]  # (pool, batch, run) per replica group (pool None: one)
+
+
+def simulate_plan(plan: Plan, job: Job) -> Simulated:
+    """Simulate one training step of `plan` (every forward, backward, transfer, gather and the optimizer)."""
+    runs, sync = plan_runs(plan, job)
+    return Simulated(summary=simulate_runs(plan, runs, sync), runs=runs)
+
+
+DEFAULT_STEPS_LEFT = 1000
+
+
+@dataclass
+class Replanned:
+    """A re-plan: the new plan, what moves where, and the files `planner replan -o DIR` writes."""
+
+    plan: Plan
+    result: ReplanResult
+    files: dict[str, str | bytes]
+    notes: list[str]  # the targets without files, and why
+
+    def write(self, out_dir: str | Path, *, force: bool = False) -> None:
+        write_outputs(Path(out_dir), self.files, force=force)
+
+
+def replan_for(plan: Plan, job: Job, new_cluster: str | Cluster, *, targets: tuple[str, ...] = (),
+           steps_left: int = DEFAULT_STEPS_LEFT, checkpoint_bandwidth: float | None = None,
+           lost_nodes: tuple[int, ...] | None = None, time_limit: float | None = None,
+           fixed: dict[str, int | str] | None = None, inputs: LaunchInputs = LaunchInputs()) -> Replanned:
+    """Re-plan `plan` (and its `job`, from load_plan) for `new_cluster`: the plan minimising the migration time plus
+    steps_left x step time, with the migration and the targets' launch files resuming the old checkpoint
+    (targets: default, compile's defaults).  InfeasibleError when the new cluster is too small."""
+    if plan.groups:
+        raise PlannerInputError("strategy: a replica-group plan (a strategy per pool); replan re-plans "
+                                "single-strategy plans")
+    cluster = load_cluster(new_cluster) if isinstance(new_cluster, str) else new_cluster
+    ask = ReplanOptions(steps_left=steps_left, checkpoint_bandwidth=checkpoint_bandwidth, lost_nodes=lost_nodes,
+                        time_limit=time_limit, fixed=fixed or {})
+    result = replan_job(plan_layout(plan, job.model), job, old_options(plan.options), cluster, ask)
+    chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
+    new, files, notes = replan_files(plan, result, ask, chosen, inputs)
+    return Replanned(plan=new, result=result, files=files, notes=notes)

@@ -29,6 +29,12 @@ class Job(BaseModel):
     global_batch: int = Field(gt=0, le=MAX_COUNT, strict=True,
                               description="Sequences (samples for recsys) per optimizer step.")
     seq_len: int = Field(gt=0, le=MAX_COUNT, strict=True, description="Tokens per sequence (1 for recsys models).")
+    attention_span: float | None = Field(
+        None, gt=0,
+        description="Keys each token attends over on average, as the attention term counts them: for a row of "
+        "seq_len tokens packed from documents of lengths L_i under a document mask (variable-length flash "
+        "kernels), sum(L_i^2) / seq_len (planner.data).  None: seq_len (the row is one sequence).",
+    )
     precision: Precision = Field(
         "bf16", description="Compute precision: bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."
     )
@@ -93,6 +99,14 @@ class Job(BaseModel):
         if problem is not None:
             raise ValueError(problem)
         return routing
+    @field_validator("attention_span")
+    @classmethod
+    def _span_within_row(cls, span: float | None, info: ValidationInfo) -> float | None:
+        # a packed row's documents are at most the row long, so sum(L^2)/sum(L) <= seq_len
+        seq_len = info.data.get("seq_len")
+        if span is not None and seq_len is not None and span > seq_len * (1 + 1e-9):
+            raise ValueError(f"attention_span {span:g} exceeds seq_len {seq_len}: a document is at most a row long")
+        return span
 
     @field_validator("precision")
     @classmethod
@@ -125,6 +139,11 @@ class Job(BaseModel):
     def fused(self) -> bool:
         """Fused element-wise kernels in effect: the job allows them and the runtime has them."""
         return self.fused_kernels and self.runtime.kernels.fused_elementwise
+
+    @property
+    def attended(self) -> float:
+        """Keys each token attends over in the attention term: attention_span, else seq_len."""
+        return self.seq_len if self.attention_span is None else self.attention_span
 
     @property
     def tokens_per_step(self) -> int:

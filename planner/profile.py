@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.graph import LayerKind
+from planner.chunks import accounted_split, split_chunks
 from planner.errors import PlannerInputError
 from planner.strategy import Offload, OffloadDevice, Schedule, ShardScope, Strategy
 
@@ -172,6 +173,10 @@ class Kernels(BaseModel):
 
     model_config = _FIELD
     flash_attention: bool = Field(description="Fused flash attention (no s^2 score tensors).")
+    attention_kernel: Literal["flash2", "flash3", "cudnn"] = Field(
+        "flash2", description="The flash-attention kernel it runs where the device has it "
+        "(hardware/data/attention.yaml): flash2 (FlashAttention-2, PyTorch's scaled_dot_product_attention), flash3, "
+        "cudnn (Transformer Engine's fused attention on Hopper).")
     fused_elementwise: bool = Field(description="Element-wise work in fused kernels (Transformer Engine, apex "
                                     "fusions or torch.compile); False: eager PyTorch kernels.")
     autocast_weight_copy_bytes: float = Field(
@@ -348,9 +353,15 @@ class Space(BaseModel):
 
         ends (Megatron: --decoder-first/last-pipeline-num-layers): the middle stages hold ceil(blocks / pp)
         each and the first and last share the rest, the first taking the odd one (the last also holds the
-        head and the loss); an interleaved schedule needs even chunks, so it keeps the even default (and is
-        refused).  even: no split runs, and the default is refused too."""
-        if self.split != "ends" or pp < 3 or vpp > 1 or blocks % pp == 0 or blocks < pp:
+        head and the loss).  With an interleaved schedule whose chunks the blocks do not fill evenly, the
+        embedding and the loss count as a layer each (planner.chunks.accounted_split: Megatron-Core's
+        --account-for-embedding/loss-in-pipeline-split, or the recipes' explicit layouts).  even: no split
+        runs, and the default is refused too."""
+        if self.split != "ends" or blocks < pp:
+            return None
+        if vpp > 1:
+            return accounted_split(blocks, pp, vpp) if blocks % (pp * vpp) else None
+        if pp < 3 or blocks % pp == 0:
             return None
         middle = -(-blocks // pp)
         rest = blocks - (pp - 2) * middle
@@ -372,6 +383,14 @@ class Pipelining(BaseModel):
     source: str = Field("", description="Where this was read.")
 
 
+class KnownGap(BaseModel):
+    """A measured error of the cost model under a runtime that it does not model yet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    summary: str = Field(max_length=80, description="What is off, in one short line (the estimate's text output).")
+    detail: str = Field(description="The measurement behind it and its source (report.md, --json).")
+
+
 class RuntimeProfile(BaseModel):
     """One framework as it runs a strategy."""
 
@@ -389,7 +408,7 @@ class RuntimeProfile(BaseModel):
         None, description="What the runtime saves for backward per layer kind; null: the model graph's "
         "Korthikanti count.")
     space: Space = Field(description="What it can express.")
-    known_gaps: tuple[str, ...] = Field(
+    known_gaps: tuple[KnownGap, ...] = Field(
         (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "
         "yet, with the measurement; every estimate under it names them (planner.cost.confidence).")
 
@@ -443,7 +462,8 @@ class RuntimeProfile(BaseModel):
                 out.append(f"split={'/'.join(map(str, split_blocks))} (even splits only)")
             elif sp.split == "ends" and len(set(middle)) > 1:
                 out.append(f"split={'/'.join(map(str, split_blocks))} (only the first and last stage may differ)")
-            elif s.vpp > 1 and len(set(split_blocks)) > 1:
+            elif s.vpp > 1 and sp.split != "ends" and (len(set(split_blocks)) > 1 or split_blocks[0] % s.vpp):
+                # Megatron lays out uneven chunks (planner.chunks); the looped schedules of torch need even ones
                 out.append(f"split={'/'.join(map(str, split_blocks))} with vpp={s.vpp} (chunks must be even)")
         return list(dict.fromkeys(out))
 
@@ -459,12 +479,12 @@ def recompute_counts_allowed(strategy: Strategy, split_blocks: tuple[int, ...] |
     if split_blocks is None:
         return rule == "uniform" and len(set(counts)) == 1
     per_stage = counts * len(split_blocks) if len(counts) == 1 else counts
-    done = [min(k, n // strategy.vpp) for k, n in zip(per_stage, split_blocks)]
-    chunks = [n // strategy.vpp for n in split_blocks]
+    chunks = split_chunks(split_blocks, strategy.vpp)
+    done = [[min(k, c) for c in stage] for k, stage in zip(per_stage, chunks)]
     if rule == "all":
-        return done == chunks or not any(done)
-    top = max(done)
-    return all(d == min(top, c) for d, c in zip(done, chunks))
+        return done == [list(stage) for stage in chunks] or not any(map(any, done))
+    top = max(max(stage) for stage in done)
+    return all(d == min(top, c) for stage_done, stage in zip(done, chunks) for d, c in zip(stage_done, stage))
 
 
 # a Job built directly (what planner costed before profiles); planner.load_job, estimate, compile and the command

@@ -13,6 +13,7 @@ from typing import Literal, Sequence, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from planner.chunks import even_chunks, stage_chunks
 from planner.errors import PlannerInputError
 
 Recompute = Literal["none", "selective", "full"]
@@ -256,8 +257,15 @@ class Strategy(BaseModel):
         count = self.stage_recompute_count(stage)
         if self.recompute == "selective" or count is None:
             return self.recompute
-        chunk = max(1, len(stage_blocks) // self.vpp)
-        position = stage_blocks.index(layer_block) % chunk if layer_block in stage_blocks else 0
+        position = 0
+        if layer_block in stage_blocks:  # its place in its chunk (planner.chunks: uneven chunks too)
+            index = stage_blocks.index(layer_block)
+            even = self.split is None or even_chunks(self.split, self.vpp)
+            for size in stage_chunks(len(stage_blocks), self.vpp, stage == 0, stage == self.pp - 1, even):
+                if index < size:
+                    break
+                index -= size
+            position = index
         return "full" if position < count else "none"
 
     def with_dp(self, world_size: int) -> "Strategy":
@@ -313,6 +321,22 @@ class Strategy(BaseModel):
 
 
 _ALIASES = {"zero": {"fsdp": "3", "ddp": "0"}}
+
+
+def short_spec(spec: str) -> str:
+    """`spec` without the keys at their defaults: each key whose removal leaves the same resolved strategy is
+    dropped (dp stays: a plan's data-parallel degree is resolved, never a default), so text output shows what
+    was chosen.  The full SPEC stays in plan.json and --json."""
+    full, kept = parse_strategy(spec).spec(), [p for p in spec.split(",") if p]
+    for part in list(kept):
+        trial = [p for p in kept if p != part]
+        try:
+            same = parse_strategy(",".join(trial)).spec() == full
+        except (PlannerInputError, ValueError):  # another key needs this one (sp=on needs tp > 1)
+            same = False
+        if same:
+            kept = trial
+    return ",".join(kept) or "(defaults)"
 
 
 def spec_kind(key: str) -> str:

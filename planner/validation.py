@@ -26,7 +26,7 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
         if model.kv_heads % s.tp and s.tp % model.kv_heads:
             problems.append(f"kv_heads({model.kv_heads}) and tp({s.tp}): neither divides the other")
     blocks = model.num_blocks
-    if s.pp > 1 and s.split is None and blocks % s.pp:
+    if s.pp > 1 and s.split is None and blocks % (s.pp * s.vpp):
         own = job.runtime.space.default_split(blocks, s.pp, s.vpp)  # the framework's own layout, not ours
         if own is not None:
             s = s.model_copy(update={"split": own})

@@ -37,7 +37,7 @@ warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not
 
 from megatron.core.activations import squared_relu  # noqa: E402
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig  # noqa: E402
-from megatron.core.transformer.enums import AttnBackend  # noqa: E402
+from megatron.core.transformer.enums import AttnBackend, LayerType  # noqa: E402,F401 (LayerType: tests read layouts)
 
 # flag -> TransformerConfig field where argparse's dest is the field (core_transformer_config_from_args
 # copies every args attribute named like a field)
@@ -52,7 +52,7 @@ SAME = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-p
         "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor", "moe-router-num-groups",
         "moe-router-group-topk", "moe-router-pre-softmax", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
         "recompute-granularity", "recompute-method",
-        "recompute-num-layers", "bf16", "fp16")
+        "recompute-num-layers", "bf16", "fp16", "pipeline-model-parallel-layout")
 # flag -> field under another name (argparse dest differs, or core_transformer_config_from_args renames)
 RENAMED = {"norm-epsilon": "layernorm_epsilon", "num-experts": "num_moe_experts",
            "apply-layernorm-1p": "layernorm_zero_centered_gamma", "fp8-format": "fp8",
@@ -193,7 +193,8 @@ def padded_vocab(tokenizer_vocab: int, args: dict[str, Any]) -> int:
 _WHOLE = {"tensor-model-parallel-size": 1, "pipeline-model-parallel-size": 1, "context-parallel-size": 1,
           "expert-model-parallel-size": 1, "expert-tensor-parallel-size": 1}
 _STAGED = ("sequence-parallel", "tp-comm-overlap", "decoder-first-pipeline-num-layers",
-           "decoder-last-pipeline-num-layers", "num-layers-per-virtual-pipeline-stage")
+           "decoder-last-pipeline-num-layers", "num-layers-per-virtual-pipeline-stage",
+           "pipeline-model-parallel-layout")
 
 
 def gpt_model_params(args: dict[str, Any], tokenizer_vocab: int) -> int:

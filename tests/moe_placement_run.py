@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from planner.runtime.moe import PlacedMoE
+from planner.runtime.shutdown import run_then_finish
 
 HIDDEN, FFN, EXPERTS, TOP_K, TOKENS, STEPS = 16, 24, 8, 2, 32, 2
 
@@ -47,8 +48,7 @@ def main() -> None:
         with open(out, "w") as handle:
             json.dump({"losses": losses, "experts": experts, "router": layer.router.detach().flatten().tolist()},
                       handle)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    run_then_finish(main)  # barrier, destroy the groups, leave without racing gloo's threads (shutdown.py)

@@ -116,3 +116,25 @@ def test_compare_has_the_planner_row_and_the_baselines():
     # never slower than a fitting baseline costed under the same runtime
     assert planner_row.fits and all(planner_row.step_time_s <= r.step_time_s for r in rows
                                     if r.fits and r.runtime == planner_row.runtime)
+
+
+def test_simulate_and_replan_are_what_the_command_line_prints(tmp_path):
+    # a compiled tiny plan, then simulate and re-plan it for a smaller allocation through both doors
+    out = tmp_path / "tiny"
+    job = planner.load_job(*TINY, batch=8, seq_len=64)
+    planner.compile(job, targets=("torch",), fixed={"pp": 2, "dp": 2}, work_limit=WORK).write(out)
+    plan, loaded = planner.load_plan(out / "plan.json")
+    assert loaded.model.name == "tiny-llama" and plan.strategy.pp == 2
+    simulated = planner.simulate_plan(plan, loaded)
+    assert simulated.summary.model_dump(mode="json") == _cli_json("simulate", str(out / "plan.json"))
+    replanned = planner.replan_for(plan, loaded, "cpu:1", targets=("torch",), steps_left=100, time_limit=30)
+    theirs = _cli_json("replan", str(out / "plan.json"), "cpu:1", "--steps-left", "100", "--time-limit", "30")
+    assert replanned.result.choice.model_dump(mode="json") == theirs["choice"]
+    assert replanned.plan.model_dump(mode="json") == theirs["plan"]
+    assert "plan.json" in replanned.files and "torch/launch.sh" in replanned.files
+    # an edited plan is refused by the digest check, as the command line refuses it
+    data = json.loads((out / "plan.json").read_text())
+    data["job"]["global_batch"] = 16
+    (out / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(PlannerInputError):
+        planner.load_plan(out / "plan.json")

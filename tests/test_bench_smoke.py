@@ -133,14 +133,14 @@ def test_recompute_labels_normalise(published_runs, published_compile):
 
 
 def test_fit_constants_leave_one_source_out_refits_without_the_source(published_runs):
-    # two sources that pull elementwise_traffic_per_saved_byte apart: llm-foundry's MPT-30B row runs faster than
-    # predicted (-10%: less traffic fits), LambdaLabs' H100 rows slower (+25%, +28%: more); one free constant
-    # on a 9-point lattice, so the test can brute-force every fit it checks
+    # two sources that pull backward_elementwise_ratio apart (LambdaLabs' rows to 1.25, llm-foundry's to the bound
+    # 2.0, the joint fit between them); one free constant on a 9-point lattice, so the test can brute-force every
+    # fit it checks
     fit_constants = load_bench("fit_constants")
     sources = ["LambdaLabsML/examples", "mosaicml/llm-foundry"]
     cases = fit_constants.load_fit_cases(sources)
     assert {published_runs.source_key(c.row) for c in cases} == set(sources) and len(cases) == 7
-    name = "elementwise_traffic_per_saved_byte"
+    name = "backward_elementwise_ratio"
     free = {name: fit_constants.FREE[name]}
     predictor = fit_constants.Predictor(cases, free, points=5, refine=1, jobs=1)
     v = fit_constants.validate(predictor, "clipped")

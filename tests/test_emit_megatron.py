@@ -27,6 +27,7 @@ from planner.emit.inputs import LaunchInputs
 from planner.emit.megatron_check import check_megatron_args
 from planner.plan.groups import build_plan
 from planner.search.result import Certificate, CompileOptions, CompileResult
+from planner.profile import load_runtime
 from planner.strategy import parse_strategy
 
 TESTS = Path(__file__).parent
@@ -325,3 +326,56 @@ def test_every_zoo_transformer_has_its_megatron_facts():
     names = {entry.name for entry in list_models() if isinstance(entry.config, TransformerConfig)}
     assert sorted(names - set(FACTS)) == []
     assert all(FACTS[name].router is not None for name in names if get_entry(name).config.moe is not None)
+
+
+# issue #27: the recipes' interleaved layouts, blocks that do not fill pp x vpp chunks evenly
+RECIPE_LAYOUTS = {
+    # NeMo LLAMA31_405B (Megatron-Bridge): 126 blocks on PP8 x VPP8, the embedding and the loss counted as a
+    # layer each (--account-for-embedding/loss-in-pipeline-split): 2 layers per chunk
+    "llama3-405b": ("dgx-h100:128", 512, 8192, "tp=8,pp=8,vpp=8,cp=2,sp=on,zero=1,schedule=interleaved",
+                    (15, 16, 16, 16, 16, 16, 16, 15), "Et*1|" + "t*2|" * 62 + "t*1L"),
+    # DeepSeek-V3's 61 blocks on PP8 x VPP4 (Megatron-Bridge's layouts put the embedding with one block and the
+    # loss alone in the last chunk)
+    "deepseek-v3": ("dgx-h100:128", 8192, 4096, "tp=2,pp=8,vpp=4,ep=64,sp=on,zero=1,schedule=interleaved",
+                    (7, 8, 8, 8, 8, 8, 8, 6), "Et*1|" + "t*2|" * 30 + "L"),
+}
+
+
+@pytest.mark.parametrize("model", sorted(RECIPE_LAYOUTS))
+def test_interleaved_recipes_with_uneven_chunks_score_and_reach_megatron(mc, model):
+    from planner.emit.megatron import strategy_of_args
+
+    cluster, batch, seq, spec, split, layout = RECIPE_LAYOUTS[model]
+    job = make_job(model, cluster, batch, seq).on(load_runtime("megatron"))
+    plan = plan_of(job, spec)
+    assert plan.strategy.split == split and plan.strategy.vpp == int(spec.split("vpp=")[1].split(",")[0])
+    args = mc.parse_args_txt(emitter("megatron")(plan, job)["args.txt"])
+    assert args["pipeline-model-parallel-layout"] == layout
+    assert "num-layers-per-virtual-pipeline-stage" not in args and check_megatron_args(args, plan.job.num_gpus) == []
+    config = mc.core_config(args)  # megatron-core parses and validates the layout (E first, L last, layer count)
+    assert config.virtual_pipeline_model_parallel_size == plan.strategy.vpp
+    layers = config.pipeline_model_parallel_layout.layout
+    assert [sum(chunk.count(mc.LayerType.decoder) for chunk in stage) for stage in layers] == list(split)
+    # and back: the arguments read as the plan's strategy
+    assert strategy_of_args(args, plan.job.num_gpus).split == split
+
+
+def test_accounted_chunks_follow_megatrons_flat_layer_order():
+    # planner.chunks spreads pp x vpp chunks over the flat order [E, blocks..., L] (chunk c: virtual stage c // pp
+    # of stage c % pp); each stage's chunks, rebuilt from its block count alone, must be the same
+    from planner.chunks import accounted_split, split_chunks
+    for blocks in range(4, 70):
+        for pp in (2, 3, 4, 8):
+            for vpp in (2, 3, 4, 5):
+                split = accounted_split(blocks, pp, vpp)
+                if split is None or blocks % (pp * vpp) == 0:
+                    continue
+                chunks, slots = pp * vpp, blocks + 2
+                sizes = [slots // chunks + (c < slots % chunks) for c in range(chunks)]
+                order = ["E"] + ["t"] * blocks + ["L"]
+                flat, start = [], 0
+                for size in sizes:
+                    flat.append(order[start:start + size].count("t"))
+                    start += size
+                expected = [tuple(flat[v * pp + s] for v in range(vpp)) for s in range(pp)]
+                assert split_chunks(split, vpp) == expected, (blocks, pp, vpp)

@@ -368,3 +368,29 @@ def test_an_unregistered_llama_layout_names_its_flavor(jobs, titan):
     assert 'flavor = "tiny-llama"' in files["train.toml"]
     assert ('register flavor "tiny-llama" in torchtitan/models/llama3/__init__.py (`llama3_args`) as '
             "TransformerModelArgs(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256)") in files["README.md"]
+
+
+# ---------------------------------------------------------------- a data plan
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_data_plan_asks_for_the_document_masking_flavor(titan, tmp_path, monkeypatch):
+    """A plan compiled with --data-profile (no context parallelism) runs llama3's variable-length flavor, as
+    torchtitan's own flavor table defines it: the plain flavor's sizes, varlen attention, block-causal mask."""
+    from planner import api
+    from planner.data.profile import DataProfile, LengthBin
+    from planner.emit.torchtitan_model import DOCUMENT_FLAVORS
+
+    job = api.load_job("llama3-8b", "dgx-h100:1", batch=16, seq_len=8192)
+    profile = DataProfile(name="mix", source="test", bins=[LengthBin(min_tokens=100, max_tokens=2000, count=8),
+                                                           LengthBin(min_tokens=4000, max_tokens=8192, count=1)])
+    compiled = api.compile(job, targets=("torchtitan",), fixed={"cp": 1}, data_profile=profile, work_limit=2)
+    files = emitter("torchtitan")(compiled.plan, compiled.job, GIVEN)
+    plan_dir, _, train_args = _launch(tmp_path, files, {})
+    config = _config(titan, plan_dir, train_args, monkeypatch)
+    assert (config.model.name, config.model.flavor) == DOCUMENT_FLAVORS["llama3-8b"]
+    table = _flavors(titan, "llama3")
+    varlen, plain = table[config.model.flavor], table[FLAVORS["llama3-8b"][1]]
+    assert (varlen.pop("attn_type"), varlen.pop("attn_mask_type")) == ("varlen", "block_causal")
+    assert varlen == plain
+    assert "neither balances" in files["README.md"]

@@ -306,3 +306,16 @@ def test_bad_shorthand(arg, expected):
     with pytest.raises(HardwareInputError) as info:
         load_cluster(arg)
     assert str(info.value).startswith(expected)
+
+
+def test_compute_nic_names_come_with_their_source():
+    # the launch files' NCCL_IB_HCA comes from the node data; a name list without its source is refused
+    from hardware import load_catalog
+    from hardware.catalog import NodeSpec
+    node = load_catalog().node("dgx-h100")
+    assert len(node.compute_hcas) == node.nic_count and "DGX H100 User Guide" in node.compute_hcas_source
+    data = node.model_dump()
+    data["sources"] = [s for s in data["sources"] if not s.startswith("compute_hcas:")]
+    with pytest.raises(ValueError, match="compute_hcas needs a source"):
+        NodeSpec.model_validate(data)
+    assert load_catalog().node("dgx-a100-80g").compute_hcas == ()

@@ -398,17 +398,17 @@ def _accepts(make) -> bool:
     ((6, 8, 8, 10), 1),
     ((4, 8, 8, 12), 1),
     ((8, 8, 8, 8), 2),
-    ((9, 8, 8, 7), 2),  # an end not divisible by vpp: both refuse
-    pytest.param((10, 8, 8, 6), 2, marks=pytest.mark.xfail(
-        strict=True, reason="megatron-core accepts uneven ends with vpp when every stage's count divides by vpp "
-        "(core_v0.12.0 too); the profile refuses any uneven split with vpp > 1 (planner's emitter writes "
-        "--num-layers-per-virtual-pipeline-stage, which needs even chunks)")),
+    ((9, 8, 8, 7), 2),  # ends not divisible by vpp: the explicit layout (issue #27)
+    ((10, 8, 8, 6), 2),
+    ((15, 16, 16, 15), 4),
 ])
 def test_megatron_core_pipeline_splits(mcore, split, vpp):
     """split: ends (only the first and last stage may differ) as megatron-core checks it: TransformerConfig
-    with num_layers_in_first/last_pipeline_stage (and virtual_pipeline_model_parallel_size) accepts a split
-    exactly when the profile can express it.  The one disagreement, uneven ends with vpp = 2, is marked
-    xfail: the profile is stricter than the framework there."""
+    with num_layers_in_first/last_pipeline_stage, or with vpp > 1 and uneven chunks the explicit
+    pipeline_model_parallel_layout planner's emitter writes (planner.chunks), accepts a split exactly when
+    the profile can express it."""
+    from planner.chunks import even_chunks, layout_string
+
     torch, TransformerConfig, _, _ = mcore
     strategy = parse_strategy(f"tp=2,pp={len(split)},vpp={vpp}")
     profile_ok = not load_runtime("megatron").cannot_express(strategy, split_blocks=split)
@@ -416,10 +416,13 @@ def test_megatron_core_pipeline_splits(mcore, split, vpp):
     config = dict(num_layers=sum(split), hidden_size=256, num_attention_heads=8, tensor_model_parallel_size=2,
                   sequence_parallel=True, pipeline_model_parallel_size=len(split), pipeline_dtype=torch.bfloat16,
                   virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
-    if split[0] != middle:
-        config["num_layers_in_first_pipeline_stage"] = split[0]
-    if split[-1] != middle:
-        config["num_layers_in_last_pipeline_stage"] = split[-1]
+    if vpp > 1 and not even_chunks(split, vpp):
+        config["pipeline_model_parallel_layout"] = layout_string(split, vpp)
+    else:
+        if split[0] != middle:
+            config["num_layers_in_first_pipeline_stage"] = split[0]
+        if split[-1] != middle:
+            config["num_layers_in_last_pipeline_stage"] = split[-1]
     assert _accepts(lambda: TransformerConfig(**config)) == profile_ok, (split, vpp, profile_ok)
 
 

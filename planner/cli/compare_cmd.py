@@ -5,18 +5,20 @@ from __future__ import annotations
 import csv
 import io
 import json
+import textwrap
 from pathlib import Path
 
 import click
 
 from planner import api
 from planner.cli import render
-from planner.cli.options import (finite_seconds, job_options, json_option, memory_margin_option, note_default_runtime,
-                                 runtime_option, user_errors)
+from planner.cli.options import (data_profile_option, finite_seconds, job_options, json_option, memory_margin_option,
+                                 note_default_runtime, runtime_option, user_errors)
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
 from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
 from planner.plan.output import check_file_target, write_file
 from planner.profile import load_runtime
+from planner.strategy import short_spec
 
 # the job's columns first, so a CSV of several compares concatenated still says what each row ran
 _JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
@@ -24,31 +26,47 @@ _FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "tor
            "unit", "mfu",
            "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
            "extrapolated", "confidence", "why", "planning_s", "spec", "source")
-_WHY_WIDTH = 160  # the terminal table shortens a long reason; CSV and JSON keep it whole
+_WIDTH = 100  # text lines wrap here; CSV and JSON keep each reason on one line
 
 
 def _text(rows: list[CompareRow]) -> str:
+    """The rows' figures in a table, then each row's plan (the SPEC keys off their defaults) or why it has none,
+    wrapped within _WIDTH columns."""
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
-    def why(text: str) -> str:
-        return text if len(text) <= _WHY_WIDTH else text[:_WHY_WIDTH - 3] + "..."
-
+    host = any(r.host_bytes for r in rows)  # the host column only where something is offloaded
     body = [[r.strategy, r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"),
              num(r.tokens_per_s_per_gpu, ",.0f"), num(r.mfu and 100 * r.mfu, ".1f"),
              num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
-             num(r.host_bytes and r.host_bytes / 1e9, ".1f"), "yes" if r.fits else ("no" if r.applicable else "n/a"),
+             *([num(r.host_bytes and r.host_bytes / 1e9, ".1f")] if host else []),
+             "yes" if r.fits else ("no" if r.applicable else "n/a"),
              "extrap." if r.extrapolated else ("-" if r.extrapolated is None else "ok"),
-             f"{r.planning_s:.2f}", r.spec if r.fits else why(r.why)] for r in rows]
+             f"{r.planning_s:.2f}"] for r in rows]
     per_gpu = "samples/s/GPU" if rows and rows[0].unit == "samples" else "tok/s/GPU"
-    heads = ["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", "host GB", "fits", "valid.",
-             "plan s", "plan / why not"]
+    heads = ["strategy", "runtime", "GPUs", "step s", per_gpu, "MFU %", "HBM GB", *(["host GB"] if host else []),
+             "fits", "valid.", "plan s"]
+    right = (2, 3, 4, 5, 6, *((7,) if host else ()), len(heads) - 1)
     if any(r.unit == "samples" for r in rows):  # recommendation models: the second cost model's number beside
         heads.insert(4, f"{TORCHREC_MODEL} s")
         for r, line in zip(rows, body):
             line.insert(4, num(r.torchrec_model_s, ".4g"))
-        return render.table(heads, body, right=(2, 3, 4, 5, 6, 7, 8, 11))
-    return render.table(heads, body, right=(2, 3, 4, 5, 6, 7, 10))
+        right = tuple(i + (i >= 4) for i in right) + (4,)
+    return render.table(heads, body, right=right) + "\n" + _plans(rows)
+
+
+def _plans(rows: list[CompareRow]) -> str:
+    """Each row's plan, or why it has none (whole: the table keeps the figures)."""
+    width = max(len(r.strategy) for r in rows) + 2
+    lines = ["plans (SPEC keys off their defaults; --json and --csv have them whole) and why not:"]
+    for r in rows:
+        if r.fits and r.spec:  # a recommendation model's row is an embedding plan's summary, not a SPEC
+            text = r.spec if r.unit == "samples" else short_spec(r.spec)
+        else:
+            text = r.why
+        lines += textwrap.wrap(text, _WIDTH, initial_indent=f"  {r.strategy:<{width}}",
+                               subsequent_indent=" " * (width + 2), break_on_hyphens=False) or [f"  {r.strategy}"]
+    return "\n".join(lines)
 
 
 def _breakdown(rows: list[CompareRow]) -> str:
@@ -89,13 +107,15 @@ def _legend(rows: list[CompareRow]) -> str:
     lines = ["cost models (runtime column; hardware/data/runtimes/NAME.yaml):"]
     for name in dict.fromkeys(r.runtime for r in rows):
         if name == EMBEDDING_RUNTIME:
-            lines.append(f"  {name}: planner's embedding cost model (planner/embedding/evaluate.py), no runtime "
-                         "profile")
+            lines += textwrap.wrap(f"{name}: planner's embedding cost model (planner/embedding/evaluate.py), no "
+                                   "runtime profile", _WIDTH, initial_indent="  ", subsequent_indent="    ")
             if any(r.torchrec_model_s is not None for r in rows):
-                lines.append(f"  {TORCHREC_MODEL} s column: TorchRec 1.8's own estimators on the same plan "
-                             "(EmbeddingPerfEstimator; the slowest rank's embedding seconds, no dense part)")
+                lines += textwrap.wrap(f"{TORCHREC_MODEL} s column: TorchRec 1.8's own estimators on the same plan "
+                                       "(EmbeddingPerfEstimator; the slowest rank's embedding seconds, no dense part)",
+                                       _WIDTH, initial_indent="  ", subsequent_indent="    ")
         else:
-            lines.append(f"  {name}: {load_runtime(name).description}")
+            lines += textwrap.wrap(f"{name}: {load_runtime(name).description}", _WIDTH, initial_indent="  ",
+                                   subsequent_indent="    ")
     return "\n".join(lines)
 
 
@@ -119,12 +139,14 @@ def _legend(rows: list[CompareRow]) -> str:
 @runtime_option("Runtime profile of the planner row and of the baselines that name no framework (uniform-pp, "
                 "metis); default: planner's runtime (megatron for mixture-of-experts models, which it cannot run)")
 @memory_margin_option(None)
+@data_profile_option
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
              moe_routing: str, routing: str | None,
              only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None,
-             plot_path: Path | None, runtime: str | None, memory_margin: float | None, as_json: bool) -> None:
+             plot_path: Path | None, runtime: str | None, memory_margin: float | None, data_profile: Path | None,
+             as_json: bool) -> None:
     """Score every applicable strategy on one job: step time, tokens/s per GPU, MFU, memory, fit, planning time.
 
     Dense models: ddp, zero1, zero2, zero3, hsdp, megatron, uniform-pp,
@@ -137,7 +159,9 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     torchtitan), or shown n/a with what the framework lacks; the planner row,
     uniform-pp and metis run under --runtime.  The runtime column names each
     row's cost model; the planner row is never slower than a fitting baseline
-    of the same runtime.
+    of the same runtime.  With --data-profile: the data plan against every
+    static layout of the same data instead (pad, pack-unmasked, pack at each
+    fixed context-parallel degree).
 
     \b
     Examples:
@@ -147,6 +171,7 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compare llama3-8b examples/clusters/hetero-3pool.yaml -b 256 -s 4096 --only metis --only planner
         planner compare dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --json
         planner compare llama3-8b dgx-h100:4 -b 256 -s 4096 --strategies examples/strategies/strategies.yaml
+        planner compare llama3-8b dgx-h100:4 -b 64 -s 131072 --data-profile examples/data/code-corpus.yaml
     """
     for path in (csv_path, plot_path):
         if path is not None:
@@ -156,6 +181,11 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
                        memory_margin=memory_margin,
                        runtime=runtime)
     note_default_runtime(job, runtime)
+    if data_profile is not None:
+        from planner.cli.compile_cmd import load_profile_for
+
+        compare_data(job, load_profile_for(data_profile, seq_len), time_limit, csv_path, plot_path, as_json)
+        return
     rows = api.compare_baselines(job, only=only, strategies_file=strategies_file, time_limit=time_limit)
     labels = {"model": job.model.name, "cluster": cluster, "batch": batch, "seq_len": seq_len, "precision": precision}
     if as_json:
@@ -179,3 +209,28 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         from planner.compare.plots import plot_compare
 
         plot_compare(rows, f"{job.model.name} on {job.cluster.name}, batch {batch} x {seq_len}", plot_path)
+
+
+def compare_data(job, profile, time_limit: float, csv_path: Path | None, plot_path: Path | None,
+                 as_json: bool) -> None:
+    """compare --data-profile: the data plan and every static layout on the profile's data."""
+    from planner.compare.data_layouts import layout_rows, plot_layouts
+
+    data = api.compile(job, time_limit=time_limit, data_profile=profile).plan.data
+    rows = layout_rows(data)
+    title = f"{job.model.name} on {job.cluster.name}, batch {job.global_batch} x {job.seq_len}, {data.profile}"
+    if as_json:
+        click.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+    else:
+        click.echo(f"{title} ({data.sequences} sequences, {data.tokens:,} tokens; cost-model predictions)")
+        body = [[r.layout, r.cp, f"{r.step_time_s:.4g}", f"{r.plan_speedup:.3f}x", "yes" if r.fits else "no",
+                 r.strategy] for r in rows]
+        click.echo(render.table(["layout", "cp", "step s", "vs plan", "fits", "strategy"], body, right=(2, 3)))
+    if csv_path is not None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0].model_dump()), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(r.model_dump() for r in rows)
+        write_file(csv_path, buffer.getvalue())
+    if plot_path is not None:
+        plot_layouts(rows, title, plot_path)

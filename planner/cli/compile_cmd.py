@@ -19,9 +19,10 @@ from models.graph import ModelGraph
 from planner.routing.stats import RoutingStats
 from planner import api
 from planner.cli import render
-from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, emit_json, finite_seconds, job_options, json_option,
-                                 launch_options, memory_margin_option, note_default_runtime, output_dir_path,
-                                 runtime_option, user_errors)
+from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, data_profile_option, emit_json, finite_seconds,
+                                 job_options, json_option, launch_options, memory_margin_option,
+                                 note_default_runtime, output_dir_path, runtime_option, user_errors)
+from planner.data.profile import DataProfile
 from planner.embedding.plan_doc import EmbeddingPlan
 from planner.embedding.report import summary as embedding_summary
 from planner.emit import DEFAULT_TARGETS, TARGETS
@@ -100,8 +101,14 @@ def _progress(enabled: bool | None):
               help="When stages may offload: in every program, where it can buy fewer recomputed blocks or a better "
                    "split (the certificate covers every placement), or only where nothing fits without it (faster; "
                    "the certificate then holds over the strategies without offload).")
+@click.option("--prefer", type=click.Choice(["validated", "fastest"]), default="validated", show_default=True,
+              help="validated: when the optimum's advantage lies inside its prediction interval and it leaves under "
+                   "5% of HBM free or leans on more unvalidated terms, return the fastest runner-up inside that "
+                   "interval without that risk (both are in report.md); fastest: the optimum.  The certificate is "
+                   "the optimum's either way.")
 @click.option("--progress/--no-progress", default=None,
               help="Print incumbent and bound lines on stderr (default: when stderr is a terminal).")
+@data_profile_option
 @launch_options
 @json_option
 @user_errors
@@ -110,7 +117,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: str,
-             offload_search: str, progress: bool | None, inputs: LaunchInputs, as_json: bool) -> None:
+             offload_search: str, prefer: str, progress: bool | None, data_profile: Path | None,
+             inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -126,6 +134,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner compile llama3-8b dgx-h100:4 -b 64 -s 4096 --objective cost --max-step-time 2
         planner compile tiny-llama cpu:1 -b 8 -s 128 --fix pp=2,dp=2 -o out/tiny --target torch
         planner compile dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 -o out/dlrm
+        planner compile llama3-8b dgx-h100:4 -b 64 -s 131072 --data-profile examples/data/long-context-sft-mix.yaml
 
     Recommendation models (DLRM) get an embedding plan instead: per table the
     sharding type, ranks and HBM cache fraction (plan.json, sharding_plan.json).
@@ -135,6 +144,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         inside = checkpoints_inside(inputs, out_dir, targets or DEFAULT_TARGETS)
         if inside is not None:
             raise PlannerInputError(inside)
+    profile = load_profile_for(data_profile, seq_len)
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
                        flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
                        memory_margin=memory_margin,
@@ -145,7 +155,7 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         compiled = api.compile(job, targets=targets, runtime=runtime, fixed=_parse_fixed(fixed), objective=objective,
                                max_step_time=max_step_time, time_limit=time_limit, work_limit=work_limit,
                                offload_search=offload_search, embedding_planner=embedding_planner,
-                               progress=_progress(progress))
+                               prefer=prefer, progress=_progress(progress), data_profile=profile)
     except InfeasibleError as err:
         raise Infeasible(str(err)) from None  # keeps the explanation's lines
     for note in compiled.notes:
@@ -156,6 +166,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         click.echo(embedding_summary(compiled.plan, compiled.wall_s))
     else:
         click.echo(render.compile_summary(compiled.plan, compiled.wall_s))
+        if compiled.plan.data is not None:
+            click.echo(render.data_summary(compiled.plan.data))
     if out_dir is None:
         return
     try:
@@ -170,8 +182,20 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: str,
     click.echo(f"wrote {out_dir}: {listed}{folders} (search {compiled.wall_s:.2f} s)", err=True)
 
 
+def load_profile_for(path: Path | None, seq_len: int) -> DataProfile | None:
+    """The --data-profile file, checked against --seq-len (one line naming the file and field on any problem)."""
+    if path is None:
+        return None
+    from planner.data.profile import load_data_profile
+
+    profile = load_data_profile(path)
+    profile.check_fits(seq_len, str(path))
+    return profile
+
+
 _SCHEMAS = {
     "plan": plan_json_schema,
+    "data-profile": DataProfile.model_json_schema,
     "model": ModelGraph.model_json_schema,
     "cluster": ClusterFile.model_json_schema,
     "routing": RoutingStats.model_json_schema,
@@ -182,11 +206,12 @@ _SCHEMAS = {
 @click.argument("what", type=click.Choice(sorted(_SCHEMAS)))
 @user_errors
 def schema(what: str) -> None:
-    """Print the JSON Schema of plan.json, of a raw model graph, of a cluster file, or of a routing file.
+    """Print the JSON Schema of plan.json, a model graph, a cluster file, a data profile or a routing file.
 
     \b
     Examples:
         planner schema plan > plan.schema.json
+        planner schema data-profile
         planner schema model
         planner schema cluster
         planner schema routing

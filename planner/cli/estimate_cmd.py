@@ -8,8 +8,8 @@ import click
 
 from planner import api
 from planner.cli import render
-from planner.cli.options import (Infeasible, InputError, emit_json, job_options, json_option, memory_margin_option,
-                                 note_default_runtime, runtime_option, user_errors)
+from planner.cli.options import (Infeasible, InputError, data_profile_option, emit_json, job_options, json_option,
+                                 memory_margin_option, note_default_runtime, runtime_option, user_errors)
 from planner.job import Job
 
 
@@ -32,11 +32,12 @@ from planner.job import Job
                 "it cannot run the strategy at all; default: planner's runtime (megatron for mixture-of-experts "
                 "models, which it cannot run)")
 @memory_margin_option(0.0)
+@data_profile_option
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str, flash_attention: bool,
-             moe_routing: str, routing: str | None,
-             spec: str, sharding_file: Path | None, runtime: str | None, memory_margin: float, as_json: bool) -> None:
+             moe_routing: str, routing: str | None, spec: str, sharding_file: Path | None, runtime: str | None,
+             memory_margin: float, data_profile: Path | None, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
     Exits 1 (after printing the report) when the strategy does not fit in memory.
@@ -52,6 +53,11 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 \\
             --strategy sharding=row_wise,cache=0.2
         planner estimate dlrm-criteo-terabyte dgx-a100-40g:8 -b 65536 -s 1 --sharding out/dlrm/sharding_plan.json
+        planner estimate llama3-8b dgx-h100:4 -b 64 -s 131072 --strategy cp=8,tp=2,zero=3,recompute=full \\
+            --data-profile examples/data/code-corpus.yaml
+
+    With --data-profile the strategy is also scored on that data: its static
+    layouts (pad, pack-unmasked, pack) and its hybrid layout (planner.data).
 
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
@@ -66,17 +72,27 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: str,
         raise click.BadParameter(f"{job.model.name} has no embedding tables", param_hint="--sharding")
     note_default_runtime(job, runtime)
     result = api.estimate(job, spec)
+    data = None
+    if data_profile is not None:
+        from planner.cli.compile_cmd import load_profile_for
+
+        data = api.estimate_data(job, spec, load_profile_for(data_profile, seq_len))
     if as_json:
-        data = result.model_dump(mode="json")
+        out = result.model_dump(mode="json")
+        if data is not None:
+            out["uniform_step_time_s"], out["step_time_s"] = out["step_time_s"], data.step_time_s
+            out["data"] = data.model_dump(mode="json")
         placed = api.expert_placement(job, spec)
         if placed is not None:  # routing statistics: the placement's ratios, as compile --json has them
-            data["moe"] = placed.model_dump(mode="json", exclude={"layers"})
-        emit_json(data)
+            out["moe"] = placed.model_dump(mode="json", exclude={"layers"})
+        emit_json(out)
     else:
         kernel = "" if flash_attention else ", no flash attention"
         title = (f"{job.model.name} on {job.cluster.describe()}\n"
                  f"batch {batch} x {seq_len} tokens, {precision}{kernel}, {job.runtime.name} runtime")
         click.echo(render.estimate_report(result, title))
+        if data is not None:
+            click.echo(render.data_summary(data))
     if not result.memory.fits:
         raise Infeasible(f"does not fit: {'; '.join(result.memory.reasons) or 'memory exceeds capacity'}")
 

@@ -139,6 +139,16 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def data_profile_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--data-profile FILE: sample lengths (and modalities) of the training data (planner.data.profile), passed
+    as `data_profile`."""
+    return click.option("--data-profile", "data_profile", type=click.Path(dir_okay=False, path_type=Path),
+                        default=None, metavar="FILE",
+                        help="Histogram of sample lengths (YAML/JSON, `planner schema data-profile`): plan packing, "
+                             "per-bucket context parallelism and balancing for it, against the best static plan "
+                             "on the same data.")(func)
+
+
 def runtime_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--runtime NAME: the framework profile (hardware/data/runtimes) a command costs under."""
     from planner.profile import runtime_names

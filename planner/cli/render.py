@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
 from models.graph import ModelGraph
+from planner.strategy import short_spec
 
 if TYPE_CHECKING:  # type names only: `planner show` renders without loading the cost model
     from planner.cost import Estimate
+    from planner.data.result import DataPlan
     from planner.plan.schema import Plan
 
 GB = 1e9
@@ -205,12 +207,13 @@ def estimate_report(estimate: Estimate, title: str) -> str:
     mem = estimate.memory
     lines = [
         title,
-        f"strategy     {estimate.strategy_spec}",
+        f"strategy     {short_spec(estimate.strategy_spec)}",
         "",
         f"throughput   {estimate.tokens_per_s:,.0f} tokens/s ({estimate.tokens_per_s_per_gpu:,.0f} per GPU, "
         f"{estimate.num_gpus} GPUs)",
         f"step time    {estimate.step_time_s:.3f} s ({estimate.micro_batches} micro-batch"
         f"{'' if estimate.micro_batches == 1 else 'es'} per replica)",
+        f"             {estimate.interval.text()}",
         f"MFU          {100 * estimate.mfu:.1f}%  (HFU {100 * estimate.hfu:.1f}%)",
         "",
         "memory per GPU (GB)",
@@ -248,7 +251,7 @@ def confidence_lines(reasons: list[str]) -> list[str]:
     """`confidence` and one line per term no validated published run covers (nothing when all are covered)."""
     if not reasons:
         return ["confidence   validated regime (hardware/data/validated.yaml)"]
-    return ["confidence   extrapolated: " + reasons[0], *(f"             {r}" for r in reasons[1:])]
+    return ["confidence   extrapolated (details: report.md, --json):", *(f"             - {r}" for r in reasons)]
 
 
 def compile_summary(plan: "Plan", wall_s: float) -> str:
@@ -259,16 +262,17 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
         f"{job.model} on {job.cluster_description}",
         f"batch {job.global_batch} x {job.seq_len} tokens, {job.precision}{kernel}, {job.runtime} runtime"
         + (f", {100 * job.memory_margin:g}% of HBM left free" if job.memory_margin else ""),
-        f"strategy     {plan.strategy_spec}",
+        f"strategy     {plan.strategy_spec if plan.groups else short_spec(plan.strategy_spec)}",
         "",
         f"throughput   {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU, {job.num_gpus} GPUs)",
         f"step time    {t.step_time_s:.4g} s ({_step_detail(plan)})",
+        *([f"             {t.interval.text()}"] if t.interval else []),
         f"MFU          {100 * t.mfu:.1f}%  (HFU {100 * t.hfu:.1f}%)",
         "",
     ]
     if plan.groups:
         rows = [[g.pool, g.batch, f"{g.first_rank}-{g.first_rank + g.plan.job.num_gpus - 1}",
-                 g.plan.strategy_spec, f"{g.plan.time.step_time_s:.4g}", gb(g.plan.memory.peak_bytes),
+                 short_spec(g.plan.strategy_spec), f"{g.plan.time.step_time_s:.4g}", gb(g.plan.memory.peak_bytes),
                  gb(g.plan.memory.capacity_bytes)] for g in plan.groups]
         lines.append(table(["group", "batch", "ranks", "strategy", "step s", "HBM GB", "capacity"], rows,
                            right=(1, 4, 5, 6)))
@@ -284,9 +288,16 @@ def compile_summary(plan: "Plan", wall_s: float) -> str:
     if s.stopped == "time_limit":
         lines.append(f"             stopped by the time limit ({s.time_limit_s:g} s): not reproducible, another run "
                      "may choose differently")
-    if plan.runners_up:
+    pref = plan.preference
+    if pref is not None and not pref.chose_optimum:
+        worse = 100 * (t.step_time_s / pref.optimum_step_time_s - 1)
+        lines += [f"optimum      {short_spec(pref.optimum_spec)} ({pref.optimum_step_time_s:.4g} s, the plan "
+                  f"{worse:+.2f}%: inside the model's error)",
+                  *(f"             set aside (--prefer validated): {r}" for r in pref.reasons)]
+    elif plan.runners_up:
         r = plan.runners_up[0]
-        lines.append(f"runner-up    {r.strategy_spec} ({r.worse_pct:+.2f}%)")
+        within = ", inside the model's error" if r.within_error else ""
+        lines.append(f"runner-up    {short_spec(r.strategy_spec)} ({r.worse_pct:+.2f}%{within})")
     lines += confidence_lines(plan.confidence.reasons)
     return "\n".join(lines)
 
@@ -309,3 +320,13 @@ def _stages(plan: "Plan") -> str:
                      f"{1e3 * st.microbatch_time_s:.2f}"])
     return table(["stage", "blocks", "pool", "device", "ranks", "nodes", "recompute", "HBM GB", "capacity",
                   "micro-batch ms"], rows, right=(6, 7, 8, 9))
+
+
+def data_summary(data: DataPlan) -> str:
+    """compile's lines for a data plan: its step against the best static plan on the same data."""
+    buckets = ", ".join(f"cp={b.cp}: {b.sequences} seq {b.min_tokens}-{b.max_tokens} tok" for b in data.buckets)
+    return (f"data         {data.profile}: {data.sequences} sequences, {data.tokens:,} tokens per step\n"
+            f"             plan {data.layout} {data.step_time_s:.4g} s (bound {data.bound_s:.4g} s) vs best static "
+            f"{data.baseline_step_time_s:.4g} s ({data.baseline.split(' ')[0]}, "
+            f"cp={data.baseline.split('cp=')[1].split(',')[0]}): {data.speedup:.3f}x (cost-model predictions)"
+            + (f"\n             buckets {buckets}" if buckets else ""))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from hardware import load_cluster
+from planner import api
 from planner.cli import render
 from planner.cli.compile_cmd import _parse_fixed as parse_fixed
 from planner.cli.options import (Infeasible, InputError, finite_number, finite_seconds, json_option, launch_options,
@@ -16,12 +16,8 @@ from planner.emit import DEFAULT_TARGETS, TARGETS, available_targets
 from planner.emit.inputs import LaunchInputs, checkpoints_inside
 from planner.errors import InfeasibleError
 from planner.plan.output import check_output_dir, write_outputs
-from planner.replan.candidates import ReplanOptions, old_options, replan
-from planner.replan.layout import plan_layout
-from planner.replan.output import replan_files
-from planner.simulate.plan_input import plan_job, read_plan
 
-DEFAULT_STEPS_LEFT = 1000
+DEFAULT_STEPS_LEFT = api.DEFAULT_STEPS_LEFT
 
 
 def _lost_nodes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
@@ -117,21 +113,17 @@ def replan_(plan_path: Path, cluster: str, out_dir: Path | None, force: bool, st
         inside = checkpoints_inside(inputs, out_dir, _targets(plan_path))
         if inside is not None:
             raise InputError(inside)
-    old = read_plan(plan_path)
+    old, old_job = api.load_plan(plan_path, model=model, cluster=old_cluster)
     if old.groups:
         raise InputError(f"{plan_path}: strategy: a replica-group plan (a strategy per pool); replan re-plans "
                          "single-strategy plans")
-    # the model, cluster, job and options are checked against the plan's inputs_digest, as simulate checks them:
-    # an edited plan.json is refused rather than re-planned from what it claims
-    old_job = plan_job(old, plan_path, model, old_cluster)
-    ask = ReplanOptions(steps_left=steps_left, checkpoint_bandwidth=checkpoint_bandwidth, lost_nodes=lost_nodes,
-                        time_limit=time_limit, fixed=parse_fixed(fixed))
     try:
-        result = replan(plan_layout(old, old_job.model), old_job, old_options(old.options), load_cluster(cluster),
-                        ask)
+        done = api.replan_for(old, old_job, cluster, targets=_targets(plan_path), steps_left=steps_left,
+                          checkpoint_bandwidth=checkpoint_bandwidth, lost_nodes=lost_nodes, time_limit=time_limit,
+                          fixed=parse_fixed(fixed), inputs=inputs)
     except InfeasibleError as err:
         raise Infeasible(str(err)) from None  # keeps the explanation's lines
-    plan, files, notes = replan_files(old, result, ask, _targets(plan_path), inputs)
+    plan, result, files, notes = done.plan, done.result, done.files, done.notes
     if as_json:
         migration = result.migration.model_dump(mode="json", exclude={"moves"})
         click.echo(json.dumps({"choice": result.choice.model_dump(mode="json"), "migration": migration,

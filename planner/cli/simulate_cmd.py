@@ -9,7 +9,8 @@ import click
 from planner.cli import render
 from planner.cli.options import emit_json, json_option, user_errors
 from planner.plan.output import check_file_target, write_file
-from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan, simulate_plan
+from planner import api
+from planner.simulate.plan_input import PlanSimulation
 from planner.simulate.result import TOLERANCE, SimulationResult
 
 
@@ -87,10 +88,9 @@ def simulate_(plan_path: Path, model: str | None, cluster: str | None, trace_pat
     for path in (trace_path, plot_path, memory_path):
         if path is not None:
             check_file_target(path)
-    plan = read_plan(plan_path)
-    job = plan_job(plan, plan_path, model, cluster)
-    runs, sync = plan_runs(plan, job)
-    summary = simulate_plan(plan, runs, sync)
+    plan, job = api.load_plan(plan_path, model=model, cluster=cluster)
+    simulated = api.simulate_plan(plan, job)
+    summary, runs = simulated.summary, simulated.runs
     if as_json:
         emit_json(summary.model_dump(mode="json"))
     else:

@@ -11,8 +11,12 @@ Three parts, each bounded by a different resource of the device:
   does `Job.moe_imbalance` times the mean work; the router and shared
   experts are ordinary GEMMs over all the rank's tokens.
 * the attention core (QK^T, softmax, AV): under flash attention a fused kernel
-  at `attention_relative_efficiency` of the GEMM efficiency; without it
-  batched GEMMs plus score traffic counted with the element-wise work.
+  at its measured efficiency relative to the GEMMs (planner.cost.attention: per
+  kernel and device), which for a causal
+  model skips the masked blocks (`causal_time_ratio`: about half, plus a block
+  row on short sequences, fitted to the kernels' published causal and
+  non-causal throughput); without it batched GEMMs plus score traffic counted
+  with the element-wise work (the mask saves nothing there).
 * memory-bound element-wise kernels (norms, activations, dropout, residual,
   softmax): HBM traffic proportional to the activations the layer saves.
 
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 
 from hardware import Catalog, DeviceSpec
 from models.graph import Layer, RecomputeMode
+from planner.cost.attention import attention_efficiency
 from planner.cost.launches import launch_overhead
 from planner.cost.layout import tp_divisor
 from planner.job import Job
@@ -66,6 +71,12 @@ def gemm_rate(device: DeviceSpec, job: Job, flops: float, catalog: Catalog) -> f
     return base
 
 
+def causal_time_ratio(seq_len: float, catalog: Catalog) -> float:
+    """Time of a causal flash-attention core over the unmasked one on sequences of `seq_len` tokens."""
+    return min(1.0, catalog.constant("causal_attention_work")
+               + catalog.constant("causal_attention_block_tokens") / seq_len)
+
+
 def _tokens(job: Job, strategy: Strategy) -> float:
     """Tokens of one micro-batch on one context-parallel rank."""
     return strategy.mbs * job.seq_len / strategy.cp
@@ -78,7 +89,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     tokens = _tokens(job, strategy)
     tp = tp_divisor(layer, strategy.tp)
     gemm_flops = tokens * layer.flops_per_token / tp
-    attn_flops = tokens * layer.flops_per_token_per_seq * job.seq_len / tp
+    attn_flops = tokens * layer.flops_per_token_per_seq * job.attended / tp
     if layer.moe is not None:
         gemm_s = moe_gemm_seconds(layer, job, strategy, device, catalog)
     else:
@@ -90,10 +101,12 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
         # rank's keys each: the efficiency is that of a block, so short chunks fall down the device's curve
         plain_rate = device.sustained_peak(job.compute_dtype) * device.efficiency(attn_flops / 2 / strategy.cp)
         if job.flash:
-            plain_rate *= catalog.constant("attention_relative_efficiency")
+            plain_rate *= attention_efficiency(device.name, job.runtime.kernels.attention_kernel, catalog)
         if strategy.cp > 1:
             plain_rate *= catalog.constant("context_parallel_attention_efficiency")
         attn_s = attn_flops / plain_rate
+        if job.flash and layer.attention is not None and layer.attention.causal:
+            attn_s *= causal_time_ratio(job.attended, catalog)  # packed documents: their length
 
     hbm_rate = device.hbm_bandwidth * catalog.constant("hbm_efficiency")
     traffic = catalog.constant("elementwise_traffic_per_saved_byte")
@@ -108,7 +121,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     # The score tensors (non-flash) are the part selective recompute redoes.
     scores = 0.0
     if not job.flash and layer.act_attn_scores:
-        scores = traffic * tokens * layer.act_attn_scores * job.seq_len / tp / hbm_rate
+        scores = traffic * tokens * layer.act_attn_scores * job.attended / tp / hbm_rate
 
     launch_forward, launch_backward = launch_overhead(layer, job, catalog)
     forward = gemm_s + attn_s + elementwise_s + launch_forward

@@ -51,7 +51,10 @@ class Confidence(BaseModel):
 
     model_config = _FIELD
     extrapolated: bool = Field(description="Some term leans on a regime no validated published run covers.")
-    reasons: list[str] = Field(description="One line per such term (empty when not extrapolated).")
+    reasons: list[str] = Field(description="One short line (at most about 100 characters) per such term (empty "
+                               "when not extrapolated).")
+    details: list[str] = Field(default_factory=list, description="Per reason, in the same order, what was measured "
+                               "or what validates the nearest regime (report.md prints them).")
 
 
 @lru_cache(maxsize=1)
@@ -61,46 +64,53 @@ def load_coverage() -> Coverage:
     return Coverage.model_validate(yaml.safe_load(text))
 
 
-def _ids(ids: list[int]) -> str:
-    return ", ".join(map(str, ids[:4])) + (", ..." if len(ids) > 4 else "")
-
-
 def assess(job: Job, strategy: Strategy, devices: list[str], coverage: Coverage | None = None) -> Confidence:
     """The terms of `strategy` on `job` (its stages on `devices`) that no validated published run covers."""
     c = coverage or load_coverage()
-    s, reasons = strategy, []
-    known = lambda table: ", ".join(sorted(table))  # noqa: E731
-    reasons += [f"runtime {job.runtime.name}: {gap}" for gap in job.runtime.known_gaps]
+    s, found = strategy, []
+    for gap in job.runtime.known_gaps:
+        found.append((f"runtime {job.runtime.name}: {gap.summary}", gap.detail))
     if job.runtime.name not in c.runtimes:
-        reasons.append(f"runtime {job.runtime.name}: no published run validates it (validated runtimes: "
-                       f"{known(c.runtimes)})")
+        found.append((f"runtime {job.runtime.name}: no published run validates it",
+                      f"validated runtimes: {_names(c.runtimes)}"))
     for device in sorted(set(devices) - set(c.devices)):
-        reasons.append(f"device {device}: no validated run (validated: {known(c.devices)})")
+        found.append((f"device {device}: no validated run", f"validated devices: {_names(c.devices)}"))
     if job.precision not in c.precisions:
-        reasons.append(f"precision {job.precision}: no validated run (validated: {known(c.precisions)})")
+        found.append((f"precision {job.precision}: no validated run", f"validated: {_names(c.precisions)}"))
+    found += _parallel(job, s, c)
+    return Confidence(extrapolated=bool(found), reasons=[r for r, _ in found], details=[d for _, d in found])
+
+
+def _names(table: dict[str, list[int]]) -> str:
+    return ", ".join(sorted(table))
+
+
+def _parallel(job: Job, s: Strategy, c: Coverage) -> list[tuple[str, str]]:
+    """(reason, detail) per degree or scale beyond the validated runs'."""
+    found = []
     if s.cp > c.max_cp:
-        reasons.append(f"context parallelism cp={s.cp}: validated runs reach cp={c.max_cp} (ring steps, small-chunk "
-                       "attention unvalidated)")
+        found.append((f"context parallelism cp={s.cp}: validated runs reach cp={c.max_cp}",
+                      "ring steps and small-chunk attention beyond that degree are unvalidated"))
     elif s.cp > 1 and job.seq_len // s.cp < c.min_cp_tokens:
-        reasons.append(f"context parallelism cp={s.cp} at {job.seq_len // s.cp} tokens per rank: validated runs hold "
-                       f"at least {c.min_cp_tokens} (ring-step latency and small-chunk attention unvalidated there)")
+        found.append((f"context parallelism cp={s.cp} at {job.seq_len // s.cp} tokens per rank: validated runs hold "
+                      f">= {c.min_cp_tokens}", "ring-step latency and small-chunk attention are unvalidated there"))
     if job.model.num_experts and not c.moe:
-        reasons.append(f"mixture of experts (ep={s.ep}): no validated MoE run (all-to-all, routing imbalance and "
-                       "grouped GEMMs unvalidated)")
+        found.append((f"mixture of experts (ep={s.ep}): no validated MoE run",
+                      "all-to-all, routing imbalance and grouped GEMMs are unvalidated"))
     elif s.ep > c.max_ep:
-        reasons.append(f"expert parallelism ep={s.ep}: validated MoE runs reach ep={c.max_ep}")
+        found.append((f"expert parallelism ep={s.ep}: validated MoE runs reach ep={c.max_ep}", ""))
     if job.model.num_experts and c.moe and job.routing is not None:
-        reasons.append("mixture of experts under routing statistics: validated MoE runs use "
-                       f"{', '.join(c.moe_routings)} routing (the expert placement's busiest rank and its replicas' "
-                       "cost are predictions no run checks)")
+        found.append((f"MoE routing statistics: validated MoE runs use {', '.join(c.moe_routings)}",
+                      "the expert placement's busiest rank and its replicas' cost are predictions no published run "
+                      "checks"))
     elif job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
-        reasons.append(f"mixture of experts with {job.moe_routing} routing: validated MoE runs use "
-                       f"{', '.join(c.moe_routings)} routing (moe_routing_imbalance is an estimate no run checks)")
+        found.append((f"{job.moe_routing} MoE routing: validated MoE runs use {', '.join(c.moe_routings)}",
+                      "moe_routing_imbalance is an estimate no published run checks"))
     gpus = s.tp * s.cp * (s.dp or 1) * s.pp
     if gpus > c.max_gpus:
-        reasons.append(f"{gpus} GPUs: validated runs reach {c.max_gpus}")
+        found.append((f"{gpus} GPUs: validated runs reach {c.max_gpus}", ""))
     group = (s.dp or 1) * s.cp
     if s.zero == 3 and group > c.max_zero3_group:
-        reasons.append(f"ZeRO-3/FSDP over {group} ranks: validated runs shard over at most {c.max_zero3_group} "
-                       "(the latency of gathers at that scale is not validated)")
-    return Confidence(extrapolated=bool(reasons), reasons=reasons)
+        found.append((f"ZeRO-3/FSDP over {group} ranks: validated runs shard over <= {c.max_zero3_group}",
+                      "the latency of parameter gathers at that scale is not validated"))
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.cost.confidence import Confidence
+from planner.cost.interval import Interval
 
 _FIELD = ConfigDict(extra="forbid", frozen=True)
 
@@ -96,3 +97,5 @@ class Estimate(BaseModel):
     runtime: str = Field(description="The runtime profile it was costed under (hardware/data/runtimes).")
     confidence: Confidence = Field(description="Whether a term leans on a regime no validated published run "
                                    "covers (planner.cost.confidence), with the reasons.")
+    interval: Interval = Field(description="The step time's prediction interval from the published runs of the "
+                               "nearest regime (planner.cost.interval).")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from hardware import Catalog, load_catalog
 from planner.cost.confidence import assess
+from planner.cost.interval import interval, regime
 from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport, StageReport
 from planner.cost.layout import StagePlacement, place_stages, split_blocks, stage_groups
 from planner.cost.stage import StageCost, compose_stage, sum_layers
@@ -121,10 +122,11 @@ def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None
     # MFU against the dense 16-bit peak of the GPUs used, also for fp8 runs (the published convention)
     ranks_per_stage = s.tp * s.cp * s.dp
     peak_sum = sum(ranks_per_stage * stage.device.peak(job.compute_dtype) for stage in stages)
-    model_flops = job.model.model_flops_per_token(job.seq_len) * tokens
+    model_flops = job.model.model_flops_per_token(job.attended) * tokens
     # recompute adds forward work; its share of compute time approximates its share of FLOPs
     recompute_share = sum(c.sums.recompute for c in costs) / max(1e-30, sum(c.sums.compute for c in costs))
     reports = [_stage_report(stage, cost) for stage, cost in zip(stages, costs)]
+    devices = [stage.device.name for stage in stages]
     host = _host_memory(stages, costs)
     worst = max(reports, key=lambda r: r.peak_bytes / r.capacity_bytes)
     b = bottleneck.sums
@@ -146,5 +148,5 @@ def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None
         mfu=model_flops / step / peak_sum, hfu=model_flops * (1 + recompute_share) / step / peak_sum,
         micro_batches=m, num_gpus=n, memory=memory, breakdown=breakdown,
         strategy=s.resolved(), strategy_spec=s.spec(), runtime=job.runtime.name,
-        confidence=assess(job, s, [stage.device.name for stage in stages]),
+        confidence=assess(job, s, devices), interval=interval(step, regime(job, s, devices)),
     )

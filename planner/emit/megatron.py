@@ -30,6 +30,7 @@ as pretrain_gpt.py parses it), which planner.emit.check costs before writing.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,6 +39,7 @@ from planner.emit import UnsupportedPlan, one_placement, optim
 from planner.emit.inputs import LaunchInputs
 from planner.emit.megatron_check import check_megatron_args
 from planner.emit.megatron_launch import launch_script, readme
+from planner.chunks import layout_string, split_chunks
 from planner.emit.megatron_model import architecture, architecture_args, vocab_args
 from planner.emit.nodes import launch_shape
 from planner.job import Job
@@ -56,15 +58,15 @@ def _pipeline_split(counts: list[int], vpp: int) -> tuple[dict[str, Any], list[s
     """Flags for the layer split and notes on what could not be expressed."""
     total, pp = sum(counts), len(counts)
     notes: list[str] = []
-    if pp == 1 or len(set(counts)) == 1:
-        if vpp > 1:
-            return {"num-layers-per-virtual-pipeline-stage": counts[0] // vpp}, notes
-        return {}, notes
     if vpp > 1:
-        notes.append(f"The plan splits the blocks {'/'.join(map(str, counts))} over the stages; Megatron's "
-                     f"interleaved schedule needs uniform chunks, so it will use {total // (pp * vpp)} layers per "
-                     "virtual stage on every stage.")
-        return {"num-layers-per-virtual-pipeline-stage": total // (pp * vpp)}, notes
+        chunks = split_chunks(tuple(counts), vpp)
+        if len({size for stage in chunks for size in stage}) == 1:
+            return {"num-layers-per-virtual-pipeline-stage": chunks[0][0]}, notes
+        # uneven chunks: the embedding and the loss count as layers (planner.chunks), written out as Megatron-
+        # Core's explicit layout (its TransformerConfig validates it)
+        return {"pipeline-model-parallel-layout": layout_string(tuple(counts), vpp)}, notes
+    if pp == 1 or len(set(counts)) == 1:
+        return {}, notes
     middle = counts[1:-1]
     if len(set(middle)) <= 1:
         flags: dict[str, Any] = {}
@@ -249,7 +251,12 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     chunk = args.get("num-layers-per-virtual-pipeline-stage")
     vpp = layers // (pp * int(chunk)) if chunk else 1
     split = None
-    if pp > 1:  # Megatron's layer assignment: the flagged ends, the rest evenly over the other stages
+    layout = args.get("pipeline-model-parallel-layout")
+    if layout is not None:  # the explicit layout: each stage's blocks over its chunks
+        chunks = str(layout).split("|")
+        vpp = len(chunks) // pp
+        split = tuple(sum(_decoders(chunks[v * pp + s]) for v in range(vpp)) for s in range(pp))
+    elif pp > 1:  # Megatron's layer assignment: the flagged ends, the rest evenly over the other stages
         middle = pp - (first is not None) - (last is not None)
         rest = layers - int(first or 0) - int(last or 0)
         per = rest // middle if middle else 0
@@ -277,6 +284,11 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     except ValidationError as err:
         message = err.errors()[0]["msg"].removeprefix("Value error, ")
         raise UnsupportedPlan(f"the Megatron arguments have no planner strategy: {message}") from None
+
+
+def _decoders(chunk: str) -> int:
+    """Transformer blocks in one chunk of a layout string ('Et*2' -> 2), unrolled as Megatron-Core does."""
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), chunk).count("t")
 
 
 def _expert_tp(args: dict[str, Any], tp: int) -> int | None:

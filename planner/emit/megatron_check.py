@@ -75,7 +75,7 @@ _TRUE = ("add-qkv-bias", "apply-layernorm-1p", "bf16", "delay-wgrad-compute", "d
          "no-rope-fusion", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather", "qk-layernorm",
          "sequence-parallel", "squared-relu", "swiglu", "tp-comm-overlap", "untie-embeddings-and-output-weights",
          "use-distributed-optimizer", "use-precision-aware-optimizer", "use-rope-scaling")
-_STR = ("data-path", "load", "save", "split", "tokenizer-model")
+_STR = ("data-path", "load", "pipeline-model-parallel-layout", "save", "split", "tokenizer-model")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "attention-backend": ("flash", "fused", "unfused", "local", "auto"),
     "ckpt-format": ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
@@ -199,6 +199,13 @@ def check_megatron_args(args: dict[str, Any], world_size: int) -> list[str]:
         errors.append(f"expert-model-parallel-size ({ep}) > 1 needs --num-experts")
 
     per_stage: int | None = None
+    layout = args.get("pipeline-model-parallel-layout")
+    if layout is not None:
+        errors += _layout_errors(str(layout), pp, layers, first, last, vpp_layers)
+        chunks = _unrolled(str(layout)).split("|")
+        per_stage, first = max(c.count("t") for c in chunks), None  # the recompute bound is per chunk
+        last = vpp_layers = None
+        layers = None  # the layout, not an even division, places the layers
     if layers is not None:
         if first is not None or last is not None:
             rest = layers - (first or 0) - (last or 0)
@@ -245,6 +252,34 @@ def check_megatron_args(args: dict[str, Any], world_size: int) -> list[str]:
     if len(precisions) > 1:
         errors.append("--bf16 and --fp16 are mutually exclusive")
     return errors + _switch_errors(args) + _moe_errors(args, world_size, pp)
+
+
+def _unrolled(layout: str) -> str:
+    """A layout string with its `x*n` and `(...)*n` repetitions written out, as Megatron-Core unrolls them."""
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+
+
+def _layout_errors(layout: str, pp: int, layers: int | None, first, last, vpp_layers) -> list[str]:
+    """Megatron's checks of --pipeline-model-parallel-layout (arguments.py validate_args and
+    PipelineParallelLayerLayout.validate_layer_layout)."""
+    errors = []
+    if first is not None or last is not None or vpp_layers is not None:
+        errors.append("--pipeline-model-parallel-layout cannot be combined with --decoder-first/last-pipeline-"
+                      "num-layers or --num-layers-per-virtual-pipeline-stage")
+    flat = _unrolled(layout)
+    chunks = flat.split("|")
+    if len(chunks) % pp:
+        errors.append(f"the layout's {len(chunks)} stages do not divide by pipeline-model-parallel-size ({pp})")
+    if set(flat) - set("EtLm|"):
+        errors.append(f"the layout holds characters other than E, t, m, L: {sorted(set(flat) - set('EtLm|'))}")
+    body = flat.replace("|", "")
+    if not body.startswith("E") or not body.endswith("L") or body.count("E") != 1 or body.count("L") != 1:
+        errors.append("the layout must start with the embedding (E) and end with the loss (L), each once")
+    if layers is not None and body.count("t") != layers:
+        errors.append(f"the layout holds {body.count('t')} decoder layers, num-layers is {layers}")
+    return errors
 
 
 def _switch_errors(args: dict[str, Any]) -> list[str]:

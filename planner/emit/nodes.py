@@ -6,7 +6,8 @@
 
 NCCL finds RDMA NICs by itself, but on nodes that also carry storage or management NICs of the same
 kind it may route collectives over them; `NCCL_IB_HCA` names the compute NICs where the node type's
-documentation gives their device names (COMPUTE_HCAS), with NCCL's `=` prefix for exact names (a
+documentation gives their device names (NodeSpec.compute_hcas, hardware/data/nodes.yaml, with the
+source), with NCCL's `=` prefix for exact names (a
 plain `mlx5_1` would also match `mlx5_10`).  Elsewhere the launch files say how to find the names
 (`ibv_devinfo -l`) and leave the choice to NCCL.  A value already in the environment at submit time
 wins in the Slurm script (`${VAR:-default}`).
@@ -21,14 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware.catalog import NodeSpec
 from planner.job import Job
 from planner.plan.schema import Plan
-
-# node preset -> (RDMA device names of its compute NICs, where they come from)
-COMPUTE_HCAS: dict[str, tuple[tuple[str, ...], str]] = {
-    "dgx-h100": (("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"),
-                 "NVIDIA DGX H100 User Guide, Network Modules table: default RDMA names of the 8 ConnectX-7 "
-                 "compute ports"),
-}
-
 
 class EnvSetting(BaseModel):
     """One environment variable of a launch file, or a note about one that is left to the cluster."""
@@ -73,11 +66,11 @@ def nccl_env(job: Job) -> list[EnvSetting]:
     """NCCL settings for the job's nodes (empty on CPU nodes, which run gloo)."""
     if not on_gpus(job):
         return []
-    nodes = {pool.node.name for pool in job.cluster.pools}
-    known = COMPUTE_HCAS.get(next(iter(nodes))) if len(nodes) == 1 else None
-    if known is not None:
-        hca = EnvSetting(name="NCCL_IB_HCA", value="=" + ",".join(known[0]),
-                         why=f"compute NICs only; {known[1]}")
+    hcas = {pool.node.compute_hcas for pool in job.cluster.pools}
+    known = next(iter(hcas)) if len(hcas) == 1 else ()
+    if known:
+        hca = EnvSetting(name="NCCL_IB_HCA", value="=" + ",".join(known),
+                         why=f"compute NICs only; {node_spec(job).compute_hcas_source}")
     else:
         hca = EnvSetting(name="NCCL_IB_HCA", value=None,
                          why="not set: NCCL uses every RDMA NIC it finds; name the compute ones "

@@ -42,7 +42,7 @@ from planner.emit.megatron import stage_block_counts
 from planner.emit.quote import comment, toml_string
 from planner.emit.slurm import launch_shape
 from planner.emit.torchtitan_launch import launch_script, readme
-from planner.emit.torchtitan_model import RELEASE, torchtitan_model
+from planner.emit.torchtitan_model import DOCUMENT_FLAVORS, RELEASE, torchtitan_model
 from planner.job import Job
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
@@ -207,12 +207,30 @@ def _lr_scheduler(inputs: LaunchInputs) -> dict[str, Any]:
     return section
 
 
+def _document_flavor(plan: Plan, job: Job, name: str, flavor: str, notes: list[str]) -> tuple[str, str]:
+    """The flavor that masks documents where torchtitan has one for the model and the plan has no context
+    parallelism (torchtitan's context parallelism runs SDPA, without the mask), with a note either way."""
+    limits = ("torchtitan's data loader neither balances sequences over the data-parallel ranks nor varies the "
+              "context-parallel degree per sequence: it runs the plan's strategy as a static packing")
+    if job.model.name in DOCUMENT_FLAVORS and plan.strategy.cp == 1:
+        name, flavor = DOCUMENT_FLAVORS[job.model.name]
+        notes.append(f"Data plan ({plan.data.profile}): flavor {flavor}, variable-length attention under a "
+                     f"document mask (documents end at the tokenizer's eos); {limits}.")
+    else:
+        why = (f"cp={plan.strategy.cp}: its context parallelism runs SDPA without a document mask"
+               if plan.strategy.cp > 1 else f"{RELEASE} has no variable-length flavor of {job.model.name}")
+        notes.append(f"Data plan ({plan.data.profile}): rows attend across documents ({why}); {limits}.")
+    return name, flavor
+
+
 def torchtitan_config(plan: Plan, job: Job,
                       inputs: LaunchInputs = LaunchInputs()) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Sections of train.toml and README notes."""
     s = plan.strategy
     one_placement(plan, "torchtitan")  # one [training] and [parallelism] section for every rank
     name, flavor, notes = torchtitan_model(job.model)
+    if plan.data is not None:
+        name, flavor = _document_flavor(plan, job, name, flavor, notes)
     replicate, shard = dp_degrees(plan)
     local_batch = job.global_batch // (replicate * shard) if s.pp > 1 else s.mbs
     model: dict[str, Any] = {"name": name, "flavor": flavor}

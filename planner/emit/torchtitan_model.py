@@ -27,6 +27,13 @@ FLAVORS: dict[str, tuple[str, str]] = {
     "deepseek-v3": ("deepseek_v3", "671B"),
 }
 
+# zoo name -> (model, flavor) of the same sizes with variable-length attention under a document mask
+# (attn_type "varlen", attn_mask_type "block_causal": a document ends at the tokenizer's eos id), what a data
+# plan's packed rows need
+DOCUMENT_FLAVORS: dict[str, tuple[str, str]] = {
+    "llama3-8b": ("llama3", "8B_varlen"),
+}
+
 MOE_MODELS = "deepseek_v3, llama4, qwen3 (its 30B-A3B and 235B-A22B flavors) and gpt_oss"
 
 

@@ -169,11 +169,14 @@ def _stage(strategy: Strategy, report: StageReport, layers: list, spans: list[Ra
     )
 
 
-def runner_up(job: Job, spec: str, objective: float, best: float) -> PlanRunnerUp:
+def runner_up(job: Job, spec: str, objective: float, best: float, plan: Estimate | None = None) -> PlanRunnerUp:
+    """A runner-up's entry; within_error: its step time is within the model's error of the `plan`'s."""
     estimate = evaluate(job, parse_strategy(spec))
     worse = 100.0 * (objective - best) / best if best > 0 else 0.0
     return PlanRunnerUp(strategy_spec=spec, objective=objective, worse_pct=worse,
-                        step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s)
+                        step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s,
+                        within_error=plan is not None and plan.interval.indistinguishable(
+                            max(plan.step_time_s, estimate.step_time_s), min(plan.step_time_s, estimate.step_time_s)))
 
 
 def _memory(estimate: Estimate) -> PlanMemory:
@@ -208,11 +211,11 @@ def build_single_plan(job: Job, result: CompileResult, options: CompileOptions) 
         time=PlanTime(
             step_time_s=estimate.step_time_s, tokens_per_s=estimate.tokens_per_s,
             tokens_per_s_per_gpu=estimate.tokens_per_s_per_gpu, mfu=estimate.mfu, hfu=estimate.hfu,
-            micro_batches=estimate.micro_batches, breakdown=estimate.breakdown,
+            micro_batches=estimate.micro_batches, breakdown=estimate.breakdown, interval=estimate.interval,
         ),
         memory=_memory(estimate),
         solver=plan_solver(cert, options),
-        runners_up=[runner_up(job, r.strategy, r.objective, best) for r in result.runners_up],
+        runners_up=[runner_up(job, r.strategy, r.objective, best, estimate) for r in result.runners_up],
         confidence=estimate.confidence,
         moe=moe_placement_plan(job, strategy),
     )

@@ -81,5 +81,6 @@ def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -
 
 def _confidence(groups: list) -> Confidence:
     """The groups' extrapolated terms together, each named once."""
-    reasons = list(dict.fromkeys(f"{g.pool}: {r}" for g in groups for r in g.plan.confidence.reasons))
-    return Confidence(extrapolated=bool(reasons), reasons=reasons)
+    found = dict.fromkeys((f"{g.pool}: {r}", d) for g in groups
+                          for r, d in zip(g.plan.confidence.reasons, g.plan.confidence.details))
+    return Confidence(extrapolated=bool(found), reasons=[r for r, _ in found], details=[d for _, d in found])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from planner.plan.moe import moe_report_lines
+from planner.plan.data_report import data_section
 from planner.plan.schema import Plan, PlanStage
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
 from planner.plan.targets import TargetCheck
@@ -89,7 +90,10 @@ def _why(plan: Plan) -> str:
                  else "; ".join(f"stage {st.index} {p}" for st, p in zip(plan.stages, placed)))
         sentences.append(f"State placement: {where}." + (" Nothing in the space fits without offload."
                                                          if s.offload != "none" or s.stage_offload else ""))
-    if plan.runners_up:
+    if plan.preference is not None and not plan.preference.chose_optimum:
+        sentences.append(f"The optimum, `{plan.preference.optimum_spec}`, is faster by less than the model's error "
+                         "and was set aside (Preference, above).")
+    elif plan.runners_up:
         r = plan.runners_up[0]
         if r.worse_pct < 0.005:
             sentences.append(f"The best runner-up ties with it (within 0.01%): `{r.strategy_spec}`.")
@@ -176,7 +180,37 @@ def _confidence(plan: Plan) -> list[str]:
         return ["Every term of this estimate lies in a regime published runs validate (within 30%: "
                 "hardware/data/validated.yaml, docs/benchmarks.md)."]
     return ["Extrapolated: these terms lean on regimes no validated published run covers "
-            "(hardware/data/validated.yaml, docs/benchmarks.md):", "", *(f"- {r}" for r in plan.confidence.reasons)]
+            "(hardware/data/validated.yaml, docs/benchmarks.md):", "",
+            *(f"- {r}" + (f": {d}" if d else "") for r, d in zip(plan.confidence.reasons, _details(plan.confidence)))]
+
+
+def _details(confidence) -> list[str]:
+    """The details of each reason (a plan written before details were kept has none)."""
+    return confidence.details or [""] * len(confidence.reasons)
+
+
+def _interval(plan: Plan) -> list[str]:
+    i = plan.time.interval
+    if i is None:
+        return []
+    return [f"- how sure: {i.coverage:.0%} of the {i.runs} published runs nearest its regime ({i.regime.text()}) "
+            f"fall within {i.low_s:.4g}-{i.high_s:.4g} s (planner.cost.interval, docs/benchmarks.md); two plans "
+            f"closer than {i.comparison_error:.1%} cannot be ranked by the model"]
+
+
+def _preference(plan: Plan) -> list[str]:
+    """Both plans when --prefer validated set the optimum aside, or the optimum's risks beside the alternative."""
+    p = plan.preference
+    if p is None or p.alternative_spec is None:
+        return []
+    if not p.chose_optimum:
+        head = (f"This plan is not the optimum of the objective: `{p.optimum_spec}` is, at "
+                f"{p.optimum_step_time_s:.4f} s (the certificate below is its).  Its advantage is within the model's "
+                "error, and (--prefer validated):")
+    else:
+        head = (f"The optimum risks more than the fastest runner-up that does not, `{p.alternative_spec}` at "
+                f"{p.alternative_step_time_s:.4f} s, but wins by more than the model's error, so it stands:")
+    return ["## Preference", "", head, "", *(f"- {r}" for r in p.reasons), ""]
 
 
 def _runners_up(plan: Plan) -> list[str]:
@@ -184,8 +218,9 @@ def _runners_up(plan: Plan) -> list[str]:
         return ["No other configuration was solved (the others were pruned by their bounds)."]
     worse = "slower" if plan.solver.objective_kind == "time" else "costlier"
     rows = [[str(i + 1), f"`{r.strategy_spec}`", f"{r.step_time_s:.4f}", f"{r.tokens_per_s:,.0f}",
-             f"{r.worse_pct:+.2f}%"] for i, r in enumerate(plan.runners_up)]
-    return [md_table(["#", "strategy", "step s", "tokens/s", worse], rows, right=(0, 2, 3, 4))]
+             f"{r.worse_pct:+.2f}%", "yes" if r.within_error else "no"] for i, r in enumerate(plan.runners_up)]
+    return [md_table(["#", "strategy", "step s", "tokens/s", f"{worse} than the optimum", "within the model's error"],
+                     rows, right=(0, 2, 3, 4))]
 
 
 # How each target folder is launched, from the output directory (see its README.md for details)
@@ -326,8 +361,11 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         f"- step time: {t.step_time_s:.4f} s ({_step_detail(plan)})",
         f"- throughput: {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU)",
         f"- MFU: {100 * t.mfu:.1f}% (HFU {100 * t.hfu:.1f}%)",
+        *_interval(plan),
         "",
+        *_preference(plan),
         *(_groups(plan, plots) if plan.groups else _body(plan, "##", plots)),
+        *data_section(plan, md_table),
         "## Confidence",
         "",
         *_confidence(plan),

@@ -32,9 +32,11 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, Validati
 
 from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
+from planner.cost.interval import Interval
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
 from planner.plan.moe import MoePlacementPlan
 from planner.routing.stats import RoutingStats
+from planner.data.result import DataPlan
 from planner.strategy import Strategy
 
 SCHEMA_VERSION = "2"
@@ -190,6 +192,9 @@ class PlanTime(BaseModel):
     micro_batches: int = Field(description="Micro-batches per step per data-parallel replica (0 for replica "
                                "groups: see each group's plan).")
     breakdown: Breakdown = Field(description="Where the step's time goes.")
+    interval: Interval | None = Field(
+        None, description="The step time's prediction interval (planner.cost.interval); None for replica groups "
+        "(each group's plan has its own) and in plans written before intervals.")
 
 
 class PlanMemory(BaseModel):
@@ -239,6 +244,28 @@ class PlanRunnerUp(BaseModel):
     worse_pct: float = Field(description="How much worse its objective is than the plan's, percent.")
     step_time_s: float = Field(description="Its predicted step time, seconds.")
     tokens_per_s: float = Field(description="Its predicted throughput, tokens per second.")
+    within_error: bool = Field(
+        False, description="Its predicted step time lies inside the plan's prediction interval: the two are "
+        "indistinguishable within the model's error.")
+
+
+class PlanPreference(BaseModel):
+    """compile --prefer: the certified optimum, and why another plan within the model's error was chosen."""
+
+    model_config = _FIELD
+    rule: Literal["validated", "fastest"] = Field(
+        description="validated: among plans whose step time lies inside the optimum's prediction interval, the "
+        "fastest with more HBM headroom or fewer extrapolated terms when the optimum lacks them; fastest: the "
+        "optimum of the objective.")
+    optimum_spec: str = Field(description="The certified optimum of the objective (solver.objective).")
+    optimum_step_time_s: float = Field(description="Its predicted step time, seconds.")
+    chose_optimum: bool = Field(description="Whether the plan is the optimum.")
+    reasons: list[str] = Field(description="What the optimum risks that the alternative does not, one short line "
+                               "each (empty when no solved runner-up risks less).")
+    alternative_spec: str | None = Field(
+        None, description="The fastest solved runner-up that risks less than the optimum (the plan itself when "
+        "chose_optimum is false); None when none does.")
+    alternative_step_time_s: float | None = Field(None, description="Its predicted step time, seconds.")
 
 
 class GroupStrategy(Strategy):
@@ -329,10 +356,17 @@ class Plan(BaseModel):
     groups: list[PlanGroup] = Field(
         default_factory=list, description="Replica groups (data parallelism across pools, a strategy and batch "
         "share per pool; planner.cost.groups); [] for a single-strategy plan.")
+    preference: PlanPreference | None = Field(
+        None, description="How the plan was chosen among those within the model's error of the optimum "
+        "(compile --prefer); None in plans written before the rule.")
     confidence: Confidence = Field(
         default_factory=lambda: Confidence(extrapolated=False, reasons=[]),
         description="Terms of the estimate that lean on a regime no validated published run covers "
         "(planner.cost.confidence; each group's for replica groups).")
+    data: DataPlan | None = Field(
+        None, description="With --data-profile: the packing, per-bucket context parallelism and balancing of the "
+        "profile's sequences, against the best static plan on the same data (planner.data); None: every sequence "
+        "is seq_len long.")
     moe: MoePlacementPlan | None = Field(
         None, description="Expert placement under routing statistics (`--routing`): each MoE layer's experts and "
         "replicas per expert-parallel rank, and the baselines' ratios and step times; absent without.")

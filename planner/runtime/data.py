@@ -327,12 +327,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     write.add_argument("--output", required=True, type=_prefix, metavar="PREFIX",
                        help="Writes PREFIX.bin and PREFIX.idx.")
     write.add_argument("--json-key", default="text", help="Field of each .jsonl line holding the text (default text).")
+    prof = sub.add_parser("profile", help="Write a data profile (planner compile --data-profile) of real data.",
+                          description="Count the document lengths of token shards (--data) or of a Hugging Face "
+                          "dataset sample (--hf-dataset) into a data profile YAML. Example: python -m "
+                          "planner.runtime.data profile --data data/train --output profile.yaml")
+    source = prof.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", metavar="PREFIX", help="Token shards PREFIX.bin + PREFIX.idx.")
+    source.add_argument("--hf-dataset", metavar="NAME", help="A Hugging Face dataset (needs `datasets`).")
+    prof.add_argument("--hf-data-files", default=None, metavar="FILES", help="data_files of --hf-dataset "
+                      "(e.g. --hf-dataset json --hf-data-files rows.jsonl).")
+    prof.add_argument("--split", default="train", help="Split of --hf-dataset (default train).")
+    prof.add_argument("--samples", type=int, default=10000, help="Rows of --hf-dataset to count (default 10000).")
+    prof.add_argument("--json-key", default="text", help="Field of each row holding the text (default text).")
+    prof.add_argument("--tokenizer", default=BYTES_TOKENIZER, help="Tokenizer of --hf-dataset (default bytes).")
+    prof.add_argument("--name", default=None, help="The profile's name (default: the output file's stem).")
+    prof.add_argument("--output", required=True, type=Path, metavar="FILE", help="The profile YAML to write.")
     return parser.parse_args(argv)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    """`profile`: every document's tokens (its end-of-document id included, as the trainer's sampler reads
+    them), from the shards or a dataset sample, into a data profile."""
+    from planner.runtime.data_profile import hf_texts, write_profile
+
+    try:
+        if args.data is not None:
+            shards = TokenShards(args.data)
+            lengths = [int(n) for n in np.diff(shards.offsets.astype(np.int64))]
+            source = (f"token shards {args.data} ({shards.header.documents} documents, {shards.header.tokens} "
+                      f"tokens, tokenizer {shards.header.tokenizer})")
+        else:
+            texts = hf_texts(args.hf_dataset, split=args.split, samples=args.samples, key=args.json_key,
+                             data_files=args.hf_data_files)
+            tok = load_tokenizer(args.tokenizer)
+            lengths = [len(tok.encode(t)) for t in texts]
+            source = f"Hugging Face dataset {args.hf_dataset} ({len(texts)} rows of {args.split}, tokenizer " \
+                     f"{args.tokenizer})"
+        doc = write_profile(args.output, args.name or args.output.stem, lengths, source)
+    except ValueError as err:
+        raise DataError(str(err)) from None
+    print(f"{args.output}: {sum(b['count'] for b in doc['bins'])} documents in {len(doc['bins'])} bins ({source})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.command == "profile":
+            return _profile(args)
         tokenizer = load_tokenizer(args.tokenizer)
         header = write_dataset(documents(args.input, args.json_key), tokenizer, args.output)
     except DataError as err:

@@ -43,9 +43,22 @@ def rope_tables(head_dim: int, max_positions: int, theta: float = 10000.0) -> tu
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, offset: int = 0) -> torch.Tensor:
     """Rotate pairs (x[..., ::2], x[..., 1::2]) of x (batch, seq, heads, head_dim) at positions offset.."""
     seq = x.shape[1]
-    cos, sin = cos[offset:offset + seq, None, :].to(x.dtype), sin[offset:offset + seq, None, :].to(x.dtype)
+    if cos.dim() == 3:  # (batch, seq, head_dim / 2): each token's own position (packed documents restart at 0)
+        cos, sin = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
+    else:
+        cos, sin = cos[offset:offset + seq, None, :].to(x.dtype), sin[offset:offset + seq, None, :].to(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """Each token's position inside its document, for rows of document indices that are non-decreasing."""
+    seq = documents.shape[1]
+    index = torch.arange(seq, device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -84,7 +97,10 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.heads * d, h, bias=False)
         self.cp_group: dist.ProcessGroup | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask` (batch, 1, seq, seq), True where a query may attend: packed documents' own causal blocks
+        (planner.runtime.sampler); None: one causal sequence."""
         b, s, _ = x.shape
         d = self.head_dim
         offset = s * dist.get_rank(self.cp_group) if self.cp_group is not None else 0
@@ -92,7 +108,6 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, d)
         v = self.wv(x).view(b, s, -1, d)
         q, k = apply_rope(q, cos, sin, offset), apply_rope(k, cos, sin, offset)
-        mask = None
         if self.cp_group is not None:
             k, v = _GatherSequence.apply(k, self.cp_group), _GatherSequence.apply(v, self.cp_group)
             positions = torch.arange(k.shape[1], device=x.device)
@@ -127,8 +142,11 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(cfg.hidden, eps=1e-5)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        # the mask only when there is one: tensor parallelism's PrepareModuleInput counts the inputs
+        normed = self.attention_norm(x)
+        h = x + (self.attention(normed, cos, sin) if mask is None else self.attention(normed, cos, sin, mask))
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -183,11 +201,20 @@ class Transformer(nn.Module):
             self.norm = None
             self.output = None
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids (first stage) or hidden states (later stages) -> hidden states or logits."""
+    def forward(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (first stage) or hidden states (later stages) -> hidden states or logits.  `documents`
+        (batch, seq): each token's document index in a packed row (positions restart and attention stays
+        inside each document: variable-length attention); None: each row is one sequence."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         cos, sin = self.rope_rows(h)
+        mask = None
+        if documents is not None:
+            positions = document_positions(documents)
+            cos, sin = cos[positions], sin[positions]
+            causal = torch.ones(documents.shape[1], documents.shape[1], dtype=torch.bool,
+                                device=documents.device).tril()
+            mask = ((documents[:, :, None] == documents[:, None, :]) & causal)[:, None]
         for block in self.layers.values():
-            h = block(h, cos, sin)
+            h = block(h, cos, sin) if mask is None else block(h, cos, sin, mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

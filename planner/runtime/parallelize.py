@@ -115,10 +115,10 @@ class Parallelized:
                 micro.backward()
                 total += micro.detach()
             loss = total
-        self._sync_replicated_grads()
+        self.sync_replicated_grads()
         return loss
 
-    def _sync_replicated_grads(self) -> None:
+    def sync_replicated_grads(self) -> None:
         # zero 0: DDP semantics without buckets: average every gradient over dp x cp.
         if self.replicate_group is None:
             return

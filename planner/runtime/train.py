@@ -51,6 +51,7 @@ from planner.runtime.memory_probe import MemoryProbe
 from planner.runtime.model import Transformer
 from planner.runtime.optim import OptimConfig, build_optimizer, clip_grads, global_grad_norm, lr_factor
 from planner.runtime.parallelize import Parallelized, apply_plan, local_param_bytes
+from planner.runtime.data_train import check_data_plan, data_sampler, run_data_plan
 from planner.runtime.shutdown import run_then_finish
 
 PROG = "python -m planner.runtime.train"
@@ -147,6 +148,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--model-spec", type=Path, default=None,
         help="Model spec file (builder: llama ...) of a model the zoo does not have; its name must be the "
         "plan's model.")
+    add("--unbalanced", action="store_true",
+        help="With a plan's data section: deal the packed micro-batches to the data-parallel ranks in order "
+        "instead of balancing them (the same samples and loss; for comparison).")
     add("--measure-memory", action="store_true",
         help="Measure the last step's memory on every rank (planner/runtime/memory_probe.py): prints "
         "`memory <rank> <json>` and adds `memory` to the report.")
@@ -307,6 +311,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.model_spec is not None and config.name != plan.job.model:
         fail(f"{args.model_spec}: name: builds {config.name!r}, the plan is for {plan.job.model!r}")
     check_plan_stages(plan, args.plan, config.num_layers)
+    try:
+        check_data_plan(plan)
+    except ValueError as err:
+        fail(f"{args.plan}: data: {err}")
     dtype = compute_dtype(plan, args.precision, args.plan)
     shards = open_data(args, plan, config.vocab)
     ocfg = optim_config(args)
@@ -324,6 +332,13 @@ def main(argv: list[str] | None = None) -> None:
         resume(args.checkpoint_dir, state, progress, rank)
 
     dp_rank = (rank // (s.tp * s.cp)) % s.dp
+    if plan.data is not None:  # the plan's packing and balancing of variable-length documents
+        sampler = data_sampler(plan, shards, config.vocab, dp_rank, args, say)
+        first = int(progress["step"])
+        losses, norms = run_data_plan(par, optimizers, sampler, ocfg, args, progress, state, device, say)
+        finish_report(args, plan, par, rank, init_peak, None, losses=losses, norms=norms, first=first,
+                      compute=computed.get("dtype"))
+        return
     cp_index, per_cp = (rank // s.tp) % s.cp, plan.job.seq_len // s.cp
     if shards is not None:
         reader = SampleReader(shards, seq_len=plan.job.seq_len, global_batch=plan.job.global_batch,

@@ -32,6 +32,9 @@ class CompileOptions(BaseModel):
         "at the same point on any machine under any load (time_limit is then ignored).")
     space: SpaceOptions = Field(default_factory=SpaceOptions, description="The strategy space.")
     runners_up: int = Field(5, ge=0, description="Best other configurations to report.")
+    prefer: Literal["validated", "fastest"] = Field(
+        "validated", description="Which plan to return among those within the model's error of the optimum "
+        "(planner.plan.prefer); the search and its certificate are the same either way.")
     space_runtimes: tuple[str, ...] = Field(
         (), description="Runtimes besides the job's own whose strategy spaces `space` was narrowed to (the named "
         "targets' frameworks): the plan is one every one of them can express.")

@@ -21,7 +21,8 @@ from planner.sweep.progress import ProgressBar
 from planner.sweep.report import report_md
 from planner.sweep.results import (best_per_scenario, result_record, results_csv, summary_md, timing_record,
                                    timings_csv)
-from planner.sweep.scenarios import SweepTasks, check_scenario_limit, load_sweep
+from planner.sweep.data_rows import data_files
+from planner.sweep.scenarios import SweepTasks, check_scenario_limit, load_profiles, load_sweep
 from planner.sweep.tasks import SweepTask, TaskResult
 
 
@@ -82,6 +83,8 @@ def sweep_files(path: str | Path, collected: Collected) -> SweepOutput:
     plots = scaling_plots(records)
     left_out = len(plot_groups(records)) - len(plots)
     report = report_md(title, records, collected.jobs, spec.simulate)
+    labels = {r["scenario"]: {k: r[k] for k in ("model", "cluster", "batch", "seq_len")} for r in records}
+    report.update(data_files(title, collected.jobs, labels, load_profiles(spec, path), spec.time_limit))
     files: dict[str, str | bytes] = {"results.csv": results_csv(records),
                                      "timings.csv": timings_csv(collected.in_order(collected.timings)),
                                      "summary.md": summary_md(title, best, list(plots) + ["report.md"], left_out,
@@ -96,7 +99,7 @@ def run_sweep(path: str | Path, executor: str = "local", workers: int = 1, addre
     """Run every task of the sweep file on `executor`; progress bar on `progress` (None: stderr)."""
     tasks = tasks if tasks is not None else plan_sweep(path)
     spec = tasks.spec if isinstance(tasks, SweepTasks) else load_sweep(path)
-    collected = Collected(keep_jobs=spec.simulate)
+    collected = Collected(keep_jobs=spec.simulate or bool(spec.data_profiles))
     bar = ProgressBar(len(tasks) if hasattr(tasks, "__len__") else 0, progress)
 
     def done(task: SweepTask, result: TaskResult) -> None:

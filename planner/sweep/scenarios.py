@@ -107,6 +107,10 @@ class SweepSpec(BaseModel):
     title: str | None = Field(None, description="Heading of summary.md and report.md; default: the file name.")
     simulate: bool = Field(False, strict=True, description="Also simulate each scenario's planner plan "
                            "(`planner simulate`) and report the agreement with the analytic step in report.md.")
+    data_profiles: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Data profiles (planner.data.profile files, resolved against the sweep "
+        "file's folder): each scenario is also planned for each profile's data, clipped at its seq_len, against "
+        "the best static plan on it (data.csv, data.md, data.png).")
 
     @field_validator("runtime")
     @classmethod
@@ -183,6 +187,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         spec = SweepSpec.model_validate(data)
     except ValidationError as err:
         raise PlannerInputError(f"{path}: {_render(err)}") from None
+    load_profiles(spec, path)  # every profile readable before any solve starts
     if not spec.plugins:
         return spec
     check_names(spec.plugins, tuple(DENSE_BASELINES + EMBEDDING_BASELINES), f"{path}: strategies")
@@ -192,6 +197,21 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise PlannerInputError(f"{path}: strategies: {err}") from None
     entries = [next(plugins) if isinstance(s, UserStrategy) else s for s in spec.strategies or ()]
     return spec.model_copy(update={"strategies": entries})
+
+
+def load_profiles(spec: SweepSpec, path: str | Path) -> list:
+    """The sweep's data profiles (planner.data.profile.DataProfile), read beside the sweep file first;
+    PlannerInputError `FILE: data_profiles[i]: message`."""
+    from planner.data.profile import load_data_profile
+
+    out = []
+    for i, name in enumerate(spec.data_profiles):
+        beside = Path(path).parent / name
+        try:
+            out.append(load_data_profile(beside if beside.is_file() else name))
+        except PlannerInputError as err:
+            raise PlannerInputError(f"{path}: data_profiles[{i}]: {err}") from None
+    return out
 
 
 class _Loader:

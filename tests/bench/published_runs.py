@@ -16,6 +16,12 @@ torchtitan runs that publish their peak memory).
     python tests/bench/published_runs.py --compile --ids 63,72   # only these rows
     python tests/bench/published_runs.py --groups   # also errors per source, device and parallelism family
     python tests/bench/published_runs.py --constants backward_gemm_ratio=2.2   # trial constant values
+    python tests/bench/published_runs.py --runs tests/data/holdout_runs.csv --check   # build every row, print no error
+
+--runs reads another file of the same columns (default tests/data/published_runs.csv).  The frozen holdout
+(tests/data/holdout_runs.csv, docs/benchmarks.md "Frozen holdout") is scored only at the end of a modelling
+change; until then `--check` is the only way to read it: it builds every row into a job and a strategy and
+lists the rows that do not build, without a prediction, an error or a memory verdict.
 
 How a row becomes a job (one rule for every row, never a per-row constant):
 
@@ -44,6 +50,7 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   (pytorch-ddp) keeps transformers.GPT2Config's 0.1; the Megatron-Core/NeMo,
   torchtitan, llm-foundry and lit-gpt rows train without (the Megatron-Core
   README rows 20-28 publish no config; they are costed as the NeMo rows);
+* "HSDP" / "HYBRID_SHARD" in zero_fsdp: FSDP sharded within a node, replicated across nodes (shard=node);
 * the published strategy; unpublished fields take the documented defaults:
   mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the cheapest
   setting that fits memory, as recipes are tuned to: none, selective, then
@@ -241,13 +248,19 @@ def _cluster(row: dict) -> Cluster:
 
 def _zero(row: dict) -> int:
     text = row["zero_fsdp"].lower()
-    if "fsdp" in text or "zero-3" in text:
+    if "fsdp" in text or "zero-3" in text or _hybrid_shard(row):
         return 3
     if "zero-2" in text:
         return 2
     if "dist. optimizer" in text or "distributed optimizer" in text or "zero-1" in text:
         return 1
     return 0
+
+
+def _hybrid_shard(row: dict) -> bool:
+    """HSDP (FSDP HYBRID_SHARD): weights sharded within a node and replicated across nodes (Strategy.shard 'node')."""
+    text = row["zero_fsdp"].lower()
+    return "hsdp" in text or "hybrid_shard" in text
 
 
 def _base_strategy(row: dict) -> dict:
@@ -266,7 +279,7 @@ def _base_strategy(row: dict) -> dict:
         mbs=_int(row["micro_batch"], 1), vpp=vpp,
         schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
         sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,
-        zero=_zero(row),
+        zero=_zero(row), shard="node" if _hybrid_shard(row) else "full",
         tp_overlap=tp > 1 and ("comm overlap on" in notes or "asynctp" in row["model"].lower() + notes),
     )
 
@@ -326,15 +339,28 @@ def build_case(row: dict) -> Case:
     return Case(row=row, job=job, strategy=strategy)
 
 
-def read_rows(tier: str = "A") -> list[dict]:
-    """The CSV rows of `tier` ('all': every row), in file order."""
-    with CSV_PATH.open() as handle:
+def read_rows(tier: str = "A", path: Path = CSV_PATH) -> list[dict]:
+    """The rows of `tier` ('all': every row) of `path` (default tests/data/published_runs.csv), in file order."""
+    with Path(path).open(newline="") as handle:
         return [row for row in csv.DictReader(handle) if tier == "all" or row["tier"] == tier]
 
 
-def load_cases(tier: str = "A") -> list[Case]:
-    """Every row of the given tier ('all': every tier) as a Case."""
-    return [build_case(row) for row in read_rows(tier)]
+def load_cases(tier: str = "A", path: Path = CSV_PATH) -> list[Case]:
+    """Every row of the given tier ('all': every tier) of `path` as a Case."""
+    return [build_case(row) for row in read_rows(tier, path)]
+
+
+def check_rows(rows: list[dict]) -> list[tuple[str, str]]:
+    """(id, reason) for every row that does not build into a job and a strategy; nothing else is reported,
+    so a holdout can be checked without being scored (no prediction, error or memory verdict leaves here)."""
+    failures = []
+    for row in rows:
+        try:
+            build_case(row)
+        except (KeyError, ValueError, StopIteration, TypeError) as exc:  # ValidationError is a ValueError
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            failures.append((row.get("id", "?"), f"{type(exc).__name__}: {reason}"))
+    return failures
 
 
 @dataclass(frozen=True)
@@ -361,10 +387,10 @@ class Result:
         return None if published is None else self.peak_gib / published - 1.0
 
 
-def run(tier: str = "A", catalog: Catalog | None = None) -> list[Result]:
-    """Evaluate every row of the tier ('all': every tier), with `catalog`'s constants (default constants.yaml);
-    the cases are built with constants.yaml's either way."""
-    return evaluate_cases(load_cases(tier), catalog)
+def run(tier: str = "A", catalog: Catalog | None = None, path: Path = CSV_PATH) -> list[Result]:
+    """Evaluate every row of the tier ('all': every tier) of `path`, with `catalog`'s constants (default
+    constants.yaml); the cases are built with constants.yaml's either way."""
+    return evaluate_cases(load_cases(tier, path), catalog)
 
 
 def evaluate_cases(cases: list[Case], catalog: Catalog | None = None) -> list[Result]:
@@ -410,6 +436,23 @@ def source_key(row: dict) -> str:
     if match:
         return match.group(1)
     return text.split(";")[0].split()[0] if text else "?"
+
+
+def source_document(row: dict) -> tuple[str, ...]:
+    """The document a row's `source` starts with, as the strings that name it: ('2201.11990',) for an arXiv
+    paper, (owner/repo, path) for a file of a repository, (url,) for a web page.  Finer than `source_key`:
+    two files of one repository, or two papers, are two documents."""
+    text = row["source"].strip()
+    for pattern in (r"arXiv (\d{4}\.\d{4,5})", r"(https?://[^\s;,]+)", r"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+) ([^\s;,]+)"):
+        match = re.match(pattern, text)
+        if match:
+            return match.groups()
+    raise ValueError(f"row {row.get('id', '?')}: source {text[:60]!r} names no arXiv paper, repository file or URL")
+
+
+def cites(document: tuple[str, ...], text: str) -> bool:
+    """Whether a source text names `document` (every string of it appears)."""
+    return all(part in text for part in document)
 
 
 _DEVICE_FAMILIES = ("MI300X", "B200", "H200", "H100", "A100", "L4")
@@ -540,6 +583,15 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
         print_groups(results, "memory", out)
 
 
+def print_check(rows: list[dict], path: Path, out=sys.stdout) -> int:
+    """Print which rows of `path` do not build (`check_rows`); 0 when every row builds, else 1."""
+    failures = check_rows(rows)
+    for row_id, reason in failures:
+        print(f"{path}: row {row_id}: {reason}", file=out)
+    print(f"{path}: {len(rows) - len(failures)} of {len(rows)} rows build", file=out)
+    return 1 if failures else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", default="A", help="row tier: A (default), B, or all")
@@ -551,9 +603,15 @@ def main() -> None:
                         "the recompute setting they pick by memory, stay those of constants.yaml)")
     parser.add_argument("--groups", action="store_true", help="also print the errors per source, device family "
                         "and parallelism family")
+    parser.add_argument("--runs", type=Path, default=CSV_PATH, help="the runs file (default "
+                        "tests/data/published_runs.csv; the frozen holdout is tests/data/holdout_runs.csv)")
+    parser.add_argument("--check", action="store_true", help="only build every row (all tiers) and list the "
+                        "rows that do not build; prints no prediction and no error (for the frozen holdout)")
     args = parser.parse_args()
+    if args.check:
+        sys.exit(print_check(read_rows("all", args.runs), args.runs))
     catalog = with_constants(parse_constants(args.constants)) if args.constants else None
-    results = run(args.tier, catalog)
+    results = run(args.tier, catalog, args.runs)
     if args.ids:
         wanted = {i.strip() for i in args.ids.split(",")}
         results = [r for r in results if r.case.row["id"] in wanted]
