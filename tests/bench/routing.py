@@ -9,8 +9,8 @@ below 1/top_k), one redundant slot per expert-parallel rank, for several ep; the
 single synthetic layer's ratio.
 
 Table 2, the example traces (examples/routing/): each trace's model on its Done-when cluster under one fixed
-strategy (the compiler's plan for that job without routing statistics), costed by `evaluate` with each
-placement: step time, peak HBM per GPU, and the busiest-rank ratio.
+strategy (TRACES: the compiler's plan for that job without routing statistics on 4 Dec 2026), costed by
+`evaluate` with each placement: step time, peak HBM per GPU, and the busiest-rank ratio.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from planner.validation import check_strategy  # noqa: E402
 EXPERTS = [(8, 2), (64, 4), (256, 8)]
 SKEWS = [0.5, 0.8, 1.0, 1.2]
 EPS = [4, 8, 32]
-# the Done-when jobs and the strategies the compiler picks for them without routing statistics (compile --json,
-# docs/benchmarks.md), so that every placement is costed on the same strategy
+# the Done-when jobs and a fixed strategy each (the compiler's plan without routing statistics on 4 Dec 2026), so
+# that every placement is costed on the same strategy
 TRACES = [
     ("mixtral-8x7b", "dgx-h100:4", 256, 4096, "tp=2,pp=2,dp=8,ep=8,mbs=1,vpp=2,sp=on,zero=1,schedule=interleaved",
      ["zipf-mixtral.yaml", "mixtral-8x7b-layers.json"]),
