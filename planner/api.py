@@ -35,13 +35,14 @@ from planner.embedding.compile import EmbeddingStrategyName, compile_embedding
 from planner.embedding.plan_doc import EmbeddingCompileOptions, EmbeddingPlan, build_embedding_plan, to_json
 from planner.embedding.report import render_embedding_report
 from planner.emit import DEFAULT_TARGETS, TARGET_RUNTIMES, available_targets, primary_runtime
-from planner.emit.check import TargetCheck, emit_checked
+from planner.emit.check import NO_EXPERT_REPLICAS, TargetCheck, emit_checked
 from planner.emit.dlrm import DLRM_EMITTERS, DLRM_INPUTS
 from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, inputs_section
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, MoeRouting, Precision
 from planner.plan.build import inputs_digest
 from planner.plan.groups import build_plan
+from planner.plan.moe import MoePlacementPlan, moe_placement_plan, without_replicas
 from planner.plan.output import write_outputs
 from planner.plan.prefer import prefer as prefer_plan
 from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
@@ -51,6 +52,7 @@ from planner.profile import CLI_RUNTIME, load_runtime
 from planner.replan.candidates import ReplanOptions, ReplanResult, old_options, replan as replan_job
 from planner.replan.layout import plan_layout
 from planner.replan.output import replan_files
+from planner.routing.stats import RoutingStats, load_routing
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions, CompileResult, Objective, Prefer
 from planner.search.space import OffloadSearch, SpaceOptions, narrow_to_runtime
@@ -68,15 +70,21 @@ Progress = Callable[[str], None]
 
 def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq_len: int,
              precision: Precision = "bf16", flash_attention: bool = True, moe_routing: MoeRouting = "learned",
-             memory_margin: float | None = None, runtime: str | None = None) -> Job:
+             routing: str | Path | RoutingStats | None = None, memory_margin: float | None = None,
+             runtime: str | None = None) -> Job:
     """A job from a model (zoo name, spec file, HF config.json, or a graph) and a cluster (PRESET:NODES, a
     cluster file, or a Cluster).  memory_margin None: constants.yaml's default (what `compile` leaves free);
-    runtime None: DEFAULT_RUNTIME, or megatron for a mixture-of-experts model."""
+    runtime None: DEFAULT_RUNTIME, or megatron for a mixture-of-experts model; routing: a routing statistics
+    file (`--routing`) or its model."""
     graph = load_model(model) if isinstance(model, str) else model
+    stats = load_routing(routing, graph) if isinstance(routing, (str, Path)) else routing
+    if stats is not None and moe_routing == "balanced":
+        raise PlannerInputError(f"--routing {routing}: --moe-routing balanced forces even routing and would ignore "
+                                "the statistics; give one or the other")
     topology = load_cluster(cluster) if isinstance(cluster, str) else cluster
     margin = load_catalog().constant("memory_margin_default") if memory_margin is None else memory_margin
     made = Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-               flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=margin)
+               flash_attention=flash_attention, moe_routing=moe_routing, routing=stats, memory_margin=margin)
     if graph.family == "recsys":
         return made  # recommendation models have the embedding cost model, no runtime profile
     return made.on(load_runtime(runtime or default_runtime(made)[0]))
@@ -100,6 +108,13 @@ def estimate(job: Job, strategy: str | Strategy = "", *, runtime: str | None = N
     return evaluate(costed, checked)
 
 
+def expert_placement(job: Job, strategy: str | Strategy = "") -> MoePlacementPlan | None:
+    """The expert placement of a strategy under the job's routing statistics (None without): ratios and step
+    times under planner's, EPLB's and the contiguous placement, as `compile --json` reports them."""
+    if job.routing is None or not job.model.num_experts:
+        return None
+    checked = check_strategy(job, parse_strategy(strategy) if isinstance(strategy, str) else strategy)
+    return moe_placement_plan(job, checked)
 def estimate_data(job: Job, strategy: str | Strategy, profile: DataProfile) -> DataPlan:
     """Score one strategy on a data profile: its static layouts and its hybrid layout of the profile's step
     (planner.data), the same pricing `compile --data-profile` runs over every candidate."""
@@ -147,6 +162,8 @@ class Compiled:
         data["solver"] = {**solver, "time_limit_s": None if work_limit else time_limit, "work_limit_s": work_limit,
                           "stopped": cert.stopped, "reproducible": cert.stopped is None}
         data["plan"] = self.plan.model_dump(mode="json")
+        if self.plan.moe is not None:  # the placement's summary beside the estimate; its per-layer map is in the plan
+            data["moe"] = self.plan.moe.model_dump(mode="json", exclude={"layers"})
         return data
 
     def files(self, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str | bytes]:
@@ -265,7 +282,13 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         notes += [note] if note else []
     options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search,
                        prefer)
-    result: CompileResult = compile_job(job, options, progress=progress)
+    if job.routing is not None and job.model.num_experts:
+        _place_experts(job)  # before the search's clock starts: its budget is for the search
+    if job.routing is not None and job.routing.redundant_slots and job.model.num_experts:
+        job, result, options, note = _compile_replica_choice(job, options, explicit and targets, progress)
+        notes += [note] if note else []
+    else:
+        result = compile_job(job, options, progress=progress)
     if data_profile is None:
         result, preference = prefer_plan(job, result, options)
         plan = build_plan(job, result, options).model_copy(update={"preference": preference})
@@ -279,6 +302,43 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         record = {**(plan.options or {}), "data_profile": data_profile.model_dump(mode="json")}
         plan = plan.model_copy(update={"data": data, "options": record, "inputs_digest": inputs_digest(job, record)})
     return Compiled(job=job, plan=plan, result=result, targets=chosen, explicit_targets=explicit, notes=notes)
+
+
+def _place_experts(job: Job) -> None:
+    """Solve (and cache) the expert placements of every expert-parallel degree the search may try, with the
+    routing file's redundant slots and without."""
+    experts, gpus = job.model.num_experts, job.cluster.num_gpus
+    for candidate in (job, without_replicas(job)):
+        for ep in (d for d in range(2, min(experts, gpus) + 1) if experts % d == 0):
+            candidate.expert_placement(ep)
+
+
+def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[str, ...] | bool,
+                            progress: Progress | None) -> tuple[Job, CompileResult, CompileOptions, str | None]:
+    """Search with the routing file's redundant expert slots and without them, each on half the budget, and keep
+    the better plan: replicas cost memory and a gradient sync that balance does not always repay.  A named target
+    that holds no replicas (Megatron) searches without them only.  Returns the options each search ran under."""
+    bare = without_replicas(job)
+    holds_none = [t for t in targets or () if t in NO_EXPERT_REPLICAS]
+    if holds_none:
+        return bare, compile_job(bare, options, progress=progress), options, (
+            f"{', '.join(holds_none)} holds no expert replicas: the plan places experts without the routing file's "
+            f"{job.routing.redundant_slots} redundant slots")
+    half = options.model_copy(update={"time_limit": options.time_limit / 2,
+                                      "work_limit": options.work_limit / 2 if options.work_limit else None})
+    results: list[tuple[Job, CompileResult]] = []
+    for candidate in (job, bare):
+        try:
+            results.append((candidate, compile_job(candidate, half, progress=progress)))
+        except InfeasibleError:
+            if candidate is bare and not results:
+                raise
+    chosen, result = min(results, key=lambda pair: pair[1].certificate.objective)
+    if chosen is job:
+        return job, result, half, None
+    other = f" (with them: {results[0][1].certificate.objective:.4g})" if results[0][0] is job else ""
+    return bare, result, half, (f"the routing file's {job.routing.redundant_slots} redundant expert slots do not repay "
+                          f"their memory and gradient sync on this job: the plan uses none{other}")
 
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: Objective,

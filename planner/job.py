@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -10,6 +10,10 @@ from hardware import Catalog, Cluster
 from hardware.catalog import Dtype
 from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
+from planner.routing.stats import RoutingStats
+
+if TYPE_CHECKING:
+    from planner.routing.placement import PlacementSummary
 
 Precision = Literal["bf16", "fp16", "fp8"]
 MoeRouting = Literal["learned", "balanced"]
@@ -52,6 +56,16 @@ class Job(BaseModel):
         "Megatron --moe-router-force-load-balancing, NeMo AutoModel's fake balanced gate, or tokens padded "
         "and dropped to a capacity factor of 1, as published MoE benchmarks run).",
     )
+    routing: RoutingStats | None = Field(
+        None,
+        description="Measured or synthetic per-layer expert loads (`--routing FILE`): the expert placement with "
+        "replicas is solved per expert-parallel degree and its busiest rank replaces moe_routing_imbalance.",
+    )
+    expert_placement_policy: Literal["planner", "eplb", "contiguous"] = Field(
+        "planner",
+        description="Whose expert placement the routing statistics are costed under: planner's program, DeepSeek's "
+        "EPLB on the same redundant slots, or Megatron's contiguous order without replicas (the baselines).",
+    )
     memory_margin: float = Field(
         0.0, ge=0.0, lt=1.0,
         description="Share of every GPU's HBM a plan must leave free: the cost model's memory error (the command "
@@ -74,6 +88,19 @@ class Job(BaseModel):
                              "(a sample is one token; --batch counts samples)")
         return seq_len
 
+    @field_validator("routing")
+    @classmethod
+    def _routing_fits_model(cls, routing: RoutingStats | None, info: ValidationInfo) -> RoutingStats | None:
+        if routing is None:
+            return routing
+        if info.data.get("moe_routing") == "balanced":
+            raise ValueError("routing statistics with moe_routing balanced: forced balanced routing ignores them; "
+                             "give one or the other")
+        model = info.data.get("model")
+        problem = routing.problem_with(model) if model is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return routing
     @field_validator("attention_span")
     @classmethod
     def _span_within_row(cls, span: float | None, info: ValidationInfo) -> float | None:
@@ -125,9 +152,43 @@ class Job(BaseModel):
         """Tokens (or samples) processed per optimizer step."""
         return self.global_batch * self.seq_len
 
-    def moe_imbalance(self, catalog: Catalog) -> float:
-        """Tokens of the busiest expert-parallel rank over the mean (1 when routing is balanced)."""
-        return 1.0 if self.moe_routing == "balanced" else catalog.constant("moe_routing_imbalance")
+    def moe_imbalance(self, catalog: Catalog, ep: int) -> float:
+        """Tokens of the busiest of `ep` expert-parallel ranks over the mean: 1 when routing is balanced, the
+        placement's ratio under routing statistics, else constants.yaml's moe_routing_imbalance."""
+        if self.moe_routing == "balanced":
+            return 1.0
+        placed = self.expert_placement(ep)
+        if placed is None:
+            return catalog.constant("moe_routing_imbalance")
+        return {"planner": placed.max_load_ratio, "eplb": placed.eplb_max_load_ratio,
+                "contiguous": placed.contiguous_max_load_ratio}[self.expert_placement_policy]
+
+    def expert_placement(self, ep: int) -> "PlacementSummary | None":
+        """The experts' placement on `ep` ranks from the routing statistics (None without them).  EPLB's
+        hierarchical policy sees the nodes an expert-parallel group spans (ep // GPUs per node, when whole)."""
+        if self.routing is None or not self.model.num_experts:
+            return None
+        from planner.routing.placement import placement_summary  # CP-SAT loads only for routed jobs
+
+        gpn = min(pool.node.gpus_per_node for pool in self.cluster.pools)
+        nodes = ep // gpn if ep > gpn and ep % gpn == 0 else 1
+        return placement_summary(self.routing, self.model.num_experts, ep, nodes)
+
+    def expert_slots_factor(self, ep: int) -> float:
+        """Expert slots a rank holds over its share of the model's experts (1 without redundant slots)."""
+        placed = self.expert_placement(ep) if ep > 1 else None
+        if placed is None or self.expert_placement_policy == "contiguous":
+            return 1.0
+        return placed.slots_per_rank * ep / self.model.num_experts
+
+    def replicated_slots(self, ep: int) -> int:
+        """Most slots of one of `ep` ranks holding experts with several replicas, under the policy's placement."""
+        placed = self.expert_placement(ep) if ep > 1 else None
+        if placed is None or self.expert_placement_policy == "contiguous":
+            return 0
+        if self.expert_placement_policy == "eplb":
+            return placed.eplb_replicated_slots_per_rank
+        return placed.replicated_slots_per_rank
 
     @property
     def compute_dtype(self) -> Dtype:

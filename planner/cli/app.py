@@ -29,8 +29,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                  "breakdown."),
     "list": ("inspect_cmd", "list_", "List the model zoo or the hardware catalog (devices and node presets)."),
     "replan": ("replan_cmd", "replan_", "Re-plan a compiled job for a changed allocation (lost nodes, a new pool)."),
-    "schema": ("compile_cmd", "schema", "Print the JSON Schema of plan.json, of a raw model graph, of a cluster "
-               "file or of a data profile."),
+    "schema": ("compile_cmd", "schema", "Print the JSON Schema of plan.json, a model graph, a cluster file, a data "
+               "profile or a routing file."),
     "show": ("inspect_cmd", "show", "Summarise a model (zoo name or file) or a cluster (PRESET:NODES, preset, or "
              "file)."),
     "simulate": ("simulate_cmd", "simulate_", "Simulate one training step of a compiled plan, event by event, and "

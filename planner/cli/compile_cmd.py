@@ -16,6 +16,7 @@ import click
 
 from hardware.topology import ClusterFile
 from models.graph import ModelGraph
+from planner.routing.stats import RoutingStats
 from planner import api
 from planner.cli import render
 from planner.cli.options import (MAX_STEP_TIME_S, Infeasible, data_profile_option, emit_json, finite_seconds,
@@ -116,7 +117,8 @@ def _progress(enabled: bool | None):
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: MoeRouting, objective: Objective, max_step_time: float | None, time_limit: float,
+             moe_routing: MoeRouting, routing: str | None, objective: Objective, max_step_time: float | None,
+             time_limit: float,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: EmbeddingStrategyName,
@@ -149,7 +151,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
             raise PlannerInputError(inside)
     profile = load_profile_for(data_profile, seq_len)
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       memory_margin=memory_margin,
                        runtime=runtime)
     if not targets:  # named targets choose the runtime in api.compile, which says so in its notes
         note_default_runtime(job, runtime)
@@ -200,6 +203,7 @@ _SCHEMAS = {
     "data-profile": DataProfile.model_json_schema,
     "model": ModelGraph.model_json_schema,
     "cluster": ClusterFile.model_json_schema,
+    "routing": RoutingStats.model_json_schema,
 }
 
 
@@ -207,7 +211,7 @@ _SCHEMAS = {
 @click.argument("what", type=click.Choice(sorted(_SCHEMAS)))
 @user_errors
 def schema(what: str) -> None:
-    """Print the JSON Schema of plan.json, of a raw model graph, of a cluster file or of a data profile.
+    """Print the JSON Schema of plan.json, a model graph, a cluster file, a data profile or a routing file.
 
     \b
     Examples:
@@ -215,5 +219,6 @@ def schema(what: str) -> None:
         planner schema data-profile
         planner schema model
         planner schema cluster
+        planner schema routing
     """
     emit_json(_SCHEMAS[what]())

@@ -36,7 +36,7 @@ from planner.job import Job, MoeRouting, Precision
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: MoeRouting, spec: str, sharding_file: Path | None, runtime: str | None,
+             moe_routing: MoeRouting, routing: str | None, spec: str, sharding_file: Path | None, runtime: str | None,
              memory_margin: float, data_profile: Path | None, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
@@ -62,7 +62,8 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, memory_margin=memory_margin,
+                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       memory_margin=memory_margin,
                        runtime=runtime)
     if job.model.family == "recsys":
         _estimate_embedding(job, spec, sharding_file, as_json)
@@ -82,6 +83,9 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
         if data is not None:
             out["uniform_step_time_s"], out["step_time_s"] = out["step_time_s"], data.step_time_s
             out["data"] = data.model_dump(mode="json")
+        placed = api.expert_placement(job, spec)
+        if placed is not None:  # routing statistics: the placement's ratios, as compile --json has them
+            out["moe"] = placed.model_dump(mode="json", exclude={"layers"})
         emit_json(out)
     else:
         kernel = "" if flash_attention else ", no flash attention"

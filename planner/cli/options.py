@@ -129,6 +129,10 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      show_default=True,
                      help="Mixture-of-experts models: learned routing (the busiest expert rank waits on "
                      "moe_routing_imbalance x the mean) or balanced (forced, as published MoE benchmarks run)."),
+        click.option("--routing", "routing", type=click.UNPROCESSED, default=None, metavar="FILE",
+                     help="Mixture-of-experts models: per-layer expert loads (YAML/JSON, `planner schema routing`; "
+                     "examples/routing/): experts and their replicas are placed per expert-parallel degree and the "
+                     "busiest rank replaces the moe_routing_imbalance constant."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)

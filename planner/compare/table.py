@@ -40,7 +40,9 @@ rule and a paper's search), run under the job's runtime.  A baseline whose
 framework cannot express it for this model (a mixture-of-experts model on a
 dense-only runtime) is reported as not applicable with the reason
 (`RuntimeProfile.cannot_express`), not costed.  Every row says its runtime;
-the planner row is never slower than a fitting baseline of the same runtime.
+the planner row is never slower than a fitting baseline of the same runtime.  Under routing statistics
+(`--routing`) the framework baselines place experts in the frameworks' contiguous order without replicas; the
+planner row, uniform-pp and metis use planner's placement, with the file's redundant slots or without.
 
 The dense recipes (megatron, uniform-pp, metis) live in `planner.compare.baselines`
 with their details.  Recommendation models use planner's embedding cost model (runtime `planner-model`,
@@ -68,6 +70,7 @@ from planner.embedding.compile import GREEDY_NAME, compile_embedding, placements
 from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
+from planner.plan.moe import without_replicas
 from planner.profile import RuntimeProfile, load_runtime
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
@@ -182,6 +185,23 @@ def _not_applicable(name: str, job: Job, probe: Strategy) -> CompareRow | None:
         return None
     return _failed(name, job.runtime.name, f"{job.runtime.name} cannot run {'; '.join(missing)}", 0.0,
                    applicable=False)
+
+
+def _framework_placement(job: Job) -> Job:
+    """`job` as a baseline runs it under routing statistics: experts in the frameworks' contiguous order, no
+    replicas (Megatron-Core, DeepSpeed-MoE and torchtitan place experts so); itself without statistics."""
+    return job if job.routing is None else job.model_copy(update={"expert_placement_policy": "contiguous"})
+
+
+def _planner_row(job: Job, time_limit: float) -> CompareRow:
+    """The compiler's row: with routing statistics' redundant slots, the faster of the search with them and
+    without them (each on the whole budget: the row then covers the placement-agnostic baselines, uniform-pp and
+    metis, in both)."""
+    if job.routing is None or not job.routing.redundant_slots:
+        return _compiled("planner", job, SpaceOptions(), time_limit)
+    rows = [_compiled("planner", candidate, SpaceOptions(), time_limit)
+            for candidate in (job, without_replicas(job))]
+    return min(rows, key=lambda r: (not r.fits, r.step_time_s if r.step_time_s is not None else float("inf")))
 
 
 def _compiled(name: str, job: Job, space: SpaceOptions, time_limit: float) -> CompareRow:
@@ -357,16 +377,18 @@ def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: flo
             rows.append(_embedding(name, job, time_limit))
             continue
         on = job.on(runtime_for(name, job))
+        if name in FRAMEWORK_RUNTIMES:  # a framework's baseline places experts as the framework does
+            on = _framework_placement(on)
         if name == "megatron":
             rows.append(_megatron(on))
         elif name == "uniform-pp":
             rows.append(_uniform(on, time_limit))
         elif name in RECIPE_BASELINES:
-            rows.append(_published(name, job))
+            rows.append(_published(name, _framework_placement(job)))
         elif name == "metis":
             rows.append(_metis(on, time_limit))
         elif name == "planner":
-            rows.append(_compiled(name, on, SpaceOptions(), time_limit))
+            rows.append(_planner_row(on, time_limit))
         elif name == "ddp":  # plain DDP keeps everything in HBM: it has no optimizer or parameter offload
             rows.append(_compiled(name, on, SpaceOptions(fixed=_dense_fixed(name), offloads=(), offload_devices=()),
                                   time_limit))

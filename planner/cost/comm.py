@@ -116,7 +116,7 @@ def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups
     if s.sequence_parallel:
         routed /= s.tp  # each TP rank dispatches its own sequence shard
     count = 4 + (2 if recompute == "full" else 0)
-    seconds = count * coll.all_to_all(routed, groups.ep, catalog) * job.moe_imbalance(catalog)
+    seconds = count * coll.all_to_all(routed, groups.ep, catalog) * job.moe_imbalance(catalog, s.ep)
     if s.ep_overlap:
         window = time.forward + time.backward + time.recompute
         seconds = max(0.0, seconds - catalog.constant("comm_overlap_efficiency") * window)
@@ -223,6 +223,15 @@ def _in_calls(collective, size_bytes: float, calls: float, group: CommGroup, cat
     """`size_bytes` moved by `calls` equal collectives, each paying its own latency steps (at least one call)."""
     calls = max(1.0, calls)
     return calls * collective(size_bytes / calls, group, catalog)
+
+
+def replica_sync_seconds(replica_params: float, job: Job, groups: StageGroups, catalog: Catalog) -> float:
+    """Seconds per step to sum the gradients of replicated experts among their replicas: an all-reduce of the
+    rank's replicated slots over the expert-parallel group (an upper bound: a replica's own group is the ranks
+    holding its expert, at most ep of them)."""
+    if not replica_params:
+        return 0.0
+    return coll.all_reduce(replica_params * grad_reduce_bytes(job), groups.ep, catalog)
 
 
 def data_parallel_comm(params: float, largest_layer_params: float, job: Job, strategy: Strategy,

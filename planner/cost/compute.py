@@ -154,7 +154,7 @@ def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceS
     The router and the shared experts run over all the rank's tokens."""
     moe, tokens, tp = layer.moe_shape, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
     per_expert = expert_flops_per_token(layer)
-    routed_flops = tokens * moe.top_k * per_expert / tp * job.moe_imbalance(catalog)
+    routed_flops = tokens * moe.top_k * per_expert / tp * job.moe_imbalance(catalog, strategy.ep)
     expert_tokens = tokens * moe.top_k * strategy.expert_tp * strategy.ep / (moe.num_experts * tp)
     one_gemm = expert_tokens * per_expert / strategy.expert_tp / GEMMS_PER_LAYER
     seconds = routed_flops / gemm_rate(device, job, one_gemm, catalog)

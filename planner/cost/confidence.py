@@ -99,7 +99,11 @@ def _parallel(job: Job, s: Strategy, c: Coverage) -> list[tuple[str, str]]:
                       "all-to-all, routing imbalance and grouped GEMMs are unvalidated"))
     elif s.ep > c.max_ep:
         found.append((f"expert parallelism ep={s.ep}: validated MoE runs reach ep={c.max_ep}", ""))
-    if job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
+    if job.model.num_experts and c.moe and job.routing is not None:
+        found.append((f"MoE routing statistics: validated MoE runs use {', '.join(c.moe_routings)}",
+                      "the expert placement's busiest rank and its replicas' cost are predictions no published run "
+                      "checks"))
+    elif job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
         found.append((f"{job.moe_routing} MoE routing: validated MoE runs use {', '.join(c.moe_routings)}",
                       "moe_routing_imbalance is an estimate no published run checks"))
     gpus = s.tp * s.cp * (s.dp or 1) * s.pp

@@ -85,14 +85,23 @@ def routed_expert_params(layer: Layer) -> float:
     return per_expert * layer.moe.num_experts
 
 
-def expert_params_per_rank(layer: Layer, strategy: Strategy) -> float:
-    """Routed-expert parameters of `layer` one rank holds: the experts spread over ep ranks, each split etp ways."""
+def expert_params_per_rank(layer: Layer, strategy: Strategy, job: Job) -> float:
+    """Routed-expert parameters of `layer` one rank holds: the experts spread over ep ranks, each split etp ways,
+    and the replicas of its redundant slots (routing statistics: weights, gradients and optimizer states alike)."""
     if layer.moe is None or not layer.tp_splittable:
         return 0.0
-    return routed_expert_params(layer) / (strategy.expert_tp * strategy.ep)
+    return routed_expert_params(layer) / (strategy.expert_tp * strategy.ep) * job.expert_slots_factor(strategy.ep)
 
 
-def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
+def replica_params_per_rank(layer: Layer, strategy: Strategy, job: Job) -> float:
+    """Routed-expert parameters of `layer` one rank holds in slots of replicated experts (routing statistics'
+    placement; 0 without): their gradients are all-reduced among the replicas each step."""
+    if layer.moe is None or not layer.tp_splittable or strategy.ep == 1:
+        return 0.0
+    return routed_expert_params(layer) / layer.moe.num_experts / strategy.expert_tp * job.replicated_slots(strategy.ep)
+
+
+def layer_params_per_rank(layer: Layer, strategy: Strategy, job: Job) -> float:
     """Parameters of `layer` one rank holds before ZeRO sharding: tensor parallelism splits all but
     the replicated ones (norms, row-parallel biases, routers); routed experts are split over etp x ep."""
     tp = tp_divisor(layer, strategy.tp)
@@ -100,7 +109,7 @@ def layer_params_per_rank(layer: Layer, strategy: Strategy) -> float:
     if layer.kind == LayerKind.MOE and layer.moe is not None:
         routed = routed_expert_params(layer)
         dense = layer.params - routed - replicated
-        return dense / tp + expert_params_per_rank(layer, strategy) + replicated
+        return dense / tp + expert_params_per_rank(layer, strategy, job) + replicated
     return (layer.params - replicated) / tp + replicated
 
 
@@ -229,7 +238,7 @@ def autocast_copy_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
     if not per_param or layer.kind not in MATMUL_KINDS:
         return 0.0
     tied = layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
-    return (layer_params_per_rank(layer, strategy) + tied) * per_param
+    return (layer_params_per_rank(layer, strategy, job) + tied) * per_param
 
 
 def transient_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:

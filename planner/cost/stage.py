@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 from hardware import Catalog
 from models.graph import Layer, LayerKind, RecomputeMode
-from planner.cost.comm import boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds
+from planner.cost.comm import (boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds,
+                               replica_sync_seconds)
 from planner.cost.compute import layer_time
 from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
+                                 replica_params_per_rank,
                                  backward_transient_bytes, pipeline_output_bytes, resaved_checkpoint_bytes,
                                  saved_bytes, stage_memory, transient_bytes)
 from planner.cost.sums import StageSums
@@ -30,7 +32,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     """The sums of a single layer under recompute `mode`."""
     time = layer_time(layer, job, strategy, site.device, catalog, mode)
     comm = layer_comm(layer, job, strategy, groups, time, catalog, mode)
-    params = layer_params_per_rank(layer, strategy)
+    params = layer_params_per_rank(layer, strategy, job)
     if strategy.pipelined:
         params += layer.tied_params / (strategy.tp if layer.tp_splittable else 1)
     calls = job.runtime.gathering.calls
@@ -44,7 +46,8 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     whole = saved_bytes(layer, job, strategy, "none") if recomputed else 0.0
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
-        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy),
+        tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy, job),
+        replica_params=replica_params_per_rank(layer, strategy, job),
         kept_activations=0.0 if head else kept, head_activations=kept if head else 0.0,
         pipeline_outputs=pipeline_output_bytes(layer, job, strategy),
         working_set=transient_bytes(layer, job, strategy),
@@ -53,7 +56,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
         recompute_attention=whole if opens_block else 0.0, recompute_ffn=0.0 if opens_block else whole,
         block_transient=backward_transient_bytes(layer, job, strategy) if layer.block is not None else 0.0,
         root_kept=kept if layer.block is None and not head else 0.0,
-        largest_layer_params=layer_params_per_rank(layer, strategy), max_hidden=float(layer.hidden), layers=1,
+        largest_layer_params=layer_params_per_rank(layer, strategy, job), max_hidden=float(layer.hidden), layers=1,
         root_params=params if layer.block is None else 0.0,
         embedding_params=params if layer.kind == LayerKind.EMBEDDING else 0.0,
         largest_attention_params=params if layer.block is not None and layer.kind == LayerKind.ATTENTION else 0.0,
@@ -197,7 +200,10 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
     # the step-end sync hides behind the last micro-batch where the runtime overlaps it; a once-per-step
     # gather hides behind the first forward
     hidden = overlap * sums.compute if job.runtime.overlap.grad_reduce else 0.0
-    dp_end = max(0.0, dp.step_end - hidden) if dp.step_end else 0.0
+    # replicated experts' gradients are summed among their replicas at the step's end, beside the dp sync
+    replicas = replica_sync_seconds(sums.replica_params, job, groups, catalog)
+    step_end = dp.step_end + replicas
+    dp_end = max(0.0, step_end - hidden) if step_end else 0.0
     if dp.step_start:
         dp_end += max(0.0, dp.step_start - overlap * forward)
 
@@ -212,7 +218,7 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
         sums=sums, pp=p2p_seconds(sums.max_hidden, job, strategy, groups, catalog, None if cheapest_transfers else
                                   boundary_crossings(strategy, site.index, site.node.gpus_per_node,
                                                      len(job.cluster.pools) > 1)),
-        dp_exposed_microbatch=dp_micro, dp_exposed_end=dp_end, dp_total=dp.total,
+        dp_exposed_microbatch=dp_micro, dp_exposed_end=dp_end, dp_total=dp.total + replicas,
         optimizer=optimizer, offload=_offload_seconds(memory, job, strategy, site, catalog, groups.dp_shard.size),
         memory=memory,
     )

@@ -31,6 +31,8 @@ class StageSums:
     params: float = field(default=0.0, metadata=SUM)  # parameters held before ZeRO sharding
     # the routed experts' share of params (sharded over the expert data-parallel group)
     expert_params: float = field(default=0.0, metadata=SUM)
+    # parameters in slots of replicated experts (gradients all-reduced among replicas)
+    replica_params: float = field(default=0.0, metadata=SUM)
     kept_activations: float = field(default=0.0, metadata=SUM)  # saved bytes per micro-batch in flight
     # the loss head's saved bytes per micro-batch (its own in-flight count)
     head_activations: float = field(default=0.0, metadata=SUM)

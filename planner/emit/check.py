@@ -26,6 +26,7 @@ from planner.emit.inputs import LaunchInputs
 from planner.emit import TARGET_RUNTIMES, RefusedPlan, UnsupportedPlan, emitter, strategy_writer
 from planner.errors import PlannerInputError
 from planner.job import Job
+from planner.plan.moe import without_replicas
 from planner.plan.schema import Plan
 from planner.plan.targets import StageFit, TargetCheck, memory_reason, slower_reason
 from planner.profile import RuntimeProfile, load_runtime
@@ -35,6 +36,9 @@ from planner.strategy import Strategy
 # writes the files: what `compile --target` promises (its help and report.md state it)
 TOLERANCE = 0.005
 
+# targets whose framework holds no expert replicas (Megatron-Core: E/ep consecutive experts a rank): their written
+# strategy is costed under the routing statistics' placement without redundant slots
+NO_EXPERT_REPLICAS = ("megatron",)
 # SPEC keys the canonical spec leaves out at their default, and how to show that default
 _OMITTED = {"recompute_layers": "all", "offload_ratio": "1", "regather": "network", "split": "even",
             "stage_pools": "in order", "dp": "auto"}
@@ -94,8 +98,9 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
     if missing:
         return _unsupported(plan, target, runtime, [f"the {runtime.name} runtime cannot run {', '.join(missing)}"],
                             written)
+    held = without_replicas(job) if target in NO_EXPERT_REPLICAS else job
     try:
-        estimate = evaluate(job, written, runtime, catalog=catalog)
+        estimate = evaluate(held, written, runtime, catalog=catalog)
     except PlannerInputError as err:  # the translation broke a rule of the job (e.g. a split of the blocks)
         return _unsupported(plan, target, runtime, [f"the written strategy is not valid for this job: {err}"],
                             written)
@@ -115,6 +120,10 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
         reasons.append(memory_reason(record.what, stages, estimate.memory.reasons))
     if estimate.step_time_s > reference * (1 + TOLERANCE):
         reasons.append(slower_reason(record.what if not reasons else "it", estimate.step_time_s, reference, same))
+    if reasons and held is not job:
+        reasons.append(f"{runtime.name} holds no expert replicas, so its files were costed with the plan's "
+                       f"expert placement less its {job.routing.redundant_slots} redundant slots (report.md, "
+                       "Expert placement)")
     if reasons:
         record = record.model_copy(update={"status": "refused", "reasons": tuple(reasons)})
     return record

@@ -29,8 +29,8 @@ as pretrain_gpt.py parses it), which planner.emit.check costs before writing.
 
 from __future__ import annotations
 
+import json
 import re
-
 from typing import Any
 
 from pydantic import ValidationError
@@ -210,10 +210,38 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
                      "benchmarks force it; args.txt trains with the learned router and its balancing loss, whose "
                      "busiest expert rank the cost model charges moe_routing_imbalance times the mean work (add "
                      "--moe-router-force-load-balancing only to reproduce a benchmark).")
+    if plan.moe is not None:
+        notes.append(_placement_note(plan))
     if job.model.family == "encoder":
         notes.append(f"{job.model.name} is an encoder: run Megatron's pretrain_bert.py with the same flags "
                      "(launch.sh names pretrain_gpt.py); its post-norm layout has no pretrain_gpt.py flag.")
     return args, notes
+
+
+def _placement_note(plan: Plan) -> str:
+    """What Megatron-Core makes of the plan's expert placement (routing statistics)."""
+    moe = plan.moe
+    if moe.redundant_slots:
+        return (f"The plan places experts with {moe.redundant_slots} redundant slots per MoE layer (busiest rank "
+                f"{moe.max_load_ratio:.3f} x the mean); Megatron-Core holds no expert replicas and places experts "
+                "contiguously, so these files were costed with the plan's placement without replicas (busiest "
+                f"rank {moe.no_replica_max_load_ratio:.3f}, a relabelling of the experts; contiguous "
+                f"{moe.contiguous_max_load_ratio:.3f}). report.md, Expert placement, has the comparison.")
+    return (f"expert_placement.json relabels the experts so that Megatron-Core's contiguous placement is the "
+            f"plan's (busiest rank {moe.max_load_ratio:.3f} x the mean against {moe.contiguous_max_load_ratio:.3f} "
+            "for the experts' own order): permute the router's rows and the experts' weights of the checkpoint "
+            "by it before training; planner does not convert checkpoints.")
+
+
+def expert_placement_json(plan: Plan) -> str:
+    """expert_placement.json: per MoE layer, the expert id in each of Megatron's contiguous expert slots."""
+    layers = [{"layer": p.layer, "order": [e for slots in p.ranks for e in slots]} for p in plan.moe.layers]
+    doc = {"expert_model_parallel_size": plan.moe.ep,
+           "about": "order[i] is the expert (router row) to load into Megatron's expert i, which sits on "
+                    "expert-parallel rank i // (experts / ep); a single entry with layer 0 from a synthetic skew "
+                    "holds for every MoE layer",
+           "layers": layers}
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[str, ...] | None = None) -> Strategy:
@@ -294,8 +322,11 @@ def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[st
     if errors:
         raise ValueError("megatron: the emitted arguments break Megatron's rules: " + "; ".join(errors))
     shape = launch_shape(plan)
-    return {
+    files = {
         "args.txt": "\n".join(args_lines(args)) + "\n",
         "launch.sh": launch_script(plan, job, inputs, shape),
         "README.md": readme(plan, job, inputs, shape, args, notes),
     }
+    if plan.moe is not None and not plan.moe.redundant_slots:
+        files["expert_placement.json"] = expert_placement_json(plan)
+    return files

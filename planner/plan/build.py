@@ -17,6 +17,7 @@ from planner.cost.estimate import Estimate, HbmBreakdown, StageReport
 from planner.cost.evaluate import evaluate
 from planner.cost.layout import stage_layers
 from planner.job import Job
+from planner.plan.moe import moe_placement_plan
 from planner.plan.schema import (Plan, PlanJob, PlanMemory, PlanRunnerUp, PlanSolver, PlanStage, PlanTime,
                                  RankLayout, RankSpan, StageMemory, StageRanks, StageStatePlacement)
 from planner.search.result import Certificate, CompileOptions, CompileResult
@@ -37,6 +38,7 @@ def inputs_digest(job: Job, options: BaseModel | dict) -> str:
             "optimizer": job.optimizer, "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
             **({"memory_margin": job.memory_margin} if job.memory_margin else {}),
             **({"moe_routing": job.moe_routing} if job.moe_routing != "learned" else {}),
+            **({"routing": job.routing.model_dump(mode="json")} if job.routing is not None else {}),
         },
         "runtime": job.runtime.model_dump(mode="json"),
         "options": options.model_dump(mode="json") if isinstance(options, BaseModel) else options,
@@ -215,6 +217,7 @@ def build_single_plan(job: Job, result: CompileResult, options: CompileOptions) 
         solver=plan_solver(cert, options),
         runners_up=[runner_up(job, r.strategy, r.objective, best, estimate) for r in result.runners_up],
         confidence=estimate.confidence,
+        moe=moe_placement_plan(job, strategy),
     )
 
 
@@ -226,6 +229,7 @@ def plan_job(job: Job, num_gpus: int) -> PlanJob:
         num_gpus=num_gpus, global_batch=job.global_batch, seq_len=job.seq_len, tokens_per_step=job.tokens_per_step,
         precision=job.precision, flash_attention=job.flash_attention, fused_kernels=job.fused_kernels,
         runtime=job.runtime.name, memory_margin=job.memory_margin, moe_routing=job.moe_routing,
+        routing=job.routing,
     )
 
 

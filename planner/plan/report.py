@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from planner.errors import GroupPlanError
+from planner.plan.moe import moe_report_lines
 from planner.plan.data_report import data_section
 from planner.plan.schema import Plan, PlanStage, ReplicaGroupsStrategy
 from planner.plan.plots import MEMORY_PNG, TIME_PNG
@@ -380,6 +381,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         "",
         *_runners_up(plan),
         "",
+        *moe_report_lines(plan),
         *_targets(plan, checks),
         "## Launch",
         "",

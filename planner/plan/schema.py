@@ -34,6 +34,8 @@ from models.graph import ModelName as Name
 from planner.cost.confidence import Confidence
 from planner.cost.interval import Interval
 from planner.cost.estimate import Breakdown, HbmBreakdown, HostMemory
+from planner.plan.moe import MoePlacementPlan
+from planner.routing.stats import RoutingStats
 from planner.data.result import DataPlan
 from planner.errors import GroupPlanError
 from planner.strategy import Strategy
@@ -66,6 +68,15 @@ class PlanJob(BaseModel):
         "learned", description="Mixture-of-experts routing the plan was costed with (Job.moe_routing).")
     runtime: str = Field("reference", description="Runtime profile the plan was searched and costed under "
                          "(hardware/data/runtimes/<runtime>.yaml).")
+    routing: RoutingStats | None = Field(None, description="The routing statistics (`--routing FILE`) the plan was "
+                                         "costed with; absent without.")
+
+    @model_serializer(mode="wrap")
+    def _routing_when_given(self, handler) -> dict:
+        data = handler(self)
+        if data.get("routing") is None:
+            data.pop("routing", None)  # plans without routing statistics read as before
+        return data
 
 
 class RankSpan(BaseModel):
@@ -357,6 +368,16 @@ class Plan(BaseModel):
         None, description="With --data-profile: the packing, per-bucket context parallelism and balancing of the "
         "profile's sequences, against the best static plan on the same data (planner.data); None: every sequence "
         "is seq_len long.")
+    moe: MoePlacementPlan | None = Field(
+        None, description="Expert placement under routing statistics (`--routing`): each MoE layer's experts and "
+        "replicas per expert-parallel rank, and the baselines' ratios and step times; absent without.")
+
+    @model_serializer(mode="wrap")
+    def _moe_when_given(self, handler) -> dict:
+        data = handler(self)
+        if data.get("moe") is None:
+            data.pop("moe", None)  # plans without routing statistics read as before
+        return data
 
     @field_validator("strategy")
     @classmethod

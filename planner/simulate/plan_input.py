@@ -98,7 +98,7 @@ def plan_job(plan: Plan, path: Path, model: str | None = None, cluster: str | No
     job = Job.model_validate(dict(
         model=graph, cluster=topology, global_batch=j.global_batch, seq_len=j.seq_len, precision=j.precision,
         flash_attention=j.flash_attention, fused_kernels=j.fused_kernels, runtime=load_runtime(j.runtime),
-        memory_margin=j.memory_margin, moe_routing=j.moe_routing))
+        memory_margin=j.memory_margin, moe_routing=j.moe_routing, routing=j.routing))
     _check_digest(plan, job, path, model, cluster)
     return job
 
