@@ -285,7 +285,7 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     if job.routing is not None and job.model.num_experts:
         _place_experts(job)  # before the search's clock starts: its budget is for the search
     if job.routing is not None and job.routing.redundant_slots and job.model.num_experts:
-        job, result, options, note = _compile_replica_choice(job, options, explicit and targets, progress)
+        job, result, options, note = _compile_replica_choice(job, options, targets if explicit else (), progress)
         notes += [note] if note else []
     else:
         result = compile_job(job, options, progress=progress)
@@ -313,17 +313,17 @@ def _place_experts(job: Job) -> None:
             candidate.expert_placement(ep)
 
 
-def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[str, ...] | bool,
+def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[str, ...],
                             progress: Progress | None) -> tuple[Job, CompileResult, CompileOptions, str | None]:
     """Search with the routing file's redundant expert slots and without them, each on half the budget, and keep
     the better plan: replicas cost memory and a gradient sync that balance does not always repay.  A named target
     that holds no replicas (Megatron) searches without them only.  Returns the options each search ran under."""
-    bare = without_replicas(job)
-    holds_none = [t for t in targets or () if t in NO_EXPERT_REPLICAS]
+    bare, slots = without_replicas(job), job.routing.redundant_slots if job.routing is not None else 0
+    holds_none = [t for t in targets if t in NO_EXPERT_REPLICAS]
     if holds_none:
         return bare, compile_job(bare, options, progress=progress), options, (
             f"{', '.join(holds_none)} holds no expert replicas: the plan places experts without the routing file's "
-            f"{job.routing.redundant_slots} redundant slots")
+            f"{slots} redundant slots")
     half = options.model_copy(update={"time_limit": options.time_limit / 2,
                                       "work_limit": options.work_limit / 2 if options.work_limit else None})
     results: list[tuple[Job, CompileResult]] = []
@@ -337,8 +337,8 @@ def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[st
     if chosen is job:
         return job, result, half, None
     other = f" (with them: {results[0][1].certificate.objective:.4g})" if results[0][0] is job else ""
-    return bare, result, half, (f"the routing file's {job.routing.redundant_slots} redundant expert slots do not repay "
-                          f"their memory and gradient sync on this job: the plan uses none{other}")
+    return bare, result, half, (f"the routing file's {slots} redundant expert slots do not repay their memory "
+                                f"and gradient sync on this job: the plan uses none{other}")
 
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: Objective,

@@ -121,9 +121,9 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
     if estimate.step_time_s > reference * (1 + TOLERANCE):
         reasons.append(slower_reason(record.what if not reasons else "it", estimate.step_time_s, reference, same))
     if reasons and held is not job:
+        slots = job.routing.redundant_slots if job.routing is not None else 0
         reasons.append(f"{runtime.name} holds no expert replicas, so its files were costed with the plan's "
-                       f"expert placement less its {job.routing.redundant_slots} redundant slots (report.md, "
-                       "Expert placement)")
+                       f"expert placement less its {slots} redundant slots (report.md, Expert placement)")
     if reasons:
         record = record.model_copy(update={"status": "refused", "reasons": tuple(reasons)})
     return record

@@ -221,6 +221,8 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
 def _placement_note(plan: Plan) -> str:
     """What Megatron-Core makes of the plan's expert placement (routing statistics)."""
     moe = plan.moe
+    if moe is None:
+        return ""
     if moe.redundant_slots:
         return (f"The plan places experts with {moe.redundant_slots} redundant slots per MoE layer (busiest rank "
                 f"{moe.max_load_ratio:.3f} x the mean); Megatron-Core holds no expert replicas and places experts "
@@ -235,8 +237,11 @@ def _placement_note(plan: Plan) -> str:
 
 def expert_placement_json(plan: Plan) -> str:
     """expert_placement.json: per MoE layer, the expert id in each of Megatron's contiguous expert slots."""
-    layers = [{"layer": p.layer, "order": [e for slots in p.ranks for e in slots]} for p in plan.moe.layers]
-    doc = {"expert_model_parallel_size": plan.moe.ep,
+    moe = plan.moe
+    if moe is None:
+        raise UnsupportedPlan("the plan places no experts (compile --routing)")
+    layers = [{"layer": p.layer, "order": [e for slots in p.ranks for e in slots]} for p in moe.layers]
+    doc = {"expert_model_parallel_size": moe.ep,
            "about": "order[i] is the expert (router row) to load into Megatron's expert i, which sits on "
                     "expert-parallel rank i // (experts / ep); a single entry with layer 0 from a synthetic skew "
                     "holds for every MoE layer",

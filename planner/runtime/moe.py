@@ -138,12 +138,15 @@ class PlacedMoE(nn.Module):
             # one all-reduce over the whole group, zeros from ranks without the expert: gloo subgroups would
             # need one process group per holder set
             mine = [s for s, e in enumerate(self.slots) if e == expert]
-            grads = [sum((p.grad[s] for s in mine), torch.zeros_like(p[0])) for p in params]
+            held = [p.grad for p in params]
+            grads = [sum((g[s] for s in mine), torch.zeros_like(p[0])) if g is not None else torch.zeros_like(p[0])
+                     for p, g in zip(params, held)]
             for grad in grads:
                 dist.all_reduce(grad, group=self.group)
             for s in mine:
-                for p, grad in zip(params, grads):
-                    p.grad[s] = grad
+                for g, grad in zip(held, grads):
+                    if g is not None:
+                        g[s] = grad
 
     @torch.no_grad()
     def sync_router_grads(self) -> None:
