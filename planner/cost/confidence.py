@@ -104,7 +104,8 @@ def _parallel(job: Job, s: Strategy, c: Coverage) -> list[tuple[str, str]]:
                       "the expert placement's busiest rank and its replicas' cost are predictions no published run "
                       "checks"))
     elif job.model.num_experts and c.moe and job.moe_routing not in c.moe_routings:
-        found.append((f"{job.moe_routing} MoE routing: validated MoE runs use {', '.join(c.moe_routings)}",
+        used = ", ".join(c.moe_routings)
+        found.append((f"mixture of experts with {job.moe_routing} routing: validated runs use {used}",
                       "moe_routing_imbalance is an estimate no published run checks"))
     gpus = s.tp * s.cp * (s.dp or 1) * s.pp
     if gpus > c.max_gpus:
