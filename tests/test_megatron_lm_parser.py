@@ -63,6 +63,9 @@ CASES.update({
     "zero0": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=0", {}),
     "optimizer-offload": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,offload=optimizer", {}),
     "zero3": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=3", {}),
+    "megatron-fsdp": ("llama3-8b", "dgx-h100:1", 128, 8192, "zero=3", {}),
+    "megatron-fsdp-tp": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=3,recompute=full", {}),
+    "megatron-fsdp-grads": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=2", {}),
     "optimizer-per-node": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,shard=node", {}),
     "no-sp": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,sp=0,zero=1", {}),
     "tp-overlap": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=4,tp_overlap=1,zero=1", {}),
@@ -183,6 +186,10 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     if written.recompute_layers is not None:
         assert (args.recompute_method, (args.recompute_num_layers,)) == ("block", written.recompute_layers)
     assert args.use_distributed_optimizer == (written.zero >= 1)
+    # zero 2/3 without pipeline parallelism run as Megatron FSDP, sharding what the profile shards at that stage
+    assert args.use_megatron_fsdp == (written.zero >= 2)
+    assert args.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}.get(written.zero,
+                                                                                                   "no_shard")
     assert (args.num_distributed_optimizer_instances > 1) == (written.shard == "node")
     assert (args.optimizer_cpu_offload, args.optimizer_offload_fraction) == \
         (written.offload == "optimizer", written.offload_ratio)
@@ -195,7 +202,7 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     assert (args.data_path, args.tokenizer_model, args.train_iters) == \
         (["data/corpus_text_document"], "meta-llama/Meta-Llama-3-8B", 500)
     assert args.load == args.save == str(launch.plan_dir / "ckpt")
-    assert (args.ckpt_format, args.use_dist_ckpt) == ("torch_dist", True)
+    assert args.ckpt_format == ("fsdp_dtensor" if written.zero >= 2 else "torch_dist")
     assert_the_model_is_the_hand_mapped_one(mlm, args, files, plan, job)
 
 

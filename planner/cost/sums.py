@@ -30,6 +30,9 @@ class StageSums:
     recompute_attention: float = 0.0  # a recomputed block's first layer, re-materialised whole (max)
     recompute_ffn: float = 0.0  # the rest of a recomputed block (its MLP or MoE), re-materialised (max)
     block_transient: float = 0.0  # activation gradients a block layer's backward holds at once (max)
+    # saved bytes of blocks that keep theirs yet run before the last recomputed block (every k-th block
+    # recomputed; set by planner.cost.evaluate, 0 when recomputed blocks come first)
+    kept_before_recompute: float = 0.0
     root_kept: float = 0.0  # saved bytes of the layers outside blocks but the head (the final norm)
     largest_layer_params: float = 0.0  # largest layer's parameters (max; FSDP gather unit)
     root_params: float = 0.0  # parameters of the layers outside blocks (embedding, final norm, head)
@@ -58,6 +61,7 @@ class StageSums:
             recompute_attention=max(self.recompute_attention, other.recompute_attention),
             recompute_ffn=max(self.recompute_ffn, other.recompute_ffn),
             block_transient=max(self.block_transient, other.block_transient),
+            kept_before_recompute=self.kept_before_recompute + other.kept_before_recompute,
             root_kept=self.root_kept + other.root_kept,
             largest_layer_params=max(self.largest_layer_params, other.largest_layer_params),
             root_params=self.root_params + other.root_params,
@@ -82,7 +86,8 @@ class StageSums:
             pipeline_outputs=self.pipeline_outputs * count, working_set=self.working_set,
             recomputed_kept=self.recomputed_kept * count, recompute_resaved=self.recompute_resaved,
             recompute_attention=self.recompute_attention, recompute_ffn=self.recompute_ffn,
-            block_transient=self.block_transient, root_kept=self.root_kept * count,
+            block_transient=self.block_transient, kept_before_recompute=self.kept_before_recompute * count,
+            root_kept=self.root_kept * count,
             largest_layer_params=self.largest_layer_params, root_params=self.root_params * count,
             embedding_params=self.embedding_params * count, largest_attention_params=self.largest_attention_params,
             largest_ffn_params=self.largest_ffn_params, max_hidden=self.max_hidden, layers=self.layers * count,
@@ -124,4 +129,5 @@ class StageSums:
     @property
     def recompute_peak(self) -> float:
         """Saved bytes of one micro-batch while its last recomputed block is re-materialised."""
-        return self.recomputed_kept - self.recompute_resaved + self.recompute_attention + self.recompute_ffn
+        return (self.recomputed_kept - self.recompute_resaved + self.recompute_attention + self.recompute_ffn
+                + self.kept_before_recompute)

@@ -53,9 +53,13 @@ def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, i
         '  args+=("${words[@]}")',
         'done < "$here/args.txt"',
         "",
-        "# Megatron requires it with tensor or context parallelism on GPUs before Blackwell (validate_args)",
-        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
     ]
+    if plan.strategy.zero >= 2 and plan.strategy.pp == 1:  # Megatron FSDP: validate_args asserts it is not 1 (a warning with tp or cp > 1)
+        lines += ["# Megatron FSDP overlaps its gathers on more than one hardware queue (validate_args)",
+                  "unset CUDA_DEVICE_MAX_CONNECTIONS"]
+    else:
+        lines += ["# Megatron requires it with tensor or context parallelism on GPUs before Blackwell (validate_args)",
+                  "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
     if env:
         lines += ["# NCCL over the nodes' compute fabric (a value already in the environment wins)", *_env_lines(env)]
     lines += [
