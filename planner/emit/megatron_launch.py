@@ -54,7 +54,7 @@ def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, i
         'done < "$here/args.txt"',
         "",
     ]
-    if plan.strategy.zero >= 2 and plan.strategy.pp == 1:  # Megatron FSDP: validate_args asserts it is not 1 (a warning with tp or cp > 1)
+    if plan.strategy.zero >= 2 and plan.strategy.pp == 1:  # Megatron FSDP: validate_args asserts it is not 1
         lines += ["# Megatron FSDP overlaps its gathers on more than one hardware queue (validate_args)",
                   "unset CUDA_DEVICE_MAX_CONNECTIONS"]
     else:
