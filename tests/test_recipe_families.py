@@ -132,3 +132,15 @@ def test_recompute_every_is_checked(spec, message):
     with pytest.raises(PlannerInputError, match=message):
         parse_strategy(spec)
     assert parse_strategy("recompute=full,recompute_every=3").spec().count("recompute_every=3") == 1
+
+
+def test_the_search_tries_torchtitans_op_sac_under_flash_attention():
+    """Megatron's selective recompute saves nothing under flash attention, so the search leaves it out; torchtitan's
+    per-op policy keeps less than a block saves, so its configurations include it."""
+    from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime
+
+    job = load_job("llama3-8b", "dgx-h100:1", batch=8, seq_len=8192)
+    for runtime, tried in (("torchtitan", {"none", "selective"}), ("megatron", {"none"})):
+        on = job.on(load_runtime(runtime))
+        space = narrow_to_runtime(SpaceOptions(), on.runtime, on)
+        assert {config.recompute for config in global_configs(on, space)} == tried

@@ -135,6 +135,12 @@ def megatron_fsdp(args: dict[str, Any]) -> bool:
     return bool(args.get("use-megatron-fsdp"))
 
 
+def checkpoint_format(strategy: Strategy) -> str:
+    """--ckpt-format of the files written for `strategy`: Megatron FSDP (zero 2/3 without pipelining) saves
+    only fsdp_dtensor (validate_args), everything else torch_dist."""
+    return "fsdp_dtensor" if strategy.zero >= 2 and strategy.pp == 1 else "torch_dist"
+
+
 def _parallel_args(plan: Plan, moe: bool) -> tuple[dict[str, Any], list[str]]:
     """Parallel degrees, pipeline split and interleaving, recomputation and optimizer sharding."""
     s = plan.strategy
@@ -195,14 +201,13 @@ def _kernel_args(job: Job) -> dict[str, Any]:
 
 
 def _recipe_args() -> dict[str, Any]:
-    """Optimizer, schedule, tokenizer type and checkpoint format: not the plan's, the same for every plan."""
+    """Optimizer, schedule and tokenizer type: not the plan's, the same for every plan."""
     return {
         "optimizer": "adam",  # Megatron's adam decouples weight decay (AdamW) unless told otherwise
         "lr": optim.LR, "min-lr": float(f"{optim.LR * optim.MIN_LR_RATIO:.6g}"), "lr-decay-style": "cosine",
         "weight-decay": optim.WEIGHT_DECAY, "clip-grad": optim.GRAD_CLIP,
         "adam-beta1": optim.BETAS[0], "adam-beta2": optim.BETAS[1], "adam-eps": optim.EPS,
         "tokenizer-type": "HuggingFaceTokenizer", "split": "100,0,0", "eval-iters": 0,  # every document trains
-        "ckpt-format": "torch_dist",
     }
 
 
@@ -215,9 +220,7 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     args.update({"micro-batch-size": plan.strategy.mbs, "global-batch-size": job.global_batch})
     model, model_notes = architecture_args(arch, job.seq_len)
     vocab, vocab_notes = vocab_args(cfg.vocab, plan.strategy.tp, cfg.hidden, cfg.tied_embeddings)
-    recipe = _recipe_args()
-    if megatron_fsdp(args):  # validate_args: Megatron FSDP only supports fsdp_dtensor checkpoints
-        recipe["ckpt-format"] = "fsdp_dtensor"
+    recipe = {**_recipe_args(), "ckpt-format": checkpoint_format(plan.strategy)}
     args.update({**model, **vocab, **_kernel_args(job), **recipe})
     notes += model_notes + vocab_notes
     if cfg.moe is not None and job.moe_routing == "balanced":

@@ -127,8 +127,8 @@ def readme(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, int], ar
         "them OUT_text_document.bin/.idx: PREFIX is OUT_text_document); planner's PREFIX.bin/.idx "
         "(`python -m planner.runtime.data`) has another header, which Megatron cannot read. **tokenizer** is "
         "`--tokenizer-model` of Megatron's HuggingFaceTokenizer: a Hugging Face name or a local folder. "
-        "**checkpoint_dir** is both `--save` and `--load` (`--ckpt-format torch_dist`): a restarted job resumes "
-        "from the last checkpoint there.",
+        f"**checkpoint_dir** is both `--save` and `--load` (`--ckpt-format {args['ckpt-format']}`): a restarted "
+        "job resumes from the last checkpoint there.",
         "",
         f"Vocabulary: Megatron pads the tokenizer's vocabulary up to a multiple of "
         f"--make-vocab-size-divisible-by x tp = {divisor} x {tp} = {divisor * tp} rows, which is the model's "
