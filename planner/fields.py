@@ -86,6 +86,7 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     "shard": FieldRole(reads=_as("shard", Reader.GROUPS, Reader.COMPOSE), layout=True, fixable=True),
     "recompute": FieldRole(reads=_as("recompute", Reader.COMPOSE, Reader.WORK, Reader.STAGE_SUMS)),
     "recompute_layers": FieldRole(),  # the tables choose each stage's count themselves
+    "recompute_every": FieldRole(),  # the search never sets it: the tables recompute each stage's first blocks
     "regather": FieldRole(reads=_as("regather", Reader.COMPOSE)),
     "offload": FieldRole(reads=_as("offload", Reader.COMPOSE)),
     "offload_device": FieldRole(reads=_as("offload_device", Reader.COMPOSE)),

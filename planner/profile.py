@@ -284,6 +284,29 @@ class LayerSaves(BaseModel):
         (), description="The activation gradients its backward holds at once on top of the saves (its transient).")
 
 
+class SelectiveRecompute(BaseModel):
+    """What a runtime's recompute=selective keeps and redoes where it is not Megatron's (which recomputes the
+    attention core and keeps the model graph's saves without the score tensors): torchtitan's per-op selective
+    activation checkpointing, a policy over the ops of each checkpointed block."""
+
+    model_config = _FIELD
+    saved: dict[LayerKind, tuple[SavedTensor, ...]] = Field(
+        description="What each block layer kind keeps from its forward to its backward (replaces the model "
+        "graph's count); the block's input is listed on its first layer (the attention).")
+    recomputed_gemms: dict[LayerKind, tuple[SaveWidth, ...]] = Field(
+        description="The GEMMs each layer kind runs again in backward, each hidden x the named width per token "
+        "(hidden x q_width: a query or output projection; hidden x kv_width: a key or value projection; hidden "
+        "x gated_ffn: one of a gated MLP's three).")
+    attention_core: bool = Field(description="Whether the attention core (SDPA) runs again in backward.")
+    elementwise: bool = Field(
+        description="Whether the element-wise kernels (norms, RoPE, activations, residual adds) and their launches "
+        "run again in backward.")
+    tp_collectives: float = Field(
+        ge=0, le=1, description="Share of a block layer's forward tensor-parallel collectives that run again in "
+        "backward under sequence parallelism (without it the forward's all-reduces run again whole).")
+    source: str = Field(description="Where the policy is and which op outputs it saves.")
+
+
 class Autocast(BaseModel):
     """What changes where the runtime mixes precision under torch.autocast (fp32 parameters and residual stream,
     each matmul casting its operands) instead of casting the parameters (FSDP2's MixedPrecisionPolicy)."""
@@ -344,6 +367,9 @@ class Space(BaseModel):
         description="Full recompute of the first k blocks: k per stage (per_stage), one k for every stage "
         "(uniform), or every block or none (all).")
     selective_recompute: bool = Field(description="recompute=selective.")
+    recompute_every: bool = Field(
+        False, description="recompute_every=k: full recompute of every k-th block (torchtitan's layer SAC, an "
+        "FSDP check_fn).")
     tp_overlap: bool = Field(description="Overlap of TP collectives with GEMMs.")
     source: str = Field(description="Where the framework's arguments and checks are.")
 
@@ -407,6 +433,9 @@ class RuntimeProfile(BaseModel):
     activations: Activations | None = Field(
         None, description="What the runtime saves for backward per layer kind; null: the model graph's "
         "Korthikanti count.")
+    selective: SelectiveRecompute | None = Field(
+        None, description="What its recompute=selective keeps and redoes; null: Megatron's selective recompute "
+        "(the attention core, the model graph's saves without score tensors).")
     space: Space = Field(description="What it can express.")
     known_gaps: tuple[KnownGap, ...] = Field(
         (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "
@@ -440,6 +469,8 @@ class RuntimeProfile(BaseModel):
             (s.regather == "host" and not sp.host_regather, "regather=host (host-memory weight cache)"),
             (s.pp > 1 and s.pipeline_schedule not in sp.schedules, f"schedule={s.pipeline_schedule}"),
             (s.recompute == "selective" and not sp.selective_recompute, "recompute=selective"),
+            (s.recompute_every is not None and not sp.recompute_every,
+             f"recompute_every={s.recompute_every} (every k-th block)"),
             (s.tp_overlap and s.tp > 1 and not sp.tp_overlap, "tp_overlap"),
             (micro_batches is not None and s.pp > 1 and s.pipeline_schedule == "1f1b" and sp.one_f_one_b_needs_stages
              and micro_batches < s.pp, f"1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),

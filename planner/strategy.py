@@ -63,6 +63,13 @@ class Strategy(BaseModel):
         "chunk with vpp > 1); one value for every stage (Megatron --recompute-num-layers, block method) or "
         "one per stage; the other blocks keep their activations. Default: all blocks.",
     )
+    recompute_every: int | None = Field(
+        None, gt=0,
+        description="With recompute=full: only every k-th block recomputes, blocks k, 2k, ... counted from 1 over "
+        "each stage's blocks in order (torchtitan's activation_checkpoint.selective_ac_option = k, an FSDP "
+        "check_fn that checkpoints every k-th block); the other blocks keep their activations. Default: all "
+        "blocks (or recompute_layers).",
+    )
     regather: Regather = Field(
         "network",
         description="ZeRO-3 weights for later gathers within a step: network re-gathers them over the "
@@ -154,6 +161,11 @@ class Strategy(BaseModel):
                 raise ValueError(f"recompute_layers has {len(self.recompute_layers)} values; give 1 or pp={self.pp}")
             if min(self.recompute_layers) < 0:
                 raise ValueError("recompute_layers must be >= 0")
+        if self.recompute_every is not None:
+            if self.recompute != "full":
+                raise ValueError("recompute_every needs recompute=full")
+            if self.recompute_layers is not None:
+                raise ValueError("recompute_every and recompute_layers: give one (every k-th block, or the first k)")
         if self.stage_pools is not None and len(self.stage_pools) != self.pp:
             raise ValueError(f"stage_pools has {len(self.stage_pools)} entries, pp={self.pp}")
         if self.split is not None and len(self.split) != self.pp:
@@ -259,10 +271,13 @@ class Strategy(BaseModel):
         return self.recompute_layers[0 if len(self.recompute_layers) == 1 else stage]
 
     def layer_recompute(self, layer_block: int | None, stage: int, stage_blocks: tuple[int, ...]) -> Recompute:
-        """Recompute mode of one layer: only transformer blocks recompute, and with
-        recompute_layers only the first that many blocks of each stage (each chunk)."""
+        """Recompute mode of one layer: only transformer blocks recompute, with recompute_layers only the first
+        that many blocks of each stage (each chunk), with recompute_every every k-th block of the stage."""
         if layer_block is None or self.recompute == "none":
             return "none"
+        if self.recompute_every is not None:
+            position = stage_blocks.index(layer_block) + 1 if layer_block in stage_blocks else 0
+            return "full" if position and position % self.recompute_every == 0 else "none"
         count = self.stage_recompute_count(stage)
         if self.recompute == "selective" or count is None:
             return self.recompute
@@ -309,6 +324,7 @@ class Strategy(BaseModel):
             f"recompute={self.recompute}",
             self._placement_spec("regather", "network"),
             f"recompute_layers={'/'.join(map(str, self.recompute_layers))}" if self.recompute_layers else None,
+            f"recompute_every={self.recompute_every}" if self.recompute_every is not None else None,
             self._placement_spec("offload", None), self._placement_spec("offload_device", None),
             self._placement_spec("offload_ratio", 1.0),
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",

@@ -60,7 +60,8 @@ RENAMED = {"norm-epsilon": "layernorm_epsilon", "num-experts": "num_moe_experts"
            "decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
 # store_false flags: field set to False
 NEGATED = {"disable-bias-linear": "add_bias_linear", "no-masked-softmax-fusion": "masked_softmax_fusion",
-           "no-bias-dropout-fusion": "bias_dropout_fusion", "no-rope-fusion": "apply_rope_fusion"}
+           "no-bias-dropout-fusion": "bias_dropout_fusion", "no-rope-fusion": "apply_rope_fusion",
+           "no-gradient-accumulation-fusion": "gradient_accumulation_fusion"}
 # read by the GPTModel builder (gpt_builders.py) or by pretrain_gpt's tokenizer, not the config
 MODEL = ("seq-length", "max-position-embeddings", "position-embedding-type", "untie-embeddings-and-output-weights",
          "use-rope-scaling", "make-vocab-size-divisible-by", "tokenizer-type")
@@ -74,7 +75,7 @@ TRAINING = ("micro-batch-size", "global-batch-size", "use-distributed-optimizer"
             "use-precision-aware-optimizer", "optimizer", "lr", "min-lr", "lr-decay-style", "lr-warmup-iters",
             "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "train-iters", "split",
             "eval-iters", "eval-interval", "ckpt-format", "save", "load", "save-interval", "data-path",
-            "tokenizer-model")
+            "tokenizer-model", "use-megatron-fsdp", "data-parallel-sharding-strategy")
 
 
 def parse_args_txt(text: str) -> dict[str, Any]:

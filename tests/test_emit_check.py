@@ -80,25 +80,24 @@ def test_report_without_checks_has_no_targets_section(tmp_path):
 # ---------------------------------------------------------------- refusals
 
 
-def test_named_target_refused_exits_1_with_the_numbers_and_writes_nothing(tmp_path):
-    # the plan fits under the reference runtime; Megatron keeps its fp32 gradients whole, so the same strategy
-    # does not fit under the megatron profile
+def test_named_target_runs_zero3_as_megatron_fsdp(tmp_path):
+    # the plan (ZeRO-3, no pipeline) fits under the reference runtime; Megatron used to run it as its distributed
+    # optimizer with whole fp32 gradients and refuse it (exit 1); it now writes it as planned, as Megatron FSDP
     out = tmp_path / "ref"
     result = _cli("llama3-8b", "dgx-h100:1", "-b", "64", "-s", "8192", "--runtime", "reference", "--target",
-                  "megatron", "--work-limit", "20", "--memory-margin", "0", "-o", str(out))
-    assert result.exit_code == 1
-    lines = [line for line in result.output.splitlines() if "megatron:" in line]
-    assert len(lines) == 1
-    assert re.fullmatch(rf"Error: megatron: the written strategy \(as planned\) needs {GB} per GPU on stage 0, "
-                        r"80\.0 GB available \(megatron runtime\)", lines[0]), lines[0]
-    assert not out.exists()
+                  "megatron", "--work-limit", "20", "--memory-margin", "0", "--fix", "zero=3", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    args = (out / "megatron" / "args.txt").read_text().splitlines()
+    assert {"--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+            "--ckpt-format fsdp_dtensor"} <= set(args)
 
 
 @pytest.fixture(scope="module")
 def zero3():
-    """llama3-8b on 8 H100s at 64 x 8192 under the reference runtime with zero=3 (zero 1 does not fit)."""
+    """llama3-8b on 8 H100s at 64 x 8192 under the reference runtime with zero=3 over two pipeline stages (zero 1
+    does not fit; Megatron runs ZeRO-3 without pipelining as Megatron FSDP, with it as zero 1)."""
     job = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=64, seq_len=8192)
-    options = CompileOptions(time_limit=10, space=SpaceOptions(fixed={"zero": 3}))
+    options = CompileOptions(time_limit=10, space=SpaceOptions(fixed={"zero": 3, "pp": 2}))
     return build_plan(job, compile_job(job, options), options), job
 
 
@@ -111,7 +110,6 @@ def test_translation_that_breaks_the_plan_is_refused_with_numbers(zero3):
     assert re.fullmatch(rf"megatron: the written strategy \(zero=1; plan: zero=3\) needs {GB} per GPU on stage 0, "
                         r"80\.0 GB available \(megatron runtime\)", check.line), check.line
     assert check.fits is False and not check.stages[0].fits
-    assert check_target(plan, job, "torchtitan").status == "written"  # FSDP2 runs ZeRO-3 as planned
     with pytest.raises(RefusedPlan, match="needs .* GB per GPU on stage 0"):
         emit_targets(plan, job, ("megatron",))
     assert emit_checked(plan, job, "megatron")[1] == {}
@@ -232,7 +230,8 @@ def test_megatron_written_strategy(job70):
     assert written.spec() == parse_strategy("tp=8,pp=4,dp=2,mbs=1,zero=1,recompute=full,recompute_layers=3,"
                                             "offload=optimizer,split=19/21/21/19").spec()
     readme = emitter_files(plan, job70, "megatron")["README.md"]
-    assert "zero=3 (sharded gradients and weights) -> Megatron's distributed optimizer" in readme
+    assert "zero=3 (sharded gradients and weights) with pipeline parallelism -> Megatron's distributed optimizer" \
+        in readme
     assert "schedule=gpipe -> 1F1B" in readme and "maximum (3)" in readme
     # unequal middle stages: an even split; uniform method, one layer: every block recomputes
     plan = _plan_of(job70, "tp=8,pp=4,mbs=1,zero=1,recompute=full,split=20/18/22/20")
@@ -258,11 +257,11 @@ def test_deepspeed_written_strategy(job70):
 def test_torchtitan_written_strategy(job70):
     plan = _plan_of(job70, "tp=8,pp=4,mbs=1,zero=1,recompute=full,recompute_layers=2/0/0/0,split=19/21/21/19,sp=off")
     written = strategy_writer("torchtitan")(plan, job70)
-    # every 9th block (19 // 2): 2 blocks of every stage; sequence parallel comes with every tp
-    assert written.spec() == parse_strategy("tp=8,pp=4,dp=2,mbs=1,zero=1,recompute=full,recompute_layers=2,"
+    # every 9th block (19 // 2): blocks 9 and 18 of every stage; sequence parallel comes with every tp
+    assert written.spec() == parse_strategy("tp=8,pp=4,dp=2,mbs=1,zero=1,recompute=full,recompute_every=9,"
                                             "split=19/21/21/19").spec()
     plan = _plan_of(job70, "tp=8,pp=4,mbs=1,zero=1,recompute=full,recompute_layers=5,split=19/21/21/19")
-    assert strategy_writer("torchtitan")(plan, job70).recompute_layers == (6, 7, 7, 6)  # every 3rd block
+    assert strategy_writer("torchtitan")(plan, job70).recompute_every == 3  # 19 // 5: 6 or 7 blocks a stage
     plan = _plan_of(job70, "tp=8,pp=1,mbs=1,zero=2,offload=optimizer,recompute=full")
     written = strategy_writer("torchtitan")(plan, job70)
     assert (written.zero, written.offload, written.offload_device) == (3, "all", "cpu")

@@ -98,6 +98,7 @@ VARIANTS = {
     "pp-interleaved": ("70b", "tp=8,pp=4,vpp=2,zero=1,mbs=1,schedule=interleaved,recompute=full", "bf16"),
     "fp8": ("8b", "tp=1,pp=1,zero=3,mbs=1,recompute=full", "fp8"),
     "ac-selective": ("8b", "tp=2,pp=1,zero=3,mbs=1,recompute=selective", "bf16"),
+    "ac-every-2nd": ("8b", "tp=1,pp=1,zero=3,mbs=1,recompute=full,recompute_every=2", "bf16"),
     "ac-per-stage": ("70b", "tp=8,pp=4,zero=1,mbs=1,recompute=full,recompute_layers=2/0/0/0,"
                             "split=19/21/21/19", "bf16"),
     "cpu-offload": ("8b", "tp=1,pp=1,zero=3,mbs=1,recompute=full,offload=all", "bf16"),
@@ -209,6 +210,11 @@ def test_torchtitan_loads_the_emitted_config(variant, titan, tmp_path, monkeypat
     if s.recompute_layers is not None and len(set(s.recompute_layers)) > 1:
         expected_mode = "selective"  # per-stage counts: every n-th block
         assert ac.selective_ac_option.isdigit()
+    if s.recompute == "selective":  # per-op SAC, the policy the torchtitan profile's `selective` section costs
+        assert ac.selective_ac_option == "op"
+    if s.recompute_every is not None:  # layer SAC: every k-th block
+        expected_mode = "selective"
+        assert ac.selective_ac_option == str(s.recompute_every)
     assert ac.mode == expected_mode
     # the launch inputs and the schedule
     assert (t.dataset, t.dataset_path, config.model.hf_assets_path) == ("c4", "data/c4", "assets/tokenizer")

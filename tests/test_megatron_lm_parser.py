@@ -63,6 +63,9 @@ CASES.update({
     "zero0": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=0", {}),
     "optimizer-offload": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,offload=optimizer", {}),
     "zero3": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=3", {}),
+    "megatron-fsdp": ("llama3-8b", "dgx-h100:1", 128, 8192, "zero=3", {}),
+    "megatron-fsdp-tp": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=3,recompute=full", {}),
+    "megatron-fsdp-grads": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=2", {}),
     "optimizer-per-node": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,shard=node", {}),
     "no-sp": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,sp=0,zero=1", {}),
     "tp-overlap": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=4,tp_overlap=1,zero=1", {}),
@@ -146,6 +149,18 @@ def assert_the_model_is_the_hand_mapped_one(mlm, args: argparse.Namespace, files
         assert args.expert_tensor_parallel_size == plan.strategy.tp  # the cost model splits experts over tp
 
 
+def megatron_fsdp_config(args: argparse.Namespace):
+    """megatron-core's DistributedDataParallelConfig of validated arguments, as Megatron-LM core_v0.16.1's
+    training.py get_model builds it: every field named like an argument, grad_reduce_in_fp32 from
+    accumulate_allreduce_grads_in_fp32 (its __post_init__ checks the combination)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(DistributedDataParallelConfig)
+              if hasattr(args, f.name)}
+    kwargs["grad_reduce_in_fp32"] = args.accumulate_allreduce_grads_in_fp32
+    return DistributedDataParallelConfig(**kwargs)
+
+
 def read_launch(mlm, tmp_path, files, job, *extra: str, script="launch.sh", env=None):
     """(launch, namespace): the script (with `extra` arguments) run with a printing torchrun, its
     pretrain_gpt.py command line parsed and validated by Megatron-LM."""
@@ -183,6 +198,14 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     if written.recompute_layers is not None:
         assert (args.recompute_method, (args.recompute_num_layers,)) == ("block", written.recompute_layers)
     assert args.use_distributed_optimizer == (written.zero >= 1)
+    # zero 2/3 without pipeline parallelism run as Megatron FSDP, sharding what the profile shards at that stage
+    assert args.use_megatron_fsdp == (written.zero >= 2)
+    assert args.data_parallel_sharding_strategy == {2: "optim_grads", 3: "optim_grads_params"}.get(written.zero,
+                                                                                                   "no_shard")
+    if written.zero >= 2:  # megatron-core's own config of the run, built as training.py get_model builds it
+        ddp = megatron_fsdp_config(args)
+        assert ddp.use_megatron_fsdp and ddp.data_parallel_sharding_strategy == args.data_parallel_sharding_strategy
+        assert ddp.grad_reduce_in_fp32  # the fp32 main gradients the megatron profile counts (4 B)
     assert (args.num_distributed_optimizer_instances > 1) == (written.shard == "node")
     assert (args.optimizer_cpu_offload, args.optimizer_offload_fraction) == \
         (written.offload == "optimizer", written.offload_ratio)
@@ -195,7 +218,7 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     assert (args.data_path, args.tokenizer_model, args.train_iters) == \
         (["data/corpus_text_document"], "meta-llama/Meta-Llama-3-8B", 500)
     assert args.load == args.save == str(launch.plan_dir / "ckpt")
-    assert (args.ckpt_format, args.use_dist_ckpt) == ("torch_dist", True)
+    assert args.ckpt_format == ("fsdp_dtensor" if written.zero >= 2 else "torch_dist")
     assert_the_model_is_the_hand_mapped_one(mlm, args, files, plan, job)
 
 
@@ -304,8 +327,9 @@ def test_replan_cli_writes_a_reshard_command_megatron_accepts(mlm, tmp_path):
     result = run.invoke(cli, ["compile", "tiny-llama", "cpu:2", "-b", "8", "-s", "128", "--target", "megatron",
                               "--fix", "tp=2,pp=2,zero=1,vpp=1", "-o", str(old_dir)])
     assert result.exit_code == 0, result.output
+    # zero 1 (the distributed optimizer, torch_dist checkpoints): Megatron FSDP would save another format
     result = run.invoke(cli, ["replan", str(old_dir / "plan.json"), "cpu:1", "--checkpoint-dir", "ckpt",
-                              "-o", str(new_dir)])
+                              "--fix", "zero=1", "-o", str(new_dir)])
     assert result.exit_code == 0, result.output
     old_files = {p.name: p.read_text() for p in (old_dir / "megatron").iterdir()}
     _, old = read_launch(mlm, tmp_path / "run-old", old_files, make_job("tiny-llama", "cpu:2", 8, 128))
@@ -316,3 +340,19 @@ def test_replan_cli_writes_a_reshard_command_megatron_accepts(mlm, tmp_path):
     assert new.ckpt_fully_parallel_load and new.ckpt_format == "torch_dist"
     assert (new.tensor_model_parallel_size, new.pipeline_model_parallel_size) != (2, 2)  # the premise: a new layout
     assert loads_optimizer(old, new) is False and new.no_load_optim  # would raise had reshard.sh loaded it
+
+
+def test_replan_into_megatron_fsdp_writes_no_megatron_files(tmp_path):
+    """A torch_dist run (zero 1) replanned into Megatron FSDP (zero 3 without pipelining: fsdp_dtensor, which
+    validate_args requires) would not load the old checkpoint: no megatron/ files, and the report says why."""
+    run = CliRunner()
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    result = run.invoke(cli, ["compile", "tiny-llama", "cpu:2", "-b", "8", "-s", "128", "--target", "megatron",
+                              "--fix", "tp=2,pp=2,zero=1,vpp=1", "-o", str(old_dir)])
+    assert result.exit_code == 0, result.output
+    result = run.invoke(cli, ["replan", str(old_dir / "plan.json"), "cpu:1", "--fix", "pp=1,zero=3",
+                              "-o", str(new_dir)])
+    assert result.exit_code == 0, result.output
+    assert not (new_dir / "megatron").exists()
+    assert "no megatron/ files: the old run saved torch_dist checkpoints" in result.output + \
+        (new_dir / "report.md").read_text()

@@ -161,10 +161,12 @@ def test_megatron_programs_certify_the_brute_force_optimum(layers, hidden, batch
 def test_megatron_space_is_narrower_than_the_reference_one():
     job = make_job(_model(4, 64), CPU4, 8, 128)
     space = narrow_to_runtime(SpaceOptions(), load_runtime("megatron"), job)
-    assert space.zero_stages == (0, 1) and space.split_shape == "ends" and space.recompute_counts == "uniform"
+    # ZeRO-2/3 as Megatron FSDP, without pipeline parallelism only
+    assert space.zero_stages == (0, 1, 2, 3) and space.zero_stages_pipelined == (0, 1)
+    assert space.split_shape == "ends" and space.recompute_counts == "uniform"
     assert space.offload_devices == ("cpu",) and space.offloads == ("optimizer",) and not space.stage_placement
     both = narrow_to_runtime(space, load_runtime("deepspeed"), job)  # the intersection of two targets
-    assert both.max_tp == 1 and both.max_vpp == 1 and both.zero_stages == (0, 1)
+    assert both.max_tp == 1 and both.max_vpp == 1 and both.zero_stages_pipelined == (0, 1)
 
 
 def test_torch_pipelining_runtimes_keep_at_least_pp_micro_batches_megatron_need_not():

@@ -241,7 +241,9 @@ def framework_files(tmp_path_factory) -> Path:
                   "--target", "deepspeed", "--fix", "pp=2")
     assert result.exit_code == 0, result.output
     new = root / "new"
-    result = _run("replan", old / "plan.json", "dgx-h100:1", "--checkpoint-dir", "ckpt", "-o", new)
+    # zero 1 keeps Megatron's torch_dist checkpoints (Megatron FSDP, zero 2/3, saves fsdp_dtensor: no reshard)
+    result = _run("replan", old / "plan.json", "dgx-h100:1", "--checkpoint-dir", "ckpt", "--fix", "zero=1",
+                  "-o", new)
     assert result.exit_code == 0, result.output
     return new
 

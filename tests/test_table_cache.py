@@ -37,6 +37,7 @@ CASES = [
     ("dense", DENSE, "zero", 2, {}), ("dense", DENSE, "zero", 3, {}), ("dense", DENSE, "shard", "node", {}),
     ("dense", DENSE, "recompute", "selective", {}), ("dense", DENSE, "recompute", "full", {}),
     ("dense", DENSE, "recompute_layers", (1, 2), {"recompute": "full"}),
+    ("dense", DENSE, "recompute_every", 2, {"recompute": "full"}),
     ("dense", DENSE, "regather", "host", ZERO3), ("dense", DENSE, "offload", "optimizer", {}),
     ("dense", DENSE, "offload", "all", ZERO3),
     ("dense", DENSE, "offload_device", "nvme", {"offload": "optimizer"}),

@@ -42,6 +42,7 @@ from models.graph import Layer, RecomputeMode
 from planner.cost.attention import attention_efficiency
 from planner.cost.launches import launch_overhead
 from planner.cost.layout import tp_divisor
+from planner.cost.memory import layer_width
 from planner.job import Job
 from planner.strategy import Strategy
 
@@ -127,6 +128,9 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     forward = gemm_s + attn_s + elementwise_s + launch_forward
     if recompute == "full":
         recompute_s = forward
+    elif recompute == "selective" and job.runtime.selective is not None:
+        recompute_s = policy_recompute_seconds(layer, job, strategy, device, catalog, attn_s,
+                                               elementwise_s + launch_forward)
     elif recompute == "selective":
         recompute_s = attn_s + scores
     else:
@@ -135,6 +139,19 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     return LayerTime(forward=forward, backward=backward,
                      recompute=recompute_s, attention_forward=attn_s,
                      attention_backward=backward_seconds(0.0, attn_s, 0.0, job.flash, catalog))
+
+
+def policy_recompute_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog,
+                             attn_s: float, elementwise_s: float) -> float:
+    """Seconds the runtime's own selective recompute (`RuntimeProfile.selective`: torchtitan's per-op SAC) redoes
+    of `layer` per micro-batch: the GEMMs its policy does not save (hidden x width each, per token), the
+    attention core if it is not saved, and the element-wise kernels with their launches (`elementwise_s`)."""
+    rule = job.runtime.selective
+    widths = rule.recomputed_gemms.get(layer.kind, ())
+    tp = tp_divisor(layer, strategy.tp)
+    flops = _tokens(job, strategy) * sum(2.0 * layer.hidden * layer_width(layer, w, job.seq_len) for w in widths) / tp
+    seconds = flops / gemm_rate(device, job, flops / len(widths), catalog) if flops else 0.0
+    return seconds + (attn_s if rule.attention_core else 0.0) + (elementwise_s if rule.elementwise else 0.0)
 
 
 def expert_flops_per_token(layer: Layer) -> float:

@@ -16,12 +16,14 @@ optimizer step and offload transfers of its placement; the slowest ends it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hardware import Catalog, load_catalog
 from planner.cost.confidence import assess
 from planner.cost.interval import interval, regime
 from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport, StageReport
 from planner.cost.layout import StagePlacement, place_stages, split_blocks, stage_groups
-from planner.cost.stage import StageCost, compose_stage, sum_layers
+from planner.cost.stage import StageCost, compose_stage, kept_before_last_recompute, sum_layers
 from planner.job import Job
 from planner.profile import RuntimeProfile
 from planner.strategy import Strategy
@@ -47,6 +49,8 @@ def stage_cost(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
     groups = stage_groups(job, strategy, stage.site)
     modes = [(layer, strategy.layer_recompute(layer.block, stage.index, stage.blocks)) for layer in stage.layers]
     sums = sum_layers(modes, job, strategy, stage.site, groups, catalog)
+    if strategy.recompute_every is not None:  # recomputed blocks spread over the stage, not first
+        sums = replace(sums, kept_before_recompute=kept_before_last_recompute(modes, job, strategy))
     return compose_stage(job, strategy, stage.site, groups, sums, micro_batches(job, strategy), catalog)
 
 

@@ -165,6 +165,10 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
         layer = layer.model_copy(update={"act_tp_split": 0.0})
     if recompute != "full":  # a recomputed layer's forward saves nothing, its copies come back with the recompute
         extra += autocast_copy_bytes(layer, job, strategy)
+    selective = job.runtime.selective
+    if recompute == "selective" and selective is not None and layer.kind in selective.saved:
+        return sum(saved_tensor_bytes(t, layer, job, strategy, compute_bytes(job))
+                   for t in selective.saved[layer.kind]) + extra
     activations = job.runtime.activations
     if activations is not None and layer.kind in activations.layers:
         return sum(saved_tensor_bytes(t, layer, job, strategy, activations.compute_bytes)
@@ -173,6 +177,21 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
         recompute=recompute, flash_attention=job.flash,
     ) / strategy.cp + extra
+
+
+def compute_bytes(job: Job) -> float:
+    """Bytes of a `compute` save (`SavedTensor.dtype`): the runtime's activations section's, else 16-bit."""
+    activations = job.runtime.activations
+    return activations.compute_bytes if activations is not None else WEIGHT_BYTES
+
+
+def selective_rematerialised_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """What a block layer's backward re-materialises under the runtime's own selective recompute
+    (`RuntimeProfile.selective`, torchtitan's per-op SAC): the saves it would keep without recompute less those
+    the policy kept (they are handed back, not recomputed); 0 under Megatron's selective recompute."""
+    if job.runtime.selective is None or layer.kind not in job.runtime.selective.saved:
+        return 0.0
+    return max(0.0, saved_bytes(layer, job, strategy, "none") - saved_bytes(layer, job, strategy, "selective"))
 
 
 def autocast(job: Job, strategy: Strategy) -> Autocast | None:

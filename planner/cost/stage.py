@@ -20,7 +20,7 @@ from planner.cost.layout import StageGroups, StageSite
 from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
                                  replica_params_per_rank,
                                  backward_transient_bytes, pipeline_output_bytes, resaved_checkpoint_bytes,
-                                 saved_bytes, stage_memory, transient_bytes)
+                                 saved_bytes, selective_rematerialised_bytes, stage_memory, transient_bytes)
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
 from planner.job import Job
@@ -44,6 +44,11 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     # the layer that holds its block's checkpoint comes first in the block (models/graph.py saved_activation_bytes)
     opens_block = layer.kind in (LayerKind.ATTENTION, LayerKind.EMBEDDING_BAG, LayerKind.DENSE)
     whole = saved_bytes(layer, job, strategy, "none") if recomputed else 0.0
+    # a per-op policy keeps part of each block and re-materialises the rest in its backward, like a recomputed
+    # block whose checkpoint is what the policy kept
+    rematerialised = selective_rematerialised_bytes(layer, job, strategy) if mode == "selective" else 0.0
+    if rematerialised:
+        recomputed, whole = True, rematerialised
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
         tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy, job),
@@ -52,7 +57,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
         pipeline_outputs=pipeline_output_bytes(layer, job, strategy),
         working_set=transient_bytes(layer, job, strategy),
         recomputed_kept=kept if recomputed else 0.0,
-        recompute_resaved=resaved_checkpoint_bytes(layer, job, strategy) if recomputed and opens_block else 0.0,
+        recompute_resaved=resaved_checkpoint_bytes(layer, job, strategy) if mode == "full" and opens_block else 0.0,
         recompute_attention=whole if opens_block else 0.0, recompute_ffn=0.0 if opens_block else whole,
         block_transient=backward_transient_bytes(layer, job, strategy) if layer.block is not None else 0.0,
         root_kept=kept if layer.block is None and not head else 0.0,
@@ -104,6 +109,17 @@ def sum_layers(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job, strate
         layer, mode = sample[key]
         total = total + layer_sums(layer, job, strategy, site, groups, catalog, mode).times(count)
     return total
+
+
+def kept_before_last_recompute(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job,
+                               strategy: Strategy) -> float:
+    """Saved bytes of the block layers that keep their activations yet run before the stage's last fully
+    recomputed block (every k-th block recomputed, `Strategy.recompute_every`): when the backward recomputes
+    that block they are still held, which `StageSums.recompute_peak` otherwise takes to be none (recomputed
+    blocks first)."""
+    last = max((i for i, (_, mode) in enumerate(layers_modes) if mode == "full"), default=-1)
+    return sum(saved_bytes(layer, job, strategy, mode) for layer, mode in layers_modes[:last]
+               if mode != "full" and layer.block is not None)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ class StageSums:
     recompute_attention: float = field(default=0.0, metadata=MAX)  # a recomputed block's first layer, whole
     recompute_ffn: float = field(default=0.0, metadata=MAX)  # the rest of a recomputed block (its MLP or MoE)
     block_transient: float = field(default=0.0, metadata=MAX)  # activation gradients a block layer's backward holds
+    # saved bytes of blocks that keep theirs yet run before the last recomputed block (every k-th block
+    # recomputed; set by planner.cost.evaluate, 0 when recomputed blocks come first)
+    kept_before_recompute: float = field(default=0.0, metadata=SUM)
     root_kept: float = field(default=0.0, metadata=SUM)  # saved bytes of the layers outside blocks but the head
     largest_layer_params: float = field(default=0.0, metadata=MAX)  # largest layer's parameters (FSDP gather unit)
     # parameters of the layers outside blocks (embedding, final norm, head)

@@ -21,8 +21,10 @@ save interval, train steps and the warmup derived from them.
 
 Every argument set is checked with `check_megatron_args` (Megatron's validate_args and TransformerConfig
 rules, and the flag names); a violation raises ValueError instead of writing files that fail on the
-cluster.  What the plan decides but Megatron cannot express (per-stage recompute counts, an uneven split
-with unequal middle stages, ZeRO-2/3, parameter offload) is listed in README.md with what Megatron will
+cluster.  ZeRO-2/3 run as Megatron FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads or
+optim_grads_params, with the --no-gradient-accumulation-fusion and --ckpt-format fsdp_dtensor its user guide
+requires).  What the plan decides but Megatron cannot express (per-stage recompute counts, an uneven split
+with unequal middle stages, parameter offload) is listed in README.md with what Megatron will
 do instead; `written_strategy` reads the argument set back as the strategy Megatron runs (flag by flag,
 as pretrain_gpt.py parses it), which planner.emit.check costs before writing.
 """
@@ -97,10 +99,14 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     if s.zero >= 1:
         args["use-distributed-optimizer"] = True
-        if s.zero >= 2:
+        if s.zero >= 2 and s.pp == 1:  # Megatron FSDP, with the flags its user guide requires
+            args.update({"use-megatron-fsdp": True, "data-parallel-sharding-strategy": FSDP_SHARDING[s.zero],
+                         "no-gradient-accumulation-fusion": True})
+        elif s.zero >= 2:
             what = "sharded gradients" if s.zero == 2 else "sharded gradients and weights"
-            notes.append(f"zero={s.zero} ({what}) -> Megatron's distributed optimizer (zero=1), which shards the "
-                         "optimizer states only: fp32 gradients and weights stay whole on every dp rank.")
+            notes.append(f"zero={s.zero} ({what}) with pipeline parallelism -> Megatron's distributed optimizer "
+                         "(zero=1), which shards the optimizer states only: fp32 gradients and weights stay whole "
+                         "on every dp rank (Megatron FSDP is not run with pipeline parallelism here).")
         if s.shard == "node":
             shard = max(1, min(s.data_parallel, launch_shape(plan)["nproc_per_node"] // (s.tp * s.cp)))
             if s.data_parallel // shard > 1:
@@ -121,6 +127,23 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
         if s.zero >= 1:  # and gather the updated weights during the next forward
             args["overlap-param-gather"] = True
     return args, notes
+
+
+# ZeRO stage -> Megatron FSDP's --data-parallel-sharding-strategy (megatron_fsdp/param_and_grad_buffer.py
+# _init_each_parameter_group_buffers: optim_grads shards fp32 gradients and optimizer, optim_grads_params the
+# 16-bit weights too); zero 1 stays the distributed optimizer
+FSDP_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def megatron_fsdp(args: dict[str, Any]) -> bool:
+    """Whether the argument set runs Megatron FSDP (--use-megatron-fsdp)."""
+    return bool(args.get("use-megatron-fsdp"))
+
+
+def checkpoint_format(strategy: Strategy) -> str:
+    """--ckpt-format of the files written for `strategy`: Megatron FSDP (zero 2/3 without pipelining) saves
+    only fsdp_dtensor (validate_args), everything else torch_dist."""
+    return "fsdp_dtensor" if strategy.zero >= 2 and strategy.pp == 1 else "torch_dist"
 
 
 def _parallel_args(plan: Plan, moe: bool) -> tuple[dict[str, Any], list[str]]:
@@ -183,14 +206,13 @@ def _kernel_args(job: Job) -> dict[str, Any]:
 
 
 def _recipe_args() -> dict[str, Any]:
-    """Optimizer, schedule, tokenizer type and checkpoint format: not the plan's, the same for every plan."""
+    """Optimizer, schedule and tokenizer type: not the plan's, the same for every plan."""
     return {
         "optimizer": "adam",  # Megatron's adam decouples weight decay (AdamW) unless told otherwise
         "lr": optim.LR, "min-lr": float(f"{optim.LR * optim.MIN_LR_RATIO:.6g}"), "lr-decay-style": "cosine",
         "weight-decay": optim.WEIGHT_DECAY, "clip-grad": optim.GRAD_CLIP,
         "adam-beta1": optim.BETAS[0], "adam-beta2": optim.BETAS[1], "adam-eps": optim.EPS,
         "tokenizer-type": "HuggingFaceTokenizer", "split": "100,0,0", "eval-iters": 0,  # every document trains
-        "ckpt-format": "torch_dist",
     }
 
 
@@ -203,7 +225,8 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     args.update({"micro-batch-size": plan.single_strategy.mbs, "global-batch-size": job.global_batch})
     model, model_notes = architecture_args(arch, job.seq_len)
     vocab, vocab_notes = vocab_args(cfg.vocab, plan.single_strategy.tp, cfg.hidden, cfg.tied_embeddings)
-    args.update({**model, **vocab, **_kernel_args(job), **_recipe_args()})
+    recipe = {**_recipe_args(), "ckpt-format": checkpoint_format(plan.single_strategy)}
+    args.update({**model, **vocab, **_kernel_args(job), **recipe})
     notes += model_notes + vocab_notes
     if cfg.moe is not None and job.moe_routing == "balanced":
         notes.append("The plan was costed with balanced routing (--moe-routing balanced), as published MoE "
@@ -279,7 +302,8 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
         "tp": tp, "pp": pp, "cp": cp, "dp": world_size // (tp * pp * cp), "ep": int(args["expert-model-parallel-size"]),
         "etp": _expert_tp(args, tp), "ep_overlap": bool(args.get("overlap-moe-expert-parallel-comm")),
         "mbs": int(args["micro-batch-size"]), "vpp": vpp, "sp": bool(args.get("sequence-parallel")),
-        "zero": 1 if args.get("use-distributed-optimizer") else 0,
+        "zero": {v: k for k, v in FSDP_SHARDING.items()}[args["data-parallel-sharding-strategy"]]
+        if megatron_fsdp(args) else 1 if args.get("use-distributed-optimizer") else 0,
         "shard": "node" if args.get("num-distributed-optimizer-instances") else "full",
         "recompute": recompute, "recompute_layers": recompute_layers, "offload": offload,
         "offload_ratio": float(args.get("optimizer-offload-fraction", 1.0)),

@@ -37,6 +37,8 @@ Rules (Megatron-LM core_v0.16.1; most date from core_r0.12):
 * --overlap-param-gather needs --use-distributed-optimizer and
   --overlap-grad-reduce; --optimizer-cpu-offload needs
   --use-precision-aware-optimizer; --tp-comm-overlap needs --sequence-parallel.
+* --use-megatron-fsdp needs --ckpt-format fsdp_dtensor, and fsdp_dtensor needs
+  --use-megatron-fsdp (validate_args).
 * --num-query-groups takes effect only with --group-query-attention, which
   excludes --multi-latent-attention; --swiglu excludes --squared-relu.
 * max-position-embeddings >= seq-length; min-lr <= lr.
@@ -71,14 +73,16 @@ _FLOAT = ("adam-beta1", "adam-beta2", "adam-eps", "attention-dropout", "clip-gra
 _TRUE = ("add-qkv-bias", "apply-layernorm-1p", "bf16", "delay-wgrad-compute", "disable-bias-linear", "fp16",
          "group-query-attention", "overlap-moe-expert-parallel-comm",
          "moe-grouped-gemm", "moe-router-enable-expert-bias", "moe-router-pre-softmax", "multi-latent-attention",
-         "no-bias-dropout-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion", "no-masked-softmax-fusion",
+         "no-bias-dropout-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion", "no-gradient-accumulation-fusion",
+         "no-masked-softmax-fusion",
          "no-rope-fusion", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather", "qk-layernorm",
          "sequence-parallel", "squared-relu", "swiglu", "tp-comm-overlap", "untie-embeddings-and-output-weights",
-         "use-distributed-optimizer", "use-precision-aware-optimizer", "use-rope-scaling")
+         "use-distributed-optimizer", "use-megatron-fsdp", "use-precision-aware-optimizer", "use-rope-scaling")
 _STR = ("data-path", "load", "pipeline-model-parallel-layout", "save", "split", "tokenizer-model")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "attention-backend": ("flash", "fused", "unfused", "local", "auto"),
     "ckpt-format": ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
+    "data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
     "fp8-format": ("e4m3", "hybrid"),
     "lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
     "moe-router-dtype": ("fp32", "fp64"),
@@ -296,6 +300,10 @@ def _switch_errors(args: dict[str, Any]) -> list[str]:
              ("optimizer-cpu-offload", "use-precision-aware-optimizer"), ("tp-comm-overlap", "sequence-parallel"),
              ("num-query-groups", "group-query-attention")]
     errors += [f"--{flag} needs --{other}" for flag, other in needs if args.get(flag) and not args.get(other)]
+    if args.get("use-megatron-fsdp") and args.get("ckpt-format", "torch_dist") != "fsdp_dtensor":
+        errors.append("--use-megatron-fsdp needs --ckpt-format fsdp_dtensor")
+    if args.get("ckpt-format") == "fsdp_dtensor" and not args.get("use-megatron-fsdp"):
+        errors.append("--ckpt-format fsdp_dtensor needs --use-megatron-fsdp")
     excludes = [("group-query-attention", "multi-latent-attention"), ("swiglu", "squared-relu")]
     errors += [f"--{a} and --{b} are mutually exclusive" for a, b in excludes if args.get(a) and args.get(b)]
     seq, positions = _given(args, "seq-length"), _given(args, "max-position-embeddings")

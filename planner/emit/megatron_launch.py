@@ -53,9 +53,13 @@ def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, i
         '  args+=("${words[@]}")',
         'done < "$here/args.txt"',
         "",
-        "# Megatron requires it with tensor or context parallelism on GPUs before Blackwell (validate_args)",
-        "export CUDA_DEVICE_MAX_CONNECTIONS=1",
     ]
+    if plan.strategy.zero >= 2 and plan.strategy.pp == 1:  # Megatron FSDP: validate_args asserts it is not 1
+        lines += ["# Megatron FSDP overlaps its gathers on more than one hardware queue (validate_args)",
+                  "unset CUDA_DEVICE_MAX_CONNECTIONS"]
+    else:
+        lines += ["# Megatron requires it with tensor or context parallelism on GPUs before Blackwell (validate_args)",
+                  "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
     if env:
         lines += ["# NCCL over the nodes' compute fabric (a value already in the environment wins)", *_env_lines(env)]
     lines += [
@@ -123,8 +127,8 @@ def readme(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, int], ar
         "them OUT_text_document.bin/.idx: PREFIX is OUT_text_document); planner's PREFIX.bin/.idx "
         "(`python -m planner.runtime.data`) has another header, which Megatron cannot read. **tokenizer** is "
         "`--tokenizer-model` of Megatron's HuggingFaceTokenizer: a Hugging Face name or a local folder. "
-        "**checkpoint_dir** is both `--save` and `--load` (`--ckpt-format torch_dist`): a restarted job resumes "
-        "from the last checkpoint there.",
+        f"**checkpoint_dir** is both `--save` and `--load` (`--ckpt-format {args['ckpt-format']}`): a restarted "
+        "job resumes from the last checkpoint there.",
         "",
         f"Vocabulary: Megatron pads the tokenizer's vocabulary up to a multiple of "
         f"--make-vocab-size-divisible-by x tp = {divisor} x {tp} = {divisor * tp} rows, which is the model's "

@@ -120,8 +120,10 @@ def _activation_checkpoint(plan: Plan, notes: list[str]) -> dict[str, Any]:
     s = plan.single_strategy
     if s.recompute == "none":
         return {"mode": "none"}
-    if s.recompute == "selective":
+    if s.recompute == "selective":  # per-op SAC (the torchtitan profile's `selective` section)
         return {"mode": "selective", "selective_ac_option": "op"}
+    if s.recompute_every is not None:  # layer SAC: every k-th block the rank wraps
+        return {"mode": "selective", "selective_ac_option": str(s.recompute_every)}
     per_stage = s.recompute_layers
     counts = stage_block_counts(plan)
     chunks = [max(1, c // s.vpp) for c in counts]
@@ -282,8 +284,8 @@ def _stage_counts(parts: list[list[str]], pp: int) -> tuple[tuple[int, ...], int
     return tuple(sum(chunks[i::pp]) for i in range(pp)), len(chunks) // pp
 
 
-def _recompute_of(section: dict[str, Any], counts: tuple[int, ...], vpp: int) -> dict[str, Any]:
-    """recompute and recompute_layers of an [activation_checkpoint] section on stages of `counts` blocks."""
+def _recompute_of(section: dict[str, Any], counts: tuple[int, ...]) -> dict[str, Any]:
+    """recompute and recompute_every of an [activation_checkpoint] section on stages of `counts` blocks."""
     mode, option = section["mode"], section.get("selective_ac_option")
     if mode == "none":
         return {"recompute": "none"}
@@ -291,15 +293,14 @@ def _recompute_of(section: dict[str, Any], counts: tuple[int, ...], vpp: int) ->
         return {"recompute": "full"}
     if option == "op":
         return {"recompute": "selective"}
-    # every `option`-th block of a stage is checkpointed (torchtitan counts the blocks it wraps): per chunk,
-    # as planner counts recompute_layers
-    if option is None:
-        raise ValueError(f"[activation_checkpoint] mode {mode!r} without selective_ac_option")
-    chunks = [max(1, c // vpp) for c in counts]
-    per_stage = tuple(c // int(option) for c in chunks)
-    if all(k >= c for k, c in zip(per_stage, chunks)):
+    # every `option`-th block a rank wraps is checkpointed: _apply_layer_sac counts the blocks of all the rank's
+    # model chunks in order, as Strategy.recompute_every counts a stage's blocks
+    every = int(option)
+    if every == 1:
         return {"recompute": "full"}
-    return {"recompute": "full", "recompute_layers": per_stage[:1] if len(set(per_stage)) == 1 else per_stage}
+    if all(c < every for c in counts):
+        return {"recompute": "none"}
+    return {"recompute": "full", "recompute_every": every}
 
 
 def written_strategy(plan: Plan, job: Job) -> Strategy:
@@ -324,7 +325,7 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
         sp=tp > 1, zero=zero, shard="node" if replicate > 1 and shard > 1 else "full",
         offload="all" if training["enable_cpu_offload"] else "none", schedule=schedule,
         tp_overlap=p["enable_async_tensor_parallel"], split=counts if pp > 1 else None,
-        stage_pools=plan.single_strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts, vpp))
+        stage_pools=plan.single_strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts))
 
 
 def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str]:

@@ -23,6 +23,8 @@
   resume, Adam's moments start again); FULLY_RESHARDABLE=1 keeps the optimizer state when the old run
   added `--dist-ckpt-optim-fully-reshardable` itself.
   (tools/checkpoint/convert.py converts model weights only, so it buys nothing over the resharding load.)
+  A new plan that runs Megatron FSDP (zero 2/3 without pipelining: fsdp_dtensor checkpoints) from a
+  torch_dist run, or the reverse, gets no megatron/ files (`megatron_format_change` says why).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 
 from planner.emit.inputs import LaunchInputs
+from planner.emit.megatron import checkpoint_format
 from planner.emit.quote import comment
 from planner.strategy import Strategy
 
@@ -80,6 +83,16 @@ def optimizer_state_reshards(old: Strategy, new: Strategy) -> bool:
     if (old.zero >= 1) != (new.zero >= 1):
         return False
     return old.zero == 0 or not model_parallel_changed(old, new)
+
+
+def megatron_format_change(old: Strategy, new: Strategy) -> str:
+    """Why the new Megatron files cannot resume the old run: its checkpoints are in another format.  Megatron FSDP
+    (zero 2/3 without pipelining) saves and loads fsdp_dtensor only; Megatron-LM core_v0.16.1 converts
+    torch_dist to it with tools/checkpoint/checkpoint_inspector.py convert-torch-dist-to-fsdp-dtensor, which
+    needs the map the old run writes with --dump-param-to-param-group-map (args.txt does not ask for it)."""
+    return (f"the old run saved {checkpoint_format(old)} checkpoints and the new plan's Megatron files load "
+            f"{checkpoint_format(new)} (Megatron FSDP is zero 2/3 without pipelining); Megatron-LM converts one "
+            "into the other only with the old run's --dump-param-to-param-group-map map")
 
 
 def megatron_reshard_sh(old: Strategy, new: Strategy) -> str:

@@ -14,8 +14,9 @@ from planner.plan.plots import report_plots
 from planner.plan.report import render_report
 from planner.plan.schema import Plan, plan_json
 from planner.replan.candidates import ReplanOptions, ReplanResult
-from planner.replan.convert import (deepspeed_convert_sh, deepspeed_universal_config, megatron_reshard_sh,
-                                    resume_lines)
+from planner.emit.megatron import checkpoint_format
+from planner.replan.convert import (deepspeed_convert_sh, deepspeed_universal_config, megatron_format_change,
+                                    megatron_reshard_sh, resume_lines)
 from planner.replan.migration import Migration
 from planner.replan.report import render_replan_report
 
@@ -51,6 +52,12 @@ def replan_files(old: Plan, result: ReplanResult, ask: ReplanOptions, targets: t
         checks.append(check)
         if check.status != "written":
             notes.append(f"no {target}/ files: {check.why}")
+            continue
+        if target == "megatron" and checkpoint_format(old.strategy) != checkpoint_format(plan.strategy):
+            # the new files could not resume the old run's checkpoint: none are written
+            checks[-1] = check.model_copy(update={"status": "unsupported",
+                                                  "reasons": (megatron_format_change(old.strategy, plan.strategy),)})
+            notes.append(f"no {target}/ files: {checks[-1].why}")
             continue
         files.update(produced)
         if target == "deepspeed":

@@ -9,8 +9,9 @@ of `planner.validation` applied up front.  Options dominated under the cost
 model are left out and say so where they are skipped:
 
 * GPipe has 1F1B's time and more memory in flight;
-* selective recompute only pays when attention scores are materialised
-  (no flash attention); otherwise it costs time and saves nothing;
+* Megatron-style selective recompute only pays when attention scores are
+  materialised (no flash attention); otherwise it costs time and saves
+  nothing (a runtime's own per-op policy, torchtitan's, is tried always);
 * offload only adds time, so it is tried only when the configuration does
   not fit without it (the solver asks for it then);
 * where state lives (offload, its device and ratio, and the FCDP host cache)
@@ -173,8 +174,10 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     etps = [etp for etp in etps if (etp or tp) == options.fixed.get("etp", etp or tp)]  # --fix etp=N, N = tp too
     layouts = [(etp, e) for etp in etps for e in (_divisors(experts) if experts else [1])
                if (tp * cp * dp) % ((etp or tp) * e) == 0 and e <= (options.max_ep or e) and (etp is None or e > 1)]
-    # base recompute; the solver adds full recompute of chosen blocks on top of "none"
-    recomputes: list[Recompute] = ["none"] if job.flash or not options.selective_recompute else ["none", "selective"]
+    # base recompute; the solver adds full recompute of chosen blocks on top of "none"; selective pays where
+    # scores are materialised or the runtime's own policy keeps less than a block saves (torchtitan's op SAC)
+    pays = not job.flash or job.runtime.selective is not None
+    recomputes: list[Recompute] = ["none", "selective"] if options.selective_recompute and pays else ["none"]
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in _divisors(job.global_batch // dp) if b <= (options.max_mbs or b)
             and job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]

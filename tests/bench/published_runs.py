@@ -55,10 +55,11 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the cheapest
   setting that fits memory, as recipes are tuned to: none, selective, then
   full recompute of 1, 2, ... blocks per stage (Megatron --recompute-num-layers);
-* torchtitan's "selective (SAC)" checkpoints every second block (its layer
-  SAC policy): recompute=full on half the blocks.  Our `selective` is
-  Megatron's attention-core recompute, which saves nothing under flash
-  attention, so it would not describe what torchtitan does;
+* torchtitan's "selective (SAC)" rows run its per-op SAC (selective_ac_option
+  "op", every row's notes or its config say so): recompute=selective, which
+  the torchtitan profiles cost with their `selective` section (the op outputs
+  the policy saves and the GEMMs it redoes), not Megatron's attention-core
+  recompute;
 * "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on;
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs;
@@ -308,8 +309,8 @@ def _megatron_split(row: dict, blocks: int, pp: int) -> tuple[int, ...] | None:
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
-    if "sac" in text:
-        return [dict(recompute="full", recompute_layers=(max(1, blocks_per_chunk // 2),))]
+    if "sac" in text:  # torchtitan's per-op SAC: the torchtitan profiles' own selective policy
+        return [dict(recompute="selective")]
     for mode in ("selective", "full", "none"):
         if mode in text:
             return [dict(recompute=mode)]

@@ -26,8 +26,8 @@ while read -r -a words; do
   args+=("${words[@]}")
 done < "$here/args.txt"
 
-# Megatron requires it with tensor or context parallelism on GPUs before Blackwell (validate_args)
-export CUDA_DEVICE_MAX_CONNECTIONS=1
+# Megatron FSDP overlaps its gathers on more than one hardware queue (validate_args)
+unset CUDA_DEVICE_MAX_CONNECTIONS
 # NCCL over the nodes' compute fabric (a value already in the environment wins)
 export NCCL_IB_HCA="${NCCL_IB_HCA:-=mlx5_0,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_9,mlx5_10,mlx5_11}"  # compute NICs only; NVIDIA DGX H100 User Guide, Network Modules table: default RDMA names of the 8 ConnectX-7 compute ports
 # NCCL_SOCKET_IFNAME: not set: NCCL bootstraps over an interface that is not docker or loopback (ib* first); name one (e.g. bond0) if that cannot reach the other nodes
