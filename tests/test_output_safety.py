@@ -220,3 +220,27 @@ def test_sigint_still_reaches_python_after_a_cp_sat_solve():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           preexec_fn=_default_sigint)
     assert done.returncode == 0 and done.stdout.strip().endswith("caught"), (done.returncode, done.stderr[-2000:])
+
+
+def test_an_interrupt_inside_pydantic_serialization_is_an_interrupt():
+    # a Ctrl-C that lands while pydantic-core serializes (planner.cost.stage.layer_key in the search) reaches us as
+    # a PydanticSerializationError holding only its text; it must still end as an interrupt, not a traceback
+    from pydantic import BaseModel, field_serializer
+
+    from planner.cli.signals import Interrupted, _interrupt_inside
+
+    class Slow(BaseModel):
+        x: int = 1
+
+        @field_serializer("x")
+        def _x(self, value: int) -> int:
+            raise self.signal
+
+    for raised, code in ((KeyboardInterrupt(), 130), (Interrupted("SIGTERM", 143), 143)):
+        model = Slow()
+        object.__setattr__(model, "signal", raised)
+        with pytest.raises(Exception) as caught:
+            model.model_dump_json()
+        found = _interrupt_inside(caught.value)
+        assert found is not None and found.exit_code == code
+    assert _interrupt_inside(ValueError("unrelated")) is None

@@ -54,6 +54,31 @@ def guarded(run: Callable[[], Any]) -> Any:
         _leave(interrupted_by_sigint())
     except Interrupted as err:
         _leave(err)
+    except Exception as err:
+        found = _interrupt_inside(err)
+        if found is None:
+            raise
+        _leave(found)
+
+
+def _interrupt_inside(err: BaseException) -> Interrupted | None:
+    """The interrupt a library turned into its own error, or None.  pydantic-core's serializer wraps an
+    exception raised while it runs (the signal handler's) into a PydanticSerializationError that keeps only its
+    text, so the chain and the text are both read."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, Interrupted):
+            return seen
+        if isinstance(seen, KeyboardInterrupt):
+            return interrupted_by_sigint()
+        seen = seen.__cause__ or seen.__context__
+    text = str(err)
+    if type(err).__name__ == "PydanticSerializationError":
+        if "KeyboardInterrupt" in text:
+            return interrupted_by_sigint()
+        if "Interrupted" in text:
+            return Interrupted("SIGTERM", 143)
+    return None
 
 
 def _ignore_signals() -> None:
