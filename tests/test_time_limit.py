@@ -99,13 +99,10 @@ class Finished:
     solves: list[Solve]
 
 
-# the tests that read `finished` run on one pytest-xdist worker, so it is compiled once
-SHARES_FINISHED = pytest.mark.xdist_group("time-limit-finished")
-
-
 @pytest.fixture(scope="module")
 def finished():
-    """One complete compile of mixed_job (about 100 solves) that several tests read, instead of one each."""
+    """One complete compile of mixed_job (about 100 solves) that several tests read, instead of one each (on one
+    pytest-xdist worker: tests/conftest.py keeps the tests of a module-scoped fixture together)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         clock = install_fake_clock(monkeypatch)
         clock.step = 0.0
@@ -161,7 +158,6 @@ def test_replica_group_search_stops_at_the_budget(fake_clock):
         assert s.work in (solve_work(options), RUNNER_UP_WORK)
 
 
-@SHARES_FINISHED
 def test_without_the_budget_the_same_job_runs_to_the_end(finished):
     assert finished.result.certificate.stopped is None and finished.result.certificate.status == "OPTIMAL"
     assert len(finished.solves) > 50
@@ -180,7 +176,6 @@ def test_a_tiny_limit_says_so():
 # ---------------------------------------------------------------- defect 3: reproducible, or flagged
 
 
-@SHARES_FINISHED
 def test_every_solve_has_a_deterministic_limit(finished):
     assert finished.solves
     assert {s.work for s in finished.solves} <= {solve_work(finished.options), RUNNER_UP_WORK}
@@ -235,7 +230,6 @@ def test_stopped_compile_says_so_everywhere(fake_clock, tmp_path):
     assert data["solver"]["status"] == "FEASIBLE" and data["plan"]["solver"]["stopped"] == "time_limit"
 
 
-@SHARES_FINISHED
 def test_plan_and_report_carry_the_flag(finished):
     job, options, result = finished.job, finished.options, finished.result
     stopped = result.model_copy(update={"certificate": result.certificate.model_copy(update={"stopped": "time_limit"})})
