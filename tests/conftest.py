@@ -98,6 +98,7 @@ def pipeline_run(dataset, tmp_path_factory):
 # unit too, so that the fixture is built once, not once on every worker that draws one of its tests.
 
 GROUPS_KEY = "planner_xdist_groups"
+LAUNCHES = "group:multiprocess"  # the unit of the tests ports.MULTIPROCESS marks
 _GROUPS_FOLDER = pytest.StashKey[Path]()
 
 
@@ -188,5 +189,29 @@ def pytest_xdist_make_scheduler(config, log):
                     self.groups.update(json.loads(path.read_text()))
             group = self.groups.get(nodeid)
             return f"group:{group}" if group is not None else nodeid
+
+        def schedule(self) -> None:
+            """The first distribution as xdist's (LoadScopeScheduling.schedule), with the launches' unit first:
+            the longest (one launch after another), it must not wait behind units with more tests, which
+            xdist's order by test count puts first."""
+            if self.collection is not None or not self._check_nodes_have_same_collection():
+                return super().schedule()
+            self.collection = list(next(iter(self.registered_collections.values())))
+            units: dict[str, dict[str, bool]] = {}
+            for nodeid in self.collection:
+                units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            for scope in sorted(units, key=lambda scope: (scope != LAUNCHES, -len(units[scope]))):
+                self.workqueue[scope] = units[scope]
+            for _ in range(max(0, len(self.nodes) - len(self.workqueue))):  # more workers than work
+                unused, _ = self.assigned_work.popitem()
+                unused.shutdown()
+            for node in self.nodes:
+                self._assign_work_unit(node)
+            for node in self.nodes:  # at least two units each, when there are (xdist #277)
+                self._reschedule(node)
+            if not self.workqueue:
+                for node in self.nodes:
+                    node.shutdown()
+            return None
 
     return MarkedGroups(config, log)
