@@ -93,8 +93,12 @@ def pipeline_run(dataset, tmp_path_factory):
 # over the workers, one waiting for another's lock.  Here each worker writes its tests' groups to a file
 # before it reports its collection, and the controller's scheduler reads them: each group is one unit of
 # work for one worker (the multiprocess tests, run one after another while the other workers run the rest).
+#
+# Tests without a mark that share a module-scoped fixture (a compiled plan, written launch files) form one
+# unit too, so that the fixture is built once, not once on every worker that draws one of its tests.
 
 GROUPS_KEY = "planner_xdist_groups"
+LAUNCHES = "group:multiprocess"  # the unit of the tests ports.MULTIPROCESS marks
 _GROUPS_FOLDER = pytest.StashKey[Path]()
 
 
@@ -115,16 +119,48 @@ def pytest_configure_node(node):
     node.workerinput[GROUPS_KEY] = str(node.config.stash[_GROUPS_FOLDER])
 
 
+def _module_fixtures(item) -> list[str]:
+    """'module path::fixture' of each module-scoped fixture the test uses, directly or through another."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [f"{item.path}::{name}" for name in info.names_closure
+            if (defs := info.name2fixturedefs.get(name)) and defs[-1].scope == "module"]
+
+
+def _shared_fixture_units(items) -> dict[str, str]:
+    """nodeid -> unit of each test that shares a module-scoped fixture with another: the tests joined, directly
+    or through a chain, by the fixtures they use (a union-find over tests and fixtures)."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    used = {item.nodeid: _module_fixtures(item) for item in items}
+    for nodeid, fixtures in used.items():
+        for fixture in fixtures:
+            parent[root(nodeid)] = root(fixture)
+    size: dict[str, int] = {}
+    for nodeid, fixtures in used.items():
+        if fixtures:
+            size[root(nodeid)] = size.get(root(nodeid), 0) + 1
+    return {nodeid: f"shared:{root(nodeid)}" for nodeid, fixtures in used.items()
+            if fixtures and size[root(nodeid)] > 1}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     folder = getattr(config, "workerinput", {}).get(GROUPS_KEY)
     if folder is None:
         return
-    groups = {}
+    groups = _shared_fixture_units(items)
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
-        if names:
+        if names:  # a mark names the unit, whatever fixtures the test shares
             groups[item.nodeid] = "_".join(names)
     path = Path(folder) / f"{config.workerinput['workerid']}.json"
     partial = path.with_suffix(".part")
@@ -153,5 +189,29 @@ def pytest_xdist_make_scheduler(config, log):
                     self.groups.update(json.loads(path.read_text()))
             group = self.groups.get(nodeid)
             return f"group:{group}" if group is not None else nodeid
+
+        def schedule(self) -> None:
+            """The first distribution as xdist's (LoadScopeScheduling.schedule), with the launches' unit first:
+            the longest (one launch after another), it must not wait behind units with more tests, which
+            xdist's order by test count puts first."""
+            if self.collection is not None or not self._check_nodes_have_same_collection():
+                return super().schedule()
+            self.collection = list(next(iter(self.registered_collections.values())))
+            units: dict[str, dict[str, bool]] = {}
+            for nodeid in self.collection:
+                units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            for scope in sorted(units, key=lambda scope: (scope != LAUNCHES, -len(units[scope]))):
+                self.workqueue[scope] = units[scope]
+            for _ in range(max(0, len(self.nodes) - len(self.workqueue))):  # more workers than work
+                unused, _ = self.assigned_work.popitem()
+                unused.shutdown()
+            for node in self.nodes:
+                self._assign_work_unit(node)
+            for node in self.nodes:  # at least two units each, when there are (xdist #277)
+                self._reschedule(node)
+            if not self.workqueue:
+                for node in self.nodes:
+                    node.shutdown()
+            return None
 
     return MarkedGroups(config, log)

@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 from models.zoo import get_model  # noqa: E402
 from planner.plan.schema import Plan  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
+from trainer_runs import run_planner  # noqa: E402
 
 CLUSTER = "name: cpu-2\npools:\n  - {name: cpu, preset: cpu, nodes: 1, overrides: {gpus_per_node: 2}}\n"
 
@@ -32,10 +33,9 @@ CLUSTER = "name: cpu-2\npools:\n  - {name: cpu, preset: cpu, nodes: 1, overrides
 def _compile(out: Path, fix: str, dataset: Path) -> Plan:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu-2.yaml").write_text(CLUSTER)
-    subprocess.run([sys.executable, "-m", "planner", "compile", "tiny-llama", str(out / "cpu-2.yaml"), "-b", "8",
-                    "-s", "64", "--fix", fix, "-o", str(out / "plan"), "--target", "deepspeed", "--force",
-                    "--data", str(dataset), "--tokenizer", "bytes", "--train-steps", "4", "--save-every", "2"],
-                   check=True, capture_output=True, text=True, timeout=120)
+    run_planner("compile", "tiny-llama", str(out / "cpu-2.yaml"), "-b", "8", "-s", "64", "--fix", fix, "-o",
+            str(out / "plan"), "--target", "deepspeed", "--force", "--data", str(dataset), "--tokenizer", "bytes",
+            "--train-steps", "4", "--save-every", "2")
     return Plan.model_validate_json((out / "plan" / "plan.json").read_text())
 
 

@@ -136,7 +136,8 @@ def test_program_optimum_equals_exhaustive_optimum(tables, batch):
 def test_compiled_plan_never_worse_than_greedy_torchrec_style(tables):
     job = _job(tables, cluster="cpu:2", batch=8192)
     try:
-        result = compile_embedding(job, time_limit=5)
+        # the greedy plan is one of the search's candidates, so this holds at any limit: 1 s, not 5, per example
+        result = compile_embedding(job, time_limit=1)
     except InfeasibleError:
         assert greedy_torchrec_style(EmbeddingCostModel(job)) is None
         return

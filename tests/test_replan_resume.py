@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,16 +25,10 @@ pytest.importorskip("torch")
 
 from ports import MULTIPROCESS  # noqa: E402
 from conftest import TWO_GPUS  # noqa: E402
-from trainer_runs import launch  # noqa: E402
+from trainer_runs import launch, run_planner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).resolve().parent / "replan_probe"
-
-
-def _planner(*args: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, timeout=180,
-                         cwd=ROOT)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
 @MULTIPROCESS
@@ -52,7 +44,7 @@ def test_a_replanned_run_resumes_the_checkpoint_under_a_new_layout(tmp_path, pip
         checkpoints = tmp_path / f"checkpoints-{name}"  # each re-plan resumes its own copy of step 2
         shutil.copytree(pipeline_run.checkpoints / "step-00000002", checkpoints / "step-00000002")
         new = tmp_path / name
-        _planner("replan", str(old / "plan.json"), target, "--fix", fix, "--steps-left", "2",
+        run_planner("replan", str(old / "plan.json"), target, "--fix", fix, "--steps-left", "2",
                  "--checkpoint-dir", str(checkpoints), "-o", str(new), *pipeline_run.inputs)
         plan = json.loads((new / "plan.json").read_text())
         assert (plan["strategy"]["tp"], plan["strategy"]["pp"], plan["strategy"]["dp"]) == shape

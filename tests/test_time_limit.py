@@ -64,8 +64,8 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def fake_clock(monkeypatch):
+def install_fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    """Put a FakeClock in the search and make every CP-SAT solve tick it (and record its limits)."""
     clock = FakeClock()
     monkeypatch.setattr(solve, "_now", clock)
     real = cp_model.CpSolver.solve
@@ -82,6 +82,32 @@ def fake_clock(monkeypatch):
 
     monkeypatch.setattr(cp_model.CpSolver, "solve", solve_and_tick)
     return clock
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    return install_fake_clock(monkeypatch)
+
+
+@dataclass
+class Finished:
+    """mixed_job compiled to the end: the clock never moves (step 0), so no budget cuts anything."""
+
+    job: object
+    options: CompileOptions
+    result: object
+    solves: list[Solve]
+
+
+@pytest.fixture(scope="module")
+def finished():
+    """One complete compile of mixed_job (about 100 solves) that several tests read, instead of one each (on one
+    pytest-xdist worker: tests/conftest.py keeps the tests of a module-scoped fixture together)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        clock = install_fake_clock(monkeypatch)
+        clock.step = 0.0
+        job, options = mixed_job(), CompileOptions(time_limit=60.0)
+        return Finished(job, options, compile_job(job, options), clock.solves)
 
 
 # ---------------------------------------------------------------- defect 1: --time-limit inf
@@ -132,11 +158,9 @@ def test_replica_group_search_stops_at_the_budget(fake_clock):
         assert s.work in (solve_work(options), RUNNER_UP_WORK)
 
 
-def test_without_the_budget_the_same_job_runs_to_the_end(fake_clock):
-    fake_clock.step = 0.0  # the clock never moves: nothing is cut
-    result = compile_job(mixed_job(), CompileOptions(time_limit=60.0))
-    assert result.certificate.stopped is None and result.certificate.status == "OPTIMAL"
-    assert len(fake_clock.solves) > 50
+def test_without_the_budget_the_same_job_runs_to_the_end(finished):
+    assert finished.result.certificate.stopped is None and finished.result.certificate.status == "OPTIMAL"
+    assert len(finished.solves) > 50
 
 
 def test_a_tiny_limit_says_so():
@@ -152,24 +176,25 @@ def test_a_tiny_limit_says_so():
 # ---------------------------------------------------------------- defect 3: reproducible, or flagged
 
 
-def test_every_solve_has_a_deterministic_limit(fake_clock):
-    fake_clock.step = 0.0
-    options = CompileOptions(time_limit=20.0)
-    compile_job(mixed_job(), options)
-    assert fake_clock.solves
-    assert {s.work for s in fake_clock.solves} <= {solve_work(options), RUNNER_UP_WORK}
-    assert solve_work(options) == pytest.approx(0.25 * 20.0)
+def test_every_solve_has_a_deterministic_limit(finished):
+    assert finished.solves
+    assert {s.work for s in finished.solves} <= {solve_work(finished.options), RUNNER_UP_WORK}
+    assert solve_work(finished.options) == pytest.approx(0.25 * 60.0)
+    assert solve_work(CompileOptions(time_limit=2.0)) == pytest.approx(1.0)  # the floor: at least 1 s of work
 
 
 def test_programs_stopped_by_their_work_limit_are_reproducible(monkeypatch):
     # a work limit so small that programs stop on it (UNKNOWN or FEASIBLE): not a wall-clock stop, so
-    # the result is flagged complete and two runs agree
+    # the result is flagged complete and two runs agree (a smaller mixed job than mixed_job's: still a
+    # replica-group search, in half the time)
     monkeypatch.setattr(solve, "MIN_SOLVE_WORK", 1e-3)
     monkeypatch.setattr(solve, "SOLVE_WORK_SHARE", 0.0)
     options = CompileOptions(time_limit=600.0)
-    runs = [compile_job(mixed_job(), options) for _ in range(2)]
+    job = _job(load_model("llama3-8b"), A100_H100, batch=16, seq=2048)
+    runs = [compile_job(job, options) for _ in range(2)]
     assert runs[0].certificate.stopped is None
     assert runs[0].certificate.status == "FEASIBLE"  # some program stopped short of its proof
+    assert runs[0].group_results  # the replica groups' compiles are compared too
     wall = {"certificate": {"wall_s"}}  # the only machine-dependent value, also in each replica group's compile
     dumps = {r.model_dump_json(exclude={**wall, "group_results": {"__all__": wall}}) for r in runs}
     assert len(dumps) == 1
@@ -205,10 +230,8 @@ def test_stopped_compile_says_so_everywhere(fake_clock, tmp_path):
     assert data["solver"]["status"] == "FEASIBLE" and data["plan"]["solver"]["stopped"] == "time_limit"
 
 
-def test_plan_and_report_carry_the_flag():
-    job = mixed_job()
-    options = CompileOptions(time_limit=60.0)
-    result = compile_job(job, options)
+def test_plan_and_report_carry_the_flag(finished):
+    job, options, result = finished.job, finished.options, finished.result
     stopped = result.model_copy(update={"certificate": result.certificate.model_copy(update={"stopped": "time_limit"})})
     text = plan_json(build_plan(job, stopped, options))
     assert json.loads(text)["solver"]["stopped"] == "time_limit"

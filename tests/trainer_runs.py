@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +21,21 @@ TRAIN = ("--lr", "1e-2", "--warmup-steps", "1")
 PIPELINE_FIX = "pp=2,dp=2,zero=3,vpp=1"
 
 
+def run_planner(*args: str) -> None:
+    """`planner ARGS`, in this process (click's CliRunner: these tests are about the launch, not the command's
+    process boundary, which tests/test_cli.py and tests/test_output_safety.py cross)."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    result = CliRunner().invoke(cli, [str(arg) for arg in args])
+    assert result.exit_code == 0, result.output[-4000:]
+
+
 def compile_tiny(out: Path, fix: str, *extra: str, cluster: str = "cpu:1") -> Path:
     """`planner compile tiny-llama CLUSTER -b 8 -s 64 --fix FIX --target torch -o OUT` with `extra`; OUT."""
-    run = subprocess.run([sys.executable, "-m", "planner", "compile", "tiny-llama", cluster, "-b", "8", "-s", "64",
-                          "--fix", fix, "-o", str(out), "--target", "torch", "--force", *extra],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    run_planner("compile", "tiny-llama", cluster, "-b", "8", "-s", "64", "--fix", fix, "-o", str(out), "--target",
+            "torch", "--force", *extra)
     return out
 
 

@@ -125,13 +125,14 @@ def measure(mode: str, tokens: int = TOKENS, hidden: int = HIDDEN, vocab: int = 
 
 
 def run(modes: list[str], tokens: int = TOKENS, vocab: int = VOCAB, timeout: float = 600.0,
-        one_process: bool = False) -> list[dict]:
+        one_process: bool = False, hidden: int = HIDDEN) -> list[dict]:
     """Measure each mode in a fresh process (`one_process`: all in one, in order, which saves the start-up of
     torch but lets compiled modes share caches); a mode that fails gives its error instead of numbers."""
     groups = [modes] if one_process else [[mode] for mode in modes]
     results = []
     for group in groups:
-        cmd = [sys.executable, __file__, "--worker", ",".join(group), "--tokens", str(tokens), "--vocab", str(vocab)]
+        cmd = [sys.executable, __file__, "--worker", ",".join(group), "--tokens", str(tokens), "--vocab", str(vocab),
+               "--hidden", str(hidden)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         got = {r["mode"]: r for r in (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{"))}
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help=f"comma-separated modes (default: all of {', '.join(MODES)})")
     parser.add_argument("--tokens", type=int, default=TOKENS)
     parser.add_argument("--vocab", type=int, default=VOCAB)
+    parser.add_argument("--hidden", type=int, default=HIDDEN,
+                        help="width of the output projection (its bf16 matmul is most of the time on CPU)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # measure these modes in this process
     args = parser.parse_args(argv)
@@ -156,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
     if args.worker:
         for mode in modes:  # the process group of a vocab-parallel mode is torn down after it
-            print(json.dumps(measure(mode, args.tokens, vocab=args.vocab)), flush=True)
+            print(json.dumps(measure(mode, args.tokens, args.hidden, vocab=args.vocab)), flush=True)
         return 0
-    results = run(modes, args.tokens, args.vocab)
+    results = run(modes, args.tokens, args.vocab, hidden=args.hidden)
     print(f"bytes per logit ({args.tokens} tokens x {args.vocab} vocabulary, bf16 logits, CPU)")
     print(f"{'mode':<25} {'kept':>6} {'fwd peak':>9} {'bwd peak':>9} {'peak':>6}")
     for r in results:
