@@ -70,7 +70,7 @@ def layer_comm(
     if s.tp > 1 and layer.tp_splittable:
         volume = tokens * layer.hidden * ACT_BYTES
         if is_block_layer(layer):
-            count = 2 + (1 if recompute == "full" else 0)
+            count: float = 2 + (1 if recompute == "full" else 0)
             if recompute == "selective" and job.runtime.selective is not None:
                 # the policy's saved reduce-scatters are not redone; the all-gathers (or all-reduces) are
                 count += job.runtime.selective.tp_collectives if s.sequence_parallel else 1.0

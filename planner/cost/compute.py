@@ -147,6 +147,8 @@ def policy_recompute_seconds(layer: Layer, job: Job, strategy: Strategy, device:
     of `layer` per micro-batch: the GEMMs its policy does not save (hidden x width each, per token), the
     attention core if it is not saved, and the element-wise kernels with their launches (`elementwise_s`)."""
     rule = job.runtime.selective
+    if rule is None:  # the runtime has no policy of its own: Megatron's selective (the attention core)
+        return attn_s
     widths = rule.recomputed_gemms.get(layer.kind, ())
     tp = tp_divisor(layer, strategy.tp)
     flops = _tokens(job, strategy) * sum(2.0 * layer.hidden * layer_width(layer, w, job.seq_len) for w in widths) / tp

@@ -54,7 +54,8 @@ def launch_script(plan: Plan, job: Job, inputs: LaunchInputs, shape: dict[str, i
         'done < "$here/args.txt"',
         "",
     ]
-    if plan.strategy.zero >= 2 and plan.strategy.pp == 1:  # Megatron FSDP: validate_args asserts it is not 1
+    s = plan.single_strategy
+    if s.zero >= 2 and s.pp == 1:  # Megatron FSDP: validate_args asserts it is not 1
         lines += ["# Megatron FSDP overlaps its gathers on more than one hardware queue (validate_args)",
                   "unset CUDA_DEVICE_MAX_CONNECTIONS"]
     else:

@@ -295,7 +295,7 @@ def _recompute_of(section: dict[str, Any], counts: tuple[int, ...]) -> dict[str,
         return {"recompute": "selective"}
     # every `option`-th block a rank wraps is checkpointed: _apply_layer_sac counts the blocks of all the rank's
     # model chunks in order, as Strategy.recompute_every counts a stage's blocks
-    every = int(option)
+    every = int(str(option))
     if every == 1:
         return {"recompute": "full"}
     if all(c < every for c in counts):

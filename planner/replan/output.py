@@ -53,10 +53,11 @@ def replan_files(old: Plan, result: ReplanResult, ask: ReplanOptions, targets: t
         if check.status != "written":
             notes.append(f"no {target}/ files: {check.why}")
             continue
-        if target == "megatron" and checkpoint_format(old.strategy) != checkpoint_format(plan.strategy):
+        if target == "megatron" and checkpoint_format(old.single_strategy) != checkpoint_format(plan.single_strategy):
             # the new files could not resume the old run's checkpoint: none are written
             checks[-1] = check.model_copy(update={"status": "unsupported",
-                                                  "reasons": (megatron_format_change(old.strategy, plan.strategy),)})
+                                                  "reasons": (megatron_format_change(old.single_strategy,
+                                                                                     plan.single_strategy),)})
             notes.append(f"no {target}/ files: {checks[-1].why}")
             continue
         files.update(produced)
