@@ -112,6 +112,7 @@ from models.transformer import gpt, llama  # noqa: E402
 from models.yamlio import as_name  # noqa: E402
 from models.zoo import get_entry  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
+from planner.cost.interval import PARALLEL_FAMILIES, parallel_family  # noqa: E402,F401 (the regimes intervals use)
 from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
@@ -462,23 +463,6 @@ _DEVICE_FAMILIES = ("MI300X", "B200", "H200", "H100", "A100", "L4")
 def device_family(row: dict) -> str:
     """GPU family of a row's gpu_type: A100, H100, MI300X, ... (the gpu_type itself when none matches)."""
     return next((family for family in _DEVICE_FAMILIES if family in row["gpu_type"]), row["gpu_type"])
-
-
-PARALLEL_FAMILIES = ("DP/FSDP", "TP", "PP", "TP+PP", "CP", "EP")
-
-
-def parallel_family(strategy: Strategy) -> str:
-    """EP if experts are split, else CP if the sequence is, else TP+PP, PP, TP, or DP/FSDP (data parallel
-    only, any ZeRO stage)."""
-    if strategy.ep > 1:
-        return "EP"
-    if strategy.cp > 1:
-        return "CP"
-    if strategy.tp > 1 and strategy.pp > 1:
-        return "TP+PP"
-    if strategy.pp > 1:
-        return "PP"
-    return "TP" if strategy.tp > 1 else "DP/FSDP"
 
 
 GROUPINGS = {
