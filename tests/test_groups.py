@@ -45,7 +45,9 @@ def test_each_pool_gets_its_own_tensor_parallel_degree():
     result, _ = assert_matches_oracle(job, space)
     tps = {g.group.pool: g.group.strategy.tp for g in result.groups.groups}
     assert tps == {"a100": 4, "h100": 2}
-    assert [g.group.batch for g in result.groups.groups] == [6, 10]
+    # the split the oracle also finds: the A100s take 7 of 16 since their flash attention runs at 0.70 of their GEMM
+    # rate and the H100s' FlashAttention-2 at 0.38 (hardware/data/attention.yaml)
+    assert [g.group.batch for g in result.groups.groups] == [7, 9]
 
 
 @st.composite
@@ -127,8 +129,8 @@ def test_group_plan_lists_each_group_with_its_own_plan():
     plan = build_plan(job, result, options)
     assert plan_json(plan) == plan_json(build_plan(job, result, options))  # deterministic
     assert plan.layout is None and plan.stages == [] and plan.time.micro_batches == 0
-    assert [(g.pool, g.batch, g.first_rank, g.first_node) for g in plan.groups] == [("a100", 6, 0, 0),
-                                                                                    ("h100", 10, 4, 1)]
+    assert [(g.pool, g.batch, g.first_rank, g.first_node) for g in plan.groups] == [("a100", 7, 0, 0),
+                                                                                    ("h100", 9, 4, 1)]
     # the typed replica-group strategy: each group's pool, batch and strategy, and the sync
     assert isinstance(plan.strategy, ReplicaGroupsStrategy)
     assert [(s.pool, s.batch) for s in plan.strategy.replica_groups] == [(g.pool, g.batch) for g in plan.groups]
@@ -161,7 +163,7 @@ def test_group_plan_lists_each_group_with_its_own_plan():
     assert plan.time.step_time_s == pytest.approx(result.groups.step_time_s)
     assert plan.job.num_gpus == 6
     report = render_report(plan)
-    assert "## Replica groups" in report and "## Group a100: batch 6" in report and "### Stages" in report
+    assert "## Replica groups" in report and "## Group a100: batch 7" in report and "### Stages" in report
 
 
 def test_cli_compiles_replica_groups_and_refuses_single_strategy_targets(tmp_path, mixed_job_files):

@@ -124,6 +124,11 @@ def megatron_split(mlm, args: argparse.Namespace) -> list[int]:
 
     config = transformer_config(mlm, args)
     chunks = args.virtual_pipeline_model_parallel_size or 1
+    layout = config.pipeline_model_parallel_layout
+    if layout is not None:  # megatron-core's own parse of the layout (its layer count asks the process groups)
+        from megatron.core.transformer.enums import LayerType
+
+        return [sum(stage[v].count(LayerType.decoder) for v in range(chunks)) for stage in layout.layout]
     return [sum(get_num_layers_to_build(config, vp_stage=v, pp_rank=r) for v in range(chunks))
             for r in range(args.pipeline_model_parallel_size)]
 
