@@ -166,22 +166,22 @@ def quantiles(log_ratios: list[float], coverage: float) -> tuple[float, float]:
     return math.exp(float(low)), math.exp(float(high))
 
 
+def _factors_of(of: Regime, residuals: Residuals) -> tuple[float, float, int, tuple[str, ...]]:
+    """(low, high, runs, matched keys) of regime `of` from `residuals`."""
+    taken, common = nearest(of, residuals.rows, residuals.neighbours)
+    low, high = quantiles([x.log_ratio for x in taken], residuals.coverage)
+    return low, high, len(taken), tuple(common)
+
+
 @lru_cache(maxsize=256)
 def _factors(of: Regime) -> tuple[float, float, int, tuple[str, ...]]:
-    """(low, high, runs, matched keys) of regime `of` from the residuals file (the search asks per strategy)."""
-    r = load_residuals()
-    taken, common = nearest(of, r.rows, r.neighbours)
-    low, high = quantiles([x.log_ratio for x in taken], r.coverage)
-    return low, high, len(taken), tuple(common)
+    """_factors_of the residuals file, cached (the search asks per strategy)."""
+    return _factors_of(of, load_residuals())
 
 
 def interval(step_s: float, of: Regime, residuals: Residuals | None = None) -> Interval:
     """The prediction interval of a step time `step_s` estimated in regime `of`."""
     r = residuals or load_residuals()
-    if residuals is None:
-        low, high, runs, common = _factors(of)
-    else:
-        taken, matched = nearest(of, r.rows, r.neighbours)
-        (low, high), runs, common = quantiles([x.log_ratio for x in taken], r.coverage), len(taken), tuple(matched)
+    low, high, runs, common = _factors(of) if residuals is None else _factors_of(of, residuals)
     return Interval(coverage=r.coverage, low_s=step_s * low, high_s=step_s * high, runs=runs, matched=list(common),
                     regime=of, comparison_error=r.comparison_error)
