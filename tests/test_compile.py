@@ -30,7 +30,8 @@ from planner.strategy import Strategy
 # the compiler's own space with offload only where nothing fits: its per-stage placements stay few enough for the
 # exhaustive enumeration (tests/test_certificate_oracle.py checks the default, offload in every program)
 SMALL = dict(max_mbs=4, max_vpp=2, max_cp=2, offload_search="fallback")
-PROPERTY = settings(max_examples=30, deadline=None, derandomize=True,
+# 12 drawn jobs per property in the default run; the `long` twins below draw 60 (README: -m long)
+PROPERTY = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -117,6 +118,13 @@ def test_compile_matches_exhaustive_on_tiny_models(case):
     assert_matches_oracle(*case)
 
 
+@pytest.mark.long
+@settings(PROPERTY, max_examples=60)
+@given(tiny_jobs())
+def test_compile_matches_exhaustive_on_many_tiny_models(case):
+    assert_matches_oracle(*case)
+
+
 @st.composite
 def pressured_jobs(draw) -> tuple[Job, SpaceOptions]:
     """Models of 0.1-2 B parameters and long sequences on 16 GB devices, pipelined: memory decides."""
@@ -129,9 +137,16 @@ def pressured_jobs(draw) -> tuple[Job, SpaceOptions]:
     return job, SpaceOptions(**SMALL, zero_stages=(0, 1), fixed={"tp": 1, "cp": 1, "pp": pp})
 
 
-@settings(PROPERTY, max_examples=30)
+@PROPERTY
 @given(pressured_jobs())
 def test_compile_matches_exhaustive_under_memory_pressure(case):
+    assert_matches_oracle(*case)
+
+
+@pytest.mark.long
+@settings(PROPERTY, max_examples=60)
+@given(pressured_jobs())
+def test_compile_matches_exhaustive_under_memory_pressure_on_many_jobs(case):
     assert_matches_oracle(*case)
 
 

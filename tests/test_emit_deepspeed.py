@@ -452,6 +452,7 @@ def _gloo_ok() -> bool:
     return dist.is_available() and dist.is_gloo_available()
 
 
+@pytest.mark.long  # the planner runtime's DeepSpeed trainer runs the same plans by default (test_deepspeed_train.py)
 @MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 def test_engine_trains_zero3_plan_on_cpu(tmp_path):
@@ -477,6 +478,7 @@ def test_engine_trains_zero3_plan_on_cpu(tmp_path):
     assert losses["losses"][-1] < losses["losses"][0]
 
 
+@pytest.mark.long  # the planner runtime's DeepSpeed trainer runs the same plans by default (test_deepspeed_train.py)
 @MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
 def test_pipeline_engine_trains_pp2_plan_on_cpu(tmp_path):

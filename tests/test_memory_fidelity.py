@@ -59,7 +59,8 @@ def _zero3_buffers(config, tp: int, dp: int) -> float:
 
 @MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("spec", ["tp=2,dp=2,zero=3", "pp=2,dp=2,zero=1"])
+# the default run measures one layout per test function and path; the rest is `-m long` (README)
+@pytest.mark.parametrize("spec", ["tp=2,dp=2,zero=3", pytest.param("pp=2,dp=2,zero=1", marks=pytest.mark.long)])
 def test_measured_memory_matches_the_cost_model_within_3_percent(tmp_path, spec):
     bench = _bench()
     job, plan = bench.build_plan("tiny-llama", 8, 64, spec)
@@ -107,7 +108,8 @@ def plan_param_tensors(plan, stage: int):
 
 @MULTIPROCESS
 @pytest.mark.skipif(not _gloo_ok(), reason="torch.distributed with gloo is not available")
-@pytest.mark.parametrize("spec", ["pp=2,dp=2,zero=1", "dp=4,zero=1,recompute=full",
+@pytest.mark.parametrize("spec", ["pp=2,dp=2,zero=1",
+                                  pytest.param("dp=4,zero=1,recompute=full", marks=pytest.mark.long),
                                   "dp=4,zero=0,recompute=full,recompute_layers=2"])
 def test_bf16_mixed_precision_memory_matches_the_profile_within_3_percent(tmp_path, spec):
     """The trainer's default precision against the profile as it stands: FSDP2's MixedPrecisionPolicy (zero >= 1:
