@@ -8,8 +8,9 @@ ZeRO-2/3 under its PipelineEngine, NVMe optimizer offload below ZeRO-3, interlea
 uneven recompute counts (and ZeRO-3 for a mixture-of-experts model, which DeepSpeed's MoE layer refuses).
 Plans with tensor or context parallelism are refused, because the trainer has none; a mixture-of-experts
 model runs DeepSpeed's own MoE layer with the plan's expert parallelism (pipeline.json `moe`,
-planner.emit.deepspeed_moe), without pipeline parallelism or shared experts. `written_strategy` reads ds_config.json and pipeline.json back as the strategy DeepSpeed runs
-(planner.emit.check costs it before anything is written).
+planner.emit.deepspeed_moe), without pipeline parallelism or shared experts. `written_strategy` reads
+ds_config.json and pipeline.json back as the strategy DeepSpeed runs (planner.emit.check costs it before
+anything is written).
 
 The modules: deepspeed_config (the settings, ds_config.json, pipeline.json), deepspeed_launch (hostfile,
 launch.sh, README.md). Output is deterministic: JSON with sorted keys and indent 2, a trailing newline,
