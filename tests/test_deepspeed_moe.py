@@ -105,3 +105,20 @@ def test_compile_writes_deepspeeds_moe_arguments(tmp_path):
 def test_deepspeed_2021_stays_dense():
     """The SC21 profile runs Megatron-LM v1.1.5's dense GPT: no MoE layer to run."""
     assert not load_runtime("deepspeed-2021").space.moe
+
+
+def test_padded_slots_add_expert_activations():
+    """tiny-mixtral (hidden 64, 4 experts of width 128, top-2) at 8 tokens per micro-batch: C = ceil(8 / 4 x 2) =
+    4 = min_capacity, so 4 x 4 = 16 slots for 16 routed tokens (no padding); at 4 tokens C = max(2, 4) = 4, 16
+    slots for 8 routed tokens: the experts save twice the graph's routed bytes.  Each visited expert saves
+    gate, up and product, 3 x 128 x 2 bytes per token (models/transformer.py _ffn_act_split)."""
+    from planner.cost.memory import padded_expert_bytes
+
+    model = load_model("tiny-mixtral")
+    layer = next(layer for layer in model.layers if layer.moe is not None)
+    job = Job(model=model, cluster=load_cluster("cpu:1"), global_batch=8, seq_len=8, runtime=DEEPSPEED)
+    assert padded_expert_bytes(layer, job, parse_strategy("mbs=1")) == 0.0
+    short = job.model_copy(update={"seq_len": 4})
+    assert padded_expert_bytes(layer, short, parse_strategy("mbs=1")) == pytest.approx(4 * 2 * 3 * 128 * 2)
+    dropless = short.on(DEEPSPEED.model_copy(update={"expert_capacity": None}))
+    assert padded_expert_bytes(layer, dropless, parse_strategy("mbs=1")) == 0.0
