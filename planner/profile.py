@@ -490,8 +490,6 @@ class RuntimeProfile(BaseModel):
         out: list[str] = []
         if model_has_experts and not sp.moe:
             out.append("mixture-of-experts models")
-        if model_has_experts and sp.moe:
-            out += self._moe_refusals(s, shared_experts)
         checks = [
             (s.tp > 1 and not sp.tensor_parallel, f"tensor parallelism (tp={s.tp})"),
             (s.cp > 1 and not sp.context_parallel, f"context parallelism (cp={s.cp})"),
@@ -515,6 +513,8 @@ class RuntimeProfile(BaseModel):
              and micro_batches < s.pp, f"1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),
         ]
         out += [what for bad, what in checks if bad]
+        if model_has_experts and sp.moe:
+            out += self._moe_refusals(s, shared_experts)
         if sp.recompute_layers != "per_stage" and not recompute_counts_allowed(s, split_blocks, sp.recompute_layers):
             what = "every block or none" if sp.recompute_layers == "all" else "one count for every stage"
             out.append(f"recompute_layers={'/'.join(map(str, s.recompute_layers or ()))} ({what})")
