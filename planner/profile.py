@@ -488,8 +488,9 @@ class RuntimeProfile(BaseModel):
         `shared_experts`: the model's MoE layers have always-active experts."""
         s, sp = strategy, self.space
         out: list[str] = []
-        if model_has_experts and not sp.moe:
-            out.append("mixture-of-experts models")
+        refusal = self.model_refusal(int(model_has_experts), shared_experts)
+        if refusal is not None:
+            out.append(refusal)
         checks = [
             (s.tp > 1 and not sp.tensor_parallel, f"tensor parallelism (tp={s.tp})"),
             (s.cp > 1 and not sp.context_parallel, f"context parallelism (cp={s.cp})"),
@@ -514,7 +515,7 @@ class RuntimeProfile(BaseModel):
         ]
         out += [what for bad, what in checks if bad]
         if model_has_experts and sp.moe:
-            out += self._moe_refusals(s, shared_experts)
+            out += self._moe_refusals(s)
         if sp.recompute_layers != "per_stage" and not recompute_counts_allowed(s, split_blocks, sp.recompute_layers):
             what = "every block or none" if sp.recompute_layers == "all" else "one count for every stage"
             out.append(f"recompute_layers={'/'.join(map(str, s.recompute_layers or ()))} ({what})")
@@ -537,15 +538,23 @@ class RuntimeProfile(BaseModel):
                 out.append(f"split={'/'.join(map(str, split_blocks))} with vpp={s.vpp} (chunks must be even)")
         return list(dict.fromkeys(out))
 
-    def _moe_refusals(self, s: Strategy, shared_experts: bool) -> list[str]:
+    def model_refusal(self, num_experts: int, shared_experts: bool = False) -> str | None:
+        """What this framework cannot run of a model whatever the strategy (None when it can run it): a
+        mixture-of-experts model at all, or one with shared experts (DeepSpeed's MoE layer has none)."""
+        if num_experts and not self.space.moe:
+            return "mixture-of-experts models"
+        if num_experts and shared_experts and not self.space.shared_experts:
+            return "mixture-of-experts models with shared experts"
+        return None
+
+    def _moe_refusals(self, s: Strategy) -> list[str]:
         """What of a mixture-of-experts model's strategy this framework refuses (DeepSpeed's own MoE layer: no
-        ZeRO-3, no pipeline, no shared experts)."""
+        ZeRO-3, no pipeline)."""
         sp = self.space
         stages = sp.moe_zero_stages
         return [what for bad, what in (
             (stages is not None and s.zero not in stages, f"zero={s.zero} with mixture-of-experts layers"),
             (s.pp > 1 and not sp.moe_pipelined, "pipeline parallelism with mixture-of-experts layers"),
-            (shared_experts and not sp.shared_experts, "shared experts"),
         ) if bad]
 
 

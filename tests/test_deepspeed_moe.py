@@ -69,7 +69,7 @@ def test_padded_buffer_replaces_the_busiest_rank():
     ("mixtral-8x7b", "ep=8,zero=3", "zero=3 with mixture-of-experts layers"),
     ("mixtral-8x7b", "ep=8,pp=2,zero=1", "pipeline parallelism with mixture-of-experts layers"),
     ("mixtral-8x7b", "ep=8,zero=1,ep_overlap=on", "ep_overlap"),
-    ("deepseek-v3", "ep=8,zero=1", "shared experts"),
+    ("deepseek-v3", "ep=8,zero=1", "mixture-of-experts models with shared experts"),
 ])
 def test_what_deepspeeds_moe_refuses(model, spec, refusal):
     job = _job(model)
@@ -122,3 +122,16 @@ def test_padded_slots_add_expert_activations():
     assert padded_expert_bytes(layer, short, parse_strategy("mbs=1")) == pytest.approx(4 * 2 * 3 * 128 * 2)
     dropless = short.on(DEEPSPEED.model_copy(update={"expert_capacity": None}))
     assert padded_expert_bytes(layer, dropless, parse_strategy("mbs=1")) == 0.0
+
+
+def test_a_model_deepspeed_cannot_run_is_searched_elsewhere():
+    """--target deepspeed: Mixtral is searched under the deepspeed runtime; DeepSeek-V3 (a shared expert) under
+    Megatron's, with a note, as a runtime without MoE sends any MoE model there."""
+    from planner.emit import primary_runtime
+
+    assert primary_runtime(("deepspeed",), True) == ("deepspeed", None)
+    name, note = primary_runtime(("deepspeed",), True, shared_experts=True)
+    assert name == "megatron"
+    assert note == "searched under the megatron runtime: deepspeed cannot run mixture-of-experts models with shared experts"
+    assert primary_runtime(("torchtitan",), True) == (
+        "megatron", "searched under the megatron runtime: torchtitan cannot run mixture-of-experts models")

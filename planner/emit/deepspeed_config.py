@@ -290,7 +290,7 @@ def pipeline_json(d: Decisions) -> dict:
             f"one activation-checkpoint count to every stage, the largest ({max(per_stage)}), so stages planned "
             "with fewer recompute more."
         )
-    return {
+    out = {
         "stages": d.pp,
         "parts": pipeline_parts(plan, job),
         "layers": layer_specs(job),
@@ -304,11 +304,14 @@ def pipeline_json(d: Decisions) -> dict:
         "data_parallel_size": d.dp,
         "context_parallel_size": d.cp,
         "expert_parallel_size": d.ep,
-        "moe": moe_section(job, s),
         "sequence_parallel": s.sequence_parallel,
         "world_size": d.tp * d.cp * d.dp * d.pp,
         "rank_order": plan.rank_layout.rank_formula,
     }
+    moe = moe_section(job, s)
+    if moe is not None:  # a dense model's pipeline.json has no `moe`
+        out["moe"] = moe
+    return out
 
 
 def to_json(data: dict) -> str:

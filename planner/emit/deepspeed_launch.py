@@ -176,7 +176,7 @@ def readme(d: Decisions, inputs: LaunchInputs) -> str:
                   "`parts[i]` to `parts[i+1] - 1`, the plan's split, which DeepSpeed's own `partition_method` "
                   f"cannot express. {d.pp} stages, activation_checkpoint_interval "
                   f"{1 if plan.single_strategy.recompute == 'full' else 0}.", ""]
-    lines += moe_readme(pipeline_json(d)["moe"])
+    lines += moe_readme(pipeline_json(d).get("moe"))
     if nvme:
         lines += ["## NVMe", "",
                   f"`nvme_path` is `{NVME_PATH}`: edit it in ds_config.json to a fast local NVMe mount on every node.",

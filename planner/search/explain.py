@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hardware import Catalog, Cluster, load_catalog
 from planner.cost import Estimate, evaluate
+from planner.cost.evaluate import has_shared_experts
 from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.search.space import powers_of_two
@@ -86,6 +87,10 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
         stages = space.zero_stages_pipelined if pp > 1 else space.zero_stages
         if not stages:
             continue  # the runtime runs no ZeRO stage at this pipeline depth (pytorch-ddp's pipelines)
+        if experts and space.moe_zero_stages is not None:  # DeepSpeed's MoE layer: no ZeRO-3
+            stages = tuple(z for z in stages if z in space.moe_zero_stages)
+        if not stages:
+            continue
         zero = max(stages)
         ep = max((e for e in range(1, experts + 1) if experts % e == 0 and (dp * cp) % e == 0), default=1)
         for offload, device in _OFFLOADS:
@@ -93,7 +98,8 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
                 continue
             strategy = Strategy(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, mbs=1, zero=zero, recompute="full",
                                 offload=offload, offload_device=device)
-            if not job.runtime.cannot_express(strategy, bool(experts), job.flash):
+            if not job.runtime.cannot_express(strategy, bool(experts), job.flash,
+                                                 shared_experts=has_shared_experts(job)):
                 out.append(strategy)
     return out
 
