@@ -132,6 +132,7 @@ def test_a_model_deepspeed_cannot_run_is_searched_elsewhere():
     assert primary_runtime(("deepspeed",), True) == ("deepspeed", None)
     name, note = primary_runtime(("deepspeed",), True, shared_experts=True)
     assert name == "megatron"
-    assert note == "searched under the megatron runtime: deepspeed cannot run mixture-of-experts models with shared experts"
+    assert note == ("searched under the megatron runtime: deepspeed cannot run mixture-of-experts models with "
+                    "shared experts")
     assert primary_runtime(("torchtitan",), True) == (
         "megatron", "searched under the megatron runtime: torchtitan cannot run mixture-of-experts models")
