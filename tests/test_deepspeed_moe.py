@@ -136,3 +136,21 @@ def test_a_model_deepspeed_cannot_run_is_searched_elsewhere():
                     "shared experts")
     assert primary_runtime(("torchtitan",), True) == (
         "megatron", "searched under the megatron runtime: torchtitan cannot run mixture-of-experts models")
+
+
+def test_search_space_under_deepspeed_for_an_moe_job():
+    """narrow_to_runtime: ZeRO 0-2, no pipelined stage at all (so no pp > 1), no expert folding or all-to-all
+    overlap; a dense job keeps DeepSpeed's ZeRO-3 and its pipelines."""
+    from planner.search.space import SpaceOptions, global_configs, limits_note, narrow_to_runtime
+
+    moe = _job("tiny-mixtral").model_copy(update={"cluster": load_cluster("cpu:1"), "global_batch": 8,
+                                                  "seq_len": 64})
+    space = narrow_to_runtime(SpaceOptions(), DEEPSPEED, moe)
+    assert space.zero_stages == (0, 1, 2) and space.zero_stages_pipelined == ()
+    assert not space.ep_overlap and not space.expert_folding and space.max_tp == 1
+    assert "no pipeline parallelism" in limits_note(space)
+    configs = list(global_configs(moe, space))
+    assert configs and {s.pp for s in configs} == {1} and max(s.zero for s in configs) == 2
+    assert {s.ep for s in configs} == {1, 2, 4}  # the 4 experts over the 8 ranks' divisors
+    dense = moe.model_copy(update={"model": load_model("tiny-llama")})
+    assert 3 in narrow_to_runtime(SpaceOptions(), DEEPSPEED, dense).zero_stages
