@@ -85,12 +85,10 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
     for tp, pp, cp in _shapes(job):
         dp = gpus // (tp * pp * cp)
         stages = space.zero_stages_pipelined if pp > 1 else space.zero_stages
-        if not stages:
-            continue  # the runtime runs no ZeRO stage at this pipeline depth (pytorch-ddp's pipelines)
         if experts and space.moe_zero_stages is not None:  # DeepSpeed's MoE layer: no ZeRO-3
             stages = tuple(z for z in stages if z in space.moe_zero_stages)
         if not stages:
-            continue
+            continue  # the runtime runs no ZeRO stage at this pipeline depth (pytorch-ddp's pipelines)
         zero = max(stages)
         ep = max((e for e in range(1, experts + 1) if experts % e == 0 and (dp * cp) % e == 0), default=1)
         for offload, device in _OFFLOADS:
