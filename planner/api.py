@@ -27,6 +27,7 @@ from models import ModelGraph, load_model
 from planner.compare.plugins import UserStrategy, load_strategies
 from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
+from planner.cost.evaluate import has_shared_experts
 from planner.compare.data_candidates import data_plan_over_degrees
 from planner.data.plan import plan_data
 from planner.data.profile import DataProfile
@@ -93,7 +94,7 @@ def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq
 def default_runtime(job: Job, targets: tuple[str, ...] = ()) -> tuple[str, str | None]:
     """(the runtime a job is costed under when none is named, a note saying why when it is not DEFAULT_RUNTIME):
     the first named target's, else planner's own, else megatron's for a mixture-of-experts model."""
-    return primary_runtime(targets, bool(job.model.num_experts))
+    return primary_runtime(targets, bool(job.model.num_experts), has_shared_experts(job))
 
 
 def estimate(job: Job, strategy: str | Strategy = "", *, runtime: str | None = None) -> Estimate:
@@ -352,7 +353,7 @@ def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], ob
         space = space.model_copy(update={"replica_groups": False})
         for target in targets:
             profile = load_runtime(TARGET_RUNTIMES[target])
-            if profile.space.moe or not job.model.num_experts:
+            if profile.model_refusal(job.model.num_experts, has_shared_experts(job)) is None:
                 space = narrow_to_runtime(space, profile, job)
                 narrowed.append(profile.name)
     others = tuple(name for name in dict.fromkeys(narrowed) if name != job.runtime.name)

@@ -17,6 +17,7 @@ how each field enters the cost model.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from importlib import resources
 from typing import Literal
@@ -371,6 +372,15 @@ class Space(BaseModel):
         False, description="recompute_every=k: full recompute of every k-th block (torchtitan's layer SAC, an "
         "FSDP check_fn).")
     tp_overlap: bool = Field(description="Overlap of TP collectives with GEMMs.")
+    moe_zero_stages: tuple[int, ...] | None = Field(
+        None, description="ZeRO stages it runs for a mixture-of-experts model (null: zero_stages): DeepSpeed's "
+        "own MoE layer is refused under ZeRO-3.")
+    moe_pipelined: bool = Field(True, description="Mixture-of-experts models with pp > 1.")
+    shared_experts: bool = Field(True, description="Mixture-of-experts models with always-active shared experts.")
+    expert_tensor_parallel: bool = Field(
+        True, description="etp apart from tp (experts split over other ranks than the dense layers).")
+    ep_overlap: bool = Field(True, description="ep_overlap (the expert all-to-alls hidden behind another "
+                             "micro-batch's compute).")
     source: str = Field(description="Where the framework's arguments and checks are.")
 
     def default_split(self, blocks: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:
@@ -409,6 +419,28 @@ class Pipelining(BaseModel):
     source: str = Field("", description="Where this was read.")
 
 
+class ExpertCapacity(BaseModel):
+    """A runtime whose MoE layer pads every expert's tokens to a fixed capacity and drops the overflow (GShard's
+    dispatch, DeepSpeed-MoE): each of a rank's `tokens` routes to top_k experts; every expert takes
+    C = max(ceil(tokens * top_k * capacity_factor / experts), min_capacity) of them from each rank, padded when
+    fewer come; the all-to-alls move the padded (experts, C, hidden) buffer and the experts compute on all of it.
+    So every rank's expert work and traffic is C * experts / (tokens * top_k) times the mean, whatever the
+    routing: the busiest rank's load (`Job.moe_imbalance`) does not apply, and the tokens past C are dropped."""
+
+    model_config = _FIELD
+    capacity_factor: float = Field(gt=0, description="Capacity per expert over the mean routed tokens.")
+    min_capacity: int = Field(ge=0, description="Least capacity per expert, however few the tokens.")
+    aux_loss_coeff: float = Field(ge=0, description="Weight of the load-balancing loss the trainer adds (not "
+                                  "priced: it changes routing, not the padded work).")
+    source: str = Field(description="Where the dispatch and the defaults are.")
+
+    def load_ratio(self, tokens: float, top_k: int, experts: int) -> float:
+        """Expert tokens a rank computes and sends over the mean routed ones (tokens * top_k), for `tokens` per
+        rank and micro-batch."""
+        capacity = max(math.ceil(tokens * top_k * self.capacity_factor / experts - 1e-9), self.min_capacity)
+        return capacity * experts / (tokens * top_k)
+
+
 class KnownGap(BaseModel):
     """A measured error of the cost model under a runtime that it does not model yet."""
 
@@ -437,6 +469,9 @@ class RuntimeProfile(BaseModel):
         None, description="What its recompute=selective keeps and redoes; null: Megatron's selective recompute "
         "(the attention core, the model graph's saves without score tensors).")
     space: Space = Field(description="What it can express.")
+    expert_capacity: ExpertCapacity | None = Field(
+        None, description="How its MoE layer pads and drops tokens; null: dropless (every routed token is computed, "
+        "the busiest rank waiting on the others: Megatron-Core's default, torch's grouped GEMMs).")
     known_gaps: tuple[KnownGap, ...] = Field(
         (), description="What a measurement showed the cost model gets wrong for this runtime and does not model "
         "yet, with the measurement; every estimate under it names them (planner.cost.confidence).")
@@ -447,21 +482,24 @@ class RuntimeProfile(BaseModel):
 
     def cannot_express(self, strategy: Strategy, model_has_experts: bool = False,
                        flash_attention: bool = True, split_blocks: tuple[int, ...] | None = None,
-                       micro_batches: int | None = None) -> list[str]:
+                       micro_batches: int | None = None, shared_experts: bool = False) -> list[str]:
         """Why this framework cannot run `strategy` (empty when it can).  `split_blocks`: the blocks per
-        stage the strategy puts on each stage (its split, resolved); `micro_batches`: per replica, when known."""
+        stage the strategy puts on each stage (its split, resolved); `micro_batches`: per replica, when known;
+        `shared_experts`: the model's MoE layers have always-active experts."""
         s, sp = strategy, self.space
         out: list[str] = []
-        if model_has_experts and not sp.moe:
-            out.append("mixture-of-experts models")
+        refusal = self.model_refusal(int(model_has_experts), shared_experts)
+        if refusal is not None:
+            out.append(refusal)
         checks = [
             (s.tp > 1 and not sp.tensor_parallel, f"tensor parallelism (tp={s.tp})"),
             (s.cp > 1 and not sp.context_parallel, f"context parallelism (cp={s.cp})"),
             (s.cp > 1 and sp.context_parallel and sp.context_parallel_needs_flash and not flash_attention,
              "context parallelism without fused attention"),
             (s.ep > 1 and not sp.expert_parallel, f"expert parallelism (ep={s.ep})"),
-            (s.expert_tp != s.tp and not sp.expert_parallel, f"expert tensor parallelism (etp={s.etp}) apart from tp"),
-            (s.ep_overlap and s.ep > 1 and not sp.expert_parallel, "ep_overlap"),
+            (s.expert_tp != s.tp and not (sp.expert_parallel and sp.expert_tensor_parallel),
+             f"expert tensor parallelism (etp={s.etp}) apart from tp"),
+            (s.ep_overlap and s.ep > 1 and not (sp.expert_parallel and sp.ep_overlap), "ep_overlap"),
             (s.pp == 1 and s.zero not in sp.zero_stages, f"zero={s.zero}"),
             (s.pp > 1 and s.zero not in sp.zero_stages_pipelined, f"zero={s.zero} with pipeline parallelism"),
             (s.zero > 0 and s.shard not in sp.shard_scopes, f"shard={s.shard}"),
@@ -476,6 +514,8 @@ class RuntimeProfile(BaseModel):
              and micro_batches < s.pp, f"1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),
         ]
         out += [what for bad, what in checks if bad]
+        if model_has_experts and sp.moe:
+            out += self._moe_refusals(s)
         if sp.recompute_layers != "per_stage" and not recompute_counts_allowed(s, split_blocks, sp.recompute_layers):
             what = "every block or none" if sp.recompute_layers == "all" else "one count for every stage"
             out.append(f"recompute_layers={'/'.join(map(str, s.recompute_layers or ()))} ({what})")
@@ -497,6 +537,25 @@ class RuntimeProfile(BaseModel):
                 # Megatron lays out uneven chunks (planner.chunks); the looped schedules of torch need even ones
                 out.append(f"split={'/'.join(map(str, split_blocks))} with vpp={s.vpp} (chunks must be even)")
         return list(dict.fromkeys(out))
+
+    def model_refusal(self, num_experts: int, shared_experts: bool = False) -> str | None:
+        """What this framework cannot run of a model whatever the strategy (None when it can run it): a
+        mixture-of-experts model at all, or one with shared experts (DeepSpeed's MoE layer has none)."""
+        if num_experts and not self.space.moe:
+            return "mixture-of-experts models"
+        if num_experts and shared_experts and not self.space.shared_experts:
+            return "mixture-of-experts models with shared experts"
+        return None
+
+    def _moe_refusals(self, s: Strategy) -> list[str]:
+        """What of a mixture-of-experts model's strategy this framework refuses (DeepSpeed's own MoE layer: no
+        ZeRO-3, no pipeline)."""
+        sp = self.space
+        stages = sp.moe_zero_stages
+        return [what for bad, what in (
+            (stages is not None and s.zero not in stages, f"zero={s.zero} with mixture-of-experts layers"),
+            (s.pp > 1 and not sp.moe_pipelined, "pipeline parallelism with mixture-of-experts layers"),
+        ) if bad]
 
 
 def recompute_counts_allowed(strategy: Strategy, split_blocks: tuple[int, ...] | None,

@@ -140,3 +140,16 @@ def test_ep_overlap_and_zero_over_one_rank_are_in_the_space():
     assert_certificate_holds(moe)
     lone = _job("planner", cluster=_cluster("cpu", 4, 1), global_batch=2, seq_len=16384, memory_margin=0.1)
     assert_certificate_holds(lone)
+
+
+@pytest.mark.parametrize("shape, margin", [((2, 2), 0.0), ((4, 1), 0.1)])
+def test_deepspeed_moe_certificate_holds(shape, margin):
+    """DeepSpeed's MoE layer (issue 27): the oracle enumerates every ep, ZeRO stage and pipeline the job allows and
+    keeps what the deepspeed profile runs (ZeRO 0-2, no pipeline, no all-to-all overlap); the certified plan is
+    one of those and nothing among them is faster."""
+    gpus_per_node, nodes = shape
+    job = _job("deepspeed", cluster=_cluster("pcie-t4", gpus_per_node, nodes), global_batch=8, seq_len=8192,
+               layers=2, hidden=2048, moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=2048), memory_margin=margin)
+    assert_certificate_holds(job)
+    plan = _compile(job).strategy
+    assert plan.pp == 1 and plan.zero <= 2 and not plan.ep_overlap

@@ -136,13 +136,18 @@ def test_megatron_keeps_fp32_gradients_whole_so_a_job_the_reference_model_fits_d
 
 
 def test_a_framework_that_cannot_run_the_model_is_not_applicable():
-    # DeepSpeed's and torchtitan's profiles run dense models only: their baselines are not costed on Mixtral
+    # torchtitan's profile runs dense models only: its baselines are not costed on Mixtral
     job = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=4096)
-    rows = compare(job, ("zero1", "zero3", "ddp", "hsdp"), time_limit=5)
+    rows = compare(job, ("ddp", "hsdp"), time_limit=5)
     for row in rows:
         assert not row.applicable and not row.fits and row.step_time_s is None and row.spec == "-"
         assert row.runtime == FRAMEWORK_RUNTIMES[row.strategy]
         assert row.why == f"{row.runtime} cannot run mixture-of-experts models"
+    # DeepSpeed runs Mixtral through its own MoE layer, but not under ZeRO-3 (runtime/engine.py refuses it)
+    zero1, zero3 = compare(job, ("zero1", "zero3"), time_limit=5)
+    assert zero1.applicable and zero1.runtime == "deepspeed" and parse_strategy(zero1.spec).ep > 1
+    assert not zero3.applicable and zero3.step_time_s is None
+    assert zero3.why == "deepspeed cannot run zero=3 with mixture-of-experts layers"
     # the planner row under a runtime without experts says so too, rather than failing to compile
     [planner] = compare(job.on(load_runtime("planner")), ("planner",), time_limit=5)
     assert not planner.applicable and planner.runtime == "planner" and "mixture-of-experts" in planner.why

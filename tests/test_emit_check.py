@@ -145,7 +145,10 @@ def test_moe_model_default_targets_write_no_torch_folder_and_say_why(tmp_path):
     result = _cli("mixtral-8x7b", "dgx-h100:2", "-b", "64", "-s", "4096", "--work-limit", "20", "-o", str(out))
     assert result.exit_code == 0, result.output
     assert "note: no torch/ files: the planner runtime cannot run mixture-of-experts models" in result.output
-    assert "note: no deepspeed/ files: the deepspeed runtime cannot run mixture-of-experts models" in result.output
+    # DeepSpeed runs MoE (its own layer, issue 27): what it refuses is the Megatron plan's layout, named
+    note = next(line for line in result.output.splitlines() if line.startswith("note: no deepspeed/ files:"))
+    assert note.startswith("note: no deepspeed/ files: the deepspeed runtime cannot run ")
+    assert "mixture-of-experts models" not in note
     assert not (out / "torch").exists() and not (out / "deepspeed").exists() and (out / "plan.json").exists()
     section = _targets_section((out / "report.md").read_text())
     assert "- torch (planner runtime): the planner runtime cannot run mixture-of-experts models" in section

@@ -103,6 +103,9 @@ CASES = {
                                  "tp=1,mbs=1,zero=3,recompute=full,offload=optimizer,offload_ratio=0.5"),
                         3, "cpu", None),
     "zero0-offload-to-1": (direct, ("tiny-llama", "cpu:1", 8, 128, "mbs=1,zero=0,offload=optimizer"), 1, "cpu", None),
+    # DeepSpeed's MoE layer: expert parallelism over 8 of 32 ranks; ZeRO-3 refused with MoE, stage 2 written
+    "moe-ep8": (direct, ("mixtral-8x7b", "dgx-h100:4", 256, 4096, "ep=8,mbs=1,zero=2,recompute=full"), 2, None, None),
+    "moe-zero3-to-2": (direct, ("tiny-mixtral", "cpu:1", 8, 128, "ep=2,mbs=1,zero=3"), 2, None, None),
 }
 PRECISION = {"fp16-recompute-partial": "fp16", "fp8-hsdp": "fp8", "cpu-offload": "fp16",  # T4s have no bf16
              "partial-offload": "fp16"}
@@ -286,6 +289,8 @@ def test_pipeline_json(case):
             pipe["data_parallel_size"], pipe["context_parallel_size"]) == (s.tp, s.pp, s.dp, s.cp)
     assert pipe["world_size"] == plan.job.num_gpus
     assert pipe["activation_checkpoint_interval"] == (1 if s.recompute == "full" else 0)
+    assert pipe["expert_parallel_size"] == s.ep
+    assert ("moe" in pipe) == bool(job.model.num_experts)
 
 
 def test_emit_is_deterministic(case):
@@ -354,7 +359,7 @@ def test_launch_sh_passes_shellcheck(case, tmp_path):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_launch_sh_runs_the_trainer_through_deepspeeds_launcher(case, tmp_path):
-    _, _, plan, files, _ = case
+    _, job, plan, files, _ = case
     plan_dir = _write_folder(tmp_path, files)
     result = _launch(tmp_path, plan_dir, {}, "--extra", "1")
     assert result.returncode == 0, result.stderr
@@ -368,7 +373,8 @@ def test_launch_sh_runs_the_trainer_through_deepspeeds_launcher(case, tmp_path):
     else:
         assert launcher[:4] == ["--hostfile", str(folder / "hostfile"), "--num_nodes", str(len(slots))]
     assert launcher[-3:] == ["--master_port", "29500", "--no_local_rank"]
-    pipeline = ["--pipeline", str(folder / "pipeline.json")] if plan.strategy.pp > 1 else []
+    # the pipeline partition, or a mixture-of-experts model's `moe` section, travels in pipeline.json
+    pipeline = ["--pipeline", str(folder / "pipeline.json")] if plan.strategy.pp > 1 or job.model.num_experts else []
     assert trainer == ["--ds-config", str(folder / "ds_config.json"), *pipeline,
                        "--plan", str(folder / ".." / "plan.json"), "--data", "data/c4",
                        "--tokenizer", "meta-llama/Meta-Llama-3-8B", "--checkpoint-dir", str(plan_dir / "ckpt"),

@@ -145,4 +145,14 @@ ENTRIES: list[ZooEntry] = [
         published_params=180_800,
         source="exact count of the planner's CPU test model (Llama layout)",
     ),
+    ZooEntry(
+        "tiny-mixtral",
+        llama(name="tiny-mixtral", num_layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256,
+              max_positions=256, moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=128),
+              source="planner test model: tiny-llama's attention with Mixtral's routed SwiGLU experts, for CPU runs"),
+        # 2 x (attention 12,352 + moe: 4 experts x 3 x 64 x 128 = 98,304, router 64 x 4 = 256, norm 64)
+        # + embedding 16,384 + norm 64 + head 16,384
+        published_params=254_784, published_active_params=2 * (12_352 + 2 * 24_576 + 256 + 64) + 32_832,
+        source="exact count of the planner's CPU mixture-of-experts test model (Mixtral layout)",
+    ),
 ]

@@ -54,7 +54,7 @@ from hardware.topology import Pool
 from models.graph import Layer, ModelGraph
 from planner.cost import evaluate
 from planner.cost.estimate import Estimate
-from planner.cost.evaluate import micro_batches
+from planner.cost.evaluate import has_shared_experts, micro_batches
 from planner.cost.layout import place_stages, stage_groups
 from planner.cost.stage import compose_stage, sum_layers
 from planner.cost.sums import StageSums
@@ -152,7 +152,8 @@ def _depths(job: Job, runtime: RuntimeProfile, tp: int, gpus: int,
                                     ep=_expert_parallel(job, dp), recompute=recompute, sp=tp > 1,
                                     split=None if even else split, stage_pools=pools)
                 # only what the runtime can launch (e.g. no selective recompute where it has none)
-                if runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, split):
+                if runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, split,
+                                          shared_experts=has_shared_experts(job)):
                     continue
                 try:
                     estimate = evaluate(job, strategy)
@@ -393,7 +394,8 @@ def metis_greedy(job: Job, time_limit: float) -> Strategy | None:
             if fitted is None:
                 continue
             strategy, estimate = fitted
-            if runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, strategy.split):
+            if runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, strategy.split,
+                                      shared_experts=has_shared_experts(job)):
                 continue  # e.g. an uneven split where the runtime takes only even ones
             if best is None or (estimate.step_time_s, strategy.spec()) < best[:2]:
                 best = (estimate.step_time_s, strategy.spec(), strategy)

@@ -65,6 +65,7 @@ from planner.compare.plugins import UserStrategy, plugin_job, timed_strategy
 from planner.compare.recipes import RECIPE_BASELINES, recipe_runtime, recipe_strategy
 from planner.cost import evaluate
 from planner.cost.estimate import Breakdown, Estimate
+from planner.cost.evaluate import has_shared_experts
 from planner.compare.torchrec_baseline import plan_with_torchrec, score_with_torchrec, why_not
 from planner.embedding.compile import GREEDY_NAME, compile_embedding, placements_of
 from planner.embedding.evaluate import EmbeddingCostModel, TablePlacement
@@ -180,7 +181,8 @@ def _failed(name: str, runtime: str, why: str, planning_s: float, applicable: bo
 
 def _not_applicable(name: str, job: Job, probe: Strategy) -> CompareRow | None:
     """The not-applicable row when `job.runtime` cannot express `probe` (what the baseline fixes) for this model."""
-    missing = job.runtime.cannot_express(probe, bool(job.model.num_experts), job.flash)
+    missing = job.runtime.cannot_express(probe, bool(job.model.num_experts), job.flash,
+                                         shared_experts=has_shared_experts(job))
     if not missing:
         return None
     return _failed(name, job.runtime.name, f"{job.runtime.name} cannot run {'; '.join(missing)}", 0.0,
@@ -326,7 +328,8 @@ def _published(name: str, job: Job) -> CompareRow:
     if strategy is None:
         return _failed(name, on.runtime.name, why, time.perf_counter() - start, applicable=False).model_copy(
             update={"source": source})
-    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash)
+    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash,
+                                        shared_experts=has_shared_experts(on))
     if missing:
         return _failed(name, on.runtime.name, f"{on.runtime.name} cannot run {'; '.join(missing)}",
                        time.perf_counter() - start, applicable=False).model_copy(update={"source": source})
@@ -347,7 +350,8 @@ def _plugin(plugin: UserStrategy, job: Job) -> CompareRow:
     strategy, why, elapsed = timed_strategy(plugin, on)
     if strategy is None:
         return _failed(plugin.name, on.runtime.name, why, elapsed, applicable=False)
-    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash)
+    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash,
+                                        shared_experts=has_shared_experts(on))
     if missing:
         return _failed(plugin.name, on.runtime.name, f"{on.runtime.name} cannot run {'; '.join(missing)}", elapsed,
                        applicable=False)

@@ -32,7 +32,7 @@ from hardware import Catalog
 from hardware import collectives as coll
 from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, RecomputeMode
-from planner.cost.compute import LayerTime
+from planner.cost.compute import LayerTime, expert_load_ratio
 from planner.cost.layout import StageGroups, is_block_layer
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.sums import StageSums
@@ -111,7 +111,8 @@ def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups
     """Exposed expert-parallel seconds of one MoE layer per micro-batch: dispatch and combine forward, their
     gradients backward, the forward pair again under full recompute.  Each rank sends its top_k copies of
     its tokens (its sequence shard under sequence parallelism); the busiest rank receives `moe_imbalance`
-    times the mean and every rank waits for it.  With ep_overlap (Megatron's 1F1B all-to-all overlap) they
+    times the mean and every rank waits for it (a capacity-padded runtime, DeepSpeed-MoE, sends its padded
+    buffer instead: `expert_load_ratio`).  With ep_overlap (Megatron's 1F1B all-to-all overlap) they
     hide behind the layer's compute of the micro-batch scheduled beside it, as far as it lasts."""
     s = strategy
     tokens = s.mbs * job.seq_len / s.cp
@@ -119,7 +120,7 @@ def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups
     if s.sequence_parallel:
         routed /= s.tp  # each TP rank dispatches its own sequence shard
     count = 4 + (2 if recompute == "full" else 0)
-    seconds = count * coll.all_to_all(routed, groups.ep, catalog) * job.moe_imbalance(catalog, s.ep)
+    seconds = count * coll.all_to_all(routed, groups.ep, catalog) * expert_load_ratio(layer, job, s, catalog)
     if s.ep_overlap:
         window = time.forward + time.backward + time.recompute
         seconds = max(0.0, seconds - catalog.constant("comm_overlap_efficiency") * window)

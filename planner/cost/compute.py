@@ -164,6 +164,20 @@ def expert_flops_per_token(layer: Layer) -> float:
     return (layer.flops_per_token - router) / (moe.top_k + moe.shared_experts)
 
 
+def expert_load_ratio(layer: Layer, job: Job, strategy: Strategy, catalog: Catalog) -> float:
+    """Expert tokens the busiest rank computes and receives over the mean routed ones, per MoE layer.
+
+    Dropless runtimes (Megatron-Core, torch's grouped GEMMs) compute every routed token, so the busiest of
+    the ep ranks sets the pace (`Job.moe_imbalance`).  A runtime that pads each expert to a capacity and
+    drops the overflow (DeepSpeed-MoE: `RuntimeProfile.expert_capacity`) computes and moves the padded
+    buffer on every rank, whatever the routing: capacity x experts over the rank's routed tokens."""
+    capacity = job.runtime.expert_capacity
+    if capacity is None:
+        return job.moe_imbalance(catalog, strategy.ep)
+    moe = layer.moe_shape
+    return capacity.load_ratio(_tokens(job, strategy), moe.top_k, moe.num_experts)
+
+
 def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog) -> float:
     """Forward GEMM seconds of a MoE layer on the busiest rank for one micro-batch.
 
@@ -173,7 +187,7 @@ def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceS
     The router and the shared experts run over all the rank's tokens."""
     moe, tokens, tp = layer.moe_shape, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
     per_expert = expert_flops_per_token(layer)
-    routed_flops = tokens * moe.top_k * per_expert / tp * job.moe_imbalance(catalog, strategy.ep)
+    routed_flops = tokens * moe.top_k * per_expert / tp * expert_load_ratio(layer, job, strategy, catalog)
     expert_tokens = tokens * moe.top_k * strategy.expert_tp * strategy.ep / (moe.num_experts * tp)
     one_gemm = expert_tokens * per_expert / strategy.expert_tp / GEMMS_PER_LAYER
     seconds = routed_flops / gemm_rate(device, job, one_gemm, catalog)

@@ -40,7 +40,12 @@ def refusals(job: Job, strategy: Strategy) -> list[str]:
     blocks each stage holds and the micro-batches per replica."""
     blocks = tuple(len(b) for b in split_blocks(job.model.num_blocks, strategy.pp, strategy.split))
     return job.runtime.cannot_express(strategy, bool(job.model.num_experts), job.flash, blocks,
-                                      micro_batches(job, strategy))
+                                      micro_batches(job, strategy), shared_experts=has_shared_experts(job))
+
+
+def has_shared_experts(job: Job) -> bool:
+    """Whether the job's MoE layers have always-active shared experts (DeepSeek's)."""
+    return any(layer.moe is not None and layer.moe.shared_experts for layer in job.model.layers)
 
 
 def stage_cost(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Catalog) -> StageCost:

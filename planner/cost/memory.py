@@ -33,6 +33,7 @@ WEIGHT_BYTES = 2.0  # 16-bit weights and activations on the wire (bf16/fp16; fp8
 GRAD_BYTES = 2.0  # 16-bit gradients (embedding tables' dense gradients)
 # layers whose weights feed matmuls (what native AMP casts)
 MATMUL_KINDS = (LayerKind.ATTENTION, LayerKind.MLP, LayerKind.MOE, LayerKind.HEAD, LayerKind.DENSE)
+ROUTER_LOGIT_BYTES = 4.0  # the model graph's MoE layer saves fp32 router logits per expert (models/transformer.py _moe)
 GRAPH_LOGIT_BYTES = 4.0  # the model graph's head counts its logits as fp32 saved bytes (act_tp_split = 4 x vocab)
 
 
@@ -164,7 +165,7 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
         extra = logits_per_microbatch(layer, job, strategy) * loss_bytes(layer, job, strategy).saved
         layer = layer.model_copy(update={"act_tp_split": 0.0})
     if recompute != "full":  # a recomputed layer's forward saves nothing, its copies come back with the recompute
-        extra += autocast_copy_bytes(layer, job, strategy)
+        extra += autocast_copy_bytes(layer, job, strategy) + padded_expert_bytes(layer, job, strategy)
     selective = job.runtime.selective
     if recompute == "selective" and selective is not None and layer.kind in selective.saved:
         return sum(saved_tensor_bytes(t, layer, job, strategy, compute_bytes(job))
@@ -177,6 +178,22 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
         recompute=recompute, flash_attention=job.flash,
     ) / strategy.cp + extra
+
+
+def padded_expert_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
+    """What a capacity-padded MoE layer (DeepSpeed-MoE: `RuntimeProfile.expert_capacity`) saves beyond the model
+    graph's routed tokens: its experts keep their activations for every slot of the padded buffer, capacity x
+    experts rows where the graph counts tokens x top_k (the graph's MoE saves are the visited experts' MLP
+    activations plus the fp32 router logits)."""
+    capacity = job.runtime.expert_capacity
+    if capacity is None or layer.moe is None:
+        return 0.0
+    moe = layer.moe
+    tokens = strategy.mbs * job.seq_len / strategy.cp
+    ratio = capacity.load_ratio(tokens, moe.top_k, moe.num_experts)
+    experts = layer.act_tp_split - ROUTER_LOGIT_BYTES * moe.num_experts
+    routed = experts * moe.top_k / (moe.top_k + moe.shared_experts)
+    return tokens * (ratio - 1.0) * routed / (strategy.tp if layer.tp_splittable else 1)
 
 
 def compute_bytes(job: Job) -> float:

@@ -78,18 +78,21 @@ TARGETS = tuple(REGISTRY)
 DEFAULT_TARGETS = ("deepspeed", "torch")
 TARGET_RUNTIMES = {name: target.runtime for name, target in REGISTRY.items()}  # a view of REGISTRY
 
-def primary_runtime(targets: tuple[str, ...], model_has_experts: bool) -> tuple[str, str | None]:
+def primary_runtime(targets: tuple[str, ...], model_has_experts: bool,
+                    shared_experts: bool = False) -> tuple[str, str | None]:
     """The runtime a compile searches under when none is named, and a note when it is not the obvious one:
     the first named target's, else planner's own runtime; for a mixture-of-experts model that runtime
     cannot run, the first target runtime (or Megatron) that can."""
     from planner.profile import CLI_RUNTIME, load_runtime
 
     first = TARGET_RUNTIMES[targets[0]] if targets else CLI_RUNTIME
-    if not model_has_experts or load_runtime(first).space.moe:
+    experts = int(model_has_experts)
+    refusal = load_runtime(first).model_refusal(experts, shared_experts)
+    if refusal is None:
         return first, None
     for name in [TARGET_RUNTIMES[t] for t in targets] + ["megatron"]:
-        if load_runtime(name).space.moe:
-            return name, (f"searched under the {name} runtime: {first} cannot run mixture-of-experts models")
+        if load_runtime(name).model_refusal(experts, shared_experts) is None:
+            return name, (f"searched under the {name} runtime: {first} cannot run {refusal}")
     return first, None
 
 Emitter = Callable[..., dict[str, str]]  # (plan, job, inputs: planner.emit.inputs.LaunchInputs)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from hardware import Catalog
 from planner.cost import evaluate
+from planner.cost.evaluate import has_shared_experts
 from planner.cost.layout import split_blocks as layout_split
 from planner.emit.inputs import LaunchInputs
 from planner.emit import TARGET_RUNTIMES, RefusedPlan, UnsupportedPlan, emitter, strategy_writer
@@ -84,15 +85,16 @@ def check_target(plan: Plan, job: Job, target: str, *, catalog: Catalog | None =
     if plan.groups:  # every framework here runs one strategy over all its ranks
         return _unsupported(plan, target, runtime, [
             f"a replica-group plan (a strategy per pool) has no {target} form; plan.json lists each group's plan"])
-    if job.model.num_experts and not runtime.space.moe:  # the model before the strategy
-        return _unsupported(plan, target, runtime, [f"the {runtime.name} runtime cannot run mixture-of-experts "
-                                                    "models"])
+    refusal = runtime.model_refusal(job.model.num_experts, has_shared_experts(job))
+    if refusal is not None:  # the model before the strategy
+        return _unsupported(plan, target, runtime, [f"the {runtime.name} runtime cannot run {refusal}"])
     try:
         written = strategy_writer(target)(plan, job)
     except UnsupportedPlan as err:
         return _unsupported(plan, target, runtime, [str(err)])
     on_runtime = job.on(runtime)
     missing = runtime.cannot_express(written, model_has_experts=bool(job.model.num_experts),
+                                     shared_experts=has_shared_experts(job),
                                      flash_attention=on_runtime.flash, split_blocks=split_blocks(job, written),
                                      micro_batches=job.global_batch // (written.data_parallel * written.mbs))
     if missing:

@@ -5,9 +5,12 @@ torch runtime's model and data path under the DeepSpeed engine, pipeline plans t
 split at the plan's boundaries) with DeepSpeed's own launcher. Where DeepSpeed cannot express what the
 plan chose, the nearest supported setting is written, and the folder's README.md explains the substitution:
 ZeRO-2/3 under its PipelineEngine, NVMe optimizer offload below ZeRO-3, interleaved schedules, fp8, and
-uneven recompute counts. Plans with tensor, context or expert parallelism are refused, because the trainer
-has none. `written_strategy` reads ds_config.json and pipeline.json back as the strategy DeepSpeed runs
-(planner.emit.check costs it before anything is written).
+uneven recompute counts (and ZeRO-3 for a mixture-of-experts model, which DeepSpeed's MoE layer refuses).
+Plans with tensor or context parallelism are refused, because the trainer has none; a mixture-of-experts
+model runs DeepSpeed's own MoE layer with the plan's expert parallelism (pipeline.json `moe`,
+planner.emit.deepspeed_moe), without pipeline parallelism or shared experts. `written_strategy` reads
+ds_config.json and pipeline.json back as the strategy DeepSpeed runs (planner.emit.check costs it before
+anything is written).
 
 The modules: deepspeed_config (the settings, ds_config.json, pipeline.json), deepspeed_launch (hostfile,
 launch.sh, README.md). Output is deterministic: JSON with sorted keys and indent 2, a trailing newline,
@@ -39,8 +42,9 @@ def _offload_of(section: dict) -> tuple[Offload, OffloadDevice, float]:
 def written_strategy(plan: Plan, job: Job) -> Strategy:
     """The strategy ds_config.json and pipeline.json ask DeepSpeed to run, read off them: ZeRO stage and
     offload after the PipelineEngine's and ZeRO-Offload's substitutions, 1F1B with one chunk per stage, the
-    plan's split (custom parts), one activation-checkpoint count. Tensor, context and expert parallel sizes
-    are read back as the plan has them: the check then finds that the deepspeed runtime cannot run them."""
+    plan's split (custom parts), one activation-checkpoint count, expert parallelism without the plan's
+    expert tensor parallelism or all-to-all overlap (DeepSpeed's MoE has neither). Tensor and context parallel
+    sizes are read back as the plan has them: the check then finds that the deepspeed runtime cannot run them."""
     d = Decisions(plan, job)
     config, pipeline = ds_config(d), pipeline_json(d)
     section = config["zero_optimization"]
@@ -78,6 +82,6 @@ def emit(plan: Plan, job: Job, inputs: LaunchInputs = LaunchInputs()) -> dict[st
         "ds_config.json": to_json(config),
         "pipeline.json": to_json(pipeline),
         "hostfile": hostfile(plan),
-        "launch.sh": launch_sh(plan, inputs),
+        "launch.sh": launch_sh(plan, inputs, experts=bool(job.model.num_experts)),
         "README.md": readme(d, inputs),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from planner.emit import one_placement, optim
+from planner.emit.deepspeed_moe import moe_problem, moe_section
 from planner.emit.inputs import LaunchInputs
 from planner.job import Job
 from planner.plan.build import rank_location
@@ -38,6 +39,14 @@ class Decisions:
             raise ValueError(f"global batch {plan.job.global_batch} is not a multiple of dp({self.dp}) * "
                              f"mbs({self.mbs})")
         self.zero = self._zero_stage(s.zero)
+        if job.model.num_experts and self.zero == 3:
+            self.notes.append(
+                "ZeRO stage 3 -> 2: DeepSpeed refuses its MoE layer under ZeRO-3 (runtime/engine.py: 'Native "
+                "DeepSpeed MoE is not supported with ZeRO Stage 3'), so ds_config.json uses stage 2 (weights "
+                "replicated over the data-parallel group). Per-GPU memory is higher than the plan's estimate; "
+                "compile with `--target deepspeed` for a plan whose memory holds under DeepSpeed."
+            )
+            self.zero = 2
         self.offload_optimizer, self.offload_params = self._offload(s)
         if s.regather == "host":
             self.notes.append(
@@ -84,15 +93,17 @@ class Decisions:
 
     def unsupported(self) -> str | None:
         """Why planner.runtime.deepspeed_train cannot run the plan, or None. It builds the torch runtime's model
-        under the DeepSpeed engine: data parallelism and ZeRO, and a PipelineModule for pp, with no tensor,
-        context or expert parallelism (the deepspeed runtime profile's space says the same)."""
+        under the DeepSpeed engine: data parallelism and ZeRO, a PipelineModule for pp, DeepSpeed's MoE layer
+        with expert parallelism for a mixture-of-experts model, and no tensor or context parallelism (the
+        deepspeed runtime profile's space says the same)."""
         kinds = [f"{what} ({key}={value})" for what, key, value in (
-            ("tensor parallelism", "tp", self.tp), ("context parallelism", "cp", self.cp),
-            ("expert parallelism", "ep", self.ep)) if value > 1]
-        if not kinds:
-            return None
-        return (f"deepspeed: planner.runtime.deepspeed_train has no {' or '.join(kinds)}; compile with "
-                "`--target deepspeed` for a plan it can run")
+            ("tensor parallelism", "tp", self.tp), ("context parallelism", "cp", self.cp)) if value > 1]
+        if kinds:
+            return (f"deepspeed: planner.runtime.deepspeed_train has no {' or '.join(kinds)}; compile with "
+                    "`--target deepspeed` for a plan it can run")
+        if self.ep > 1 and not self.job.model.num_experts:
+            return f"deepspeed: ep={self.ep} on {self.job.model.name}, which has no experts"
+        return moe_problem(self.job, self.plan.single_strategy)
 
 
 # ---------------------------------------------------------------- ds_config.json
@@ -279,7 +290,7 @@ def pipeline_json(d: Decisions) -> dict:
             f"one activation-checkpoint count to every stage, the largest ({max(per_stage)}), so stages planned "
             "with fewer recompute more."
         )
-    return {
+    out = {
         "stages": d.pp,
         "parts": pipeline_parts(plan, job),
         "layers": layer_specs(job),
@@ -297,6 +308,10 @@ def pipeline_json(d: Decisions) -> dict:
         "world_size": d.tp * d.cp * d.dp * d.pp,
         "rank_order": plan.rank_layout.rank_formula,
     }
+    moe = moe_section(job, s)
+    if moe is not None:  # a dense model's pipeline.json has no `moe`
+        out["moe"] = moe
+    return out
 
 
 def to_json(data: dict) -> str:

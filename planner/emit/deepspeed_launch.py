@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from planner.emit import optim
-from planner.emit.deepspeed_config import NVME_PATH, Decisions
+from planner.emit.deepspeed_config import NVME_PATH, Decisions, pipeline_json
+from planner.emit.deepspeed_moe import moe_readme
 from planner.emit.inputs import TARGET_INPUTS, LaunchInputs, input_lines
 from planner.emit.quote import comment
 from planner.emit.shell import HERE, trainer_inputs
@@ -88,7 +89,13 @@ def _steps_config() -> list[str]:
     ]
 
 
-def launch_sh(plan: Plan, inputs: LaunchInputs) -> str:
+def needs_pipeline_json(plan: Plan, experts: bool) -> bool:
+    """Whether the trainer reads pipeline.json: a pipeline plan's partition, an MoE model's `moe` section."""
+    return plan.single_strategy.pp > 1 or experts
+
+
+def launch_sh(plan: Plan, inputs: LaunchInputs, experts: bool = False) -> str:
+    """`experts`: the model has mixture-of-experts layers (the trainer builds them from pipeline.json)."""
     lines = [
         "#!/usr/bin/env bash",
         "# " + comment(f"DeepSpeed launch for {plan.job.model} on {plan.job.cluster}: {plan.strategy_spec}"),
@@ -101,7 +108,7 @@ def launch_sh(plan: Plan, inputs: LaunchInputs) -> str:
     ]
     if len(node_slots(plan)) > 1:
         lines += _slurm_hosts()
-    pipeline = ' --pipeline "$here/pipeline.json"' if plan.single_strategy.pp > 1 else ""
+    pipeline = ' --pipeline "$here/pipeline.json"' if needs_pipeline_json(plan, experts) else ""
     lines += [
         "",
         f"exec deepspeed {_launcher_flags(plan)} --master_port {MASTER_PORT} --no_local_rank \\",
@@ -132,7 +139,7 @@ def readme(d: Decisions, inputs: LaunchInputs) -> str:
         "for the data-parallel size DeepSpeed sees without a Megatron-style mpu: every rank"
         + (" / pp, which the PipelineModule's own mpu reports." if d.pp > 1 else "."),
         "- `pipeline.json`: the pipeline partition and parallel sizes; the trainer builds its PipelineModule "
-        "from `parts`.",
+        "from `parts`" + (", and its MoE layers from `moe`." if d.job.model.num_experts else "."),
         "- `hostfile`: one line per node, `HOST slots=GPUS`, in rank order. The hostnames `node-<i>` are "
         "placeholders (i is the cluster's node index): replace them with real hostnames, or run launch.sh "
         "inside a Slurm allocation, which writes `hostfile.slurm` from `$SLURM_JOB_NODELIST`.",
@@ -147,7 +154,7 @@ def readme(d: Decisions, inputs: LaunchInputs) -> str:
         "```",
         "",
         f"which runs `deepspeed ... --module {TRAINER} --ds-config ds_config.json"
-        + (" --pipeline pipeline.json" if d.pp > 1 else "")
+        + (" --pipeline pipeline.json" if needs_pipeline_json(plan, bool(d.job.model.num_experts)) else "")
         + " --plan ../plan.json --data ... --tokenizer ... --checkpoint-dir ... --train-steps N "
         f"--save-every {inputs.save_every}`, with every path resolved from the script's own folder. Every rank "
         "starts in the directory you launch from, so relative paths are read from there.",
@@ -169,6 +176,7 @@ def readme(d: Decisions, inputs: LaunchInputs) -> str:
                   "`parts[i]` to `parts[i+1] - 1`, the plan's split, which DeepSpeed's own `partition_method` "
                   f"cannot express. {d.pp} stages, activation_checkpoint_interval "
                   f"{1 if plan.single_strategy.recompute == 'full' else 0}.", ""]
+    lines += moe_readme(pipeline_json(d).get("moe"))
     if nvme:
         lines += ["## NVMe", "",
                   f"`nvme_path` is `{NVME_PATH}`: edit it in ds_config.json to a fast local NVMe mount on every node.",

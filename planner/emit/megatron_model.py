@@ -109,6 +109,9 @@ FACTS: dict[str, ModelFacts] = {
         source=_hf("deepseek-ai/DeepSeek-V3", "rope_theta 10000; rms_norm_eps 1e-06") + "; arXiv 2412.19437 "
         "Sec. 4.2 (initialisation std 0.006)"),
     "tiny-llama": ModelFacts(source="planner's CPU test model (Megatron's defaults)"),
+    "tiny-mixtral": ModelFacts(router=RouterRecipe(aux_loss_coeff=0.01, source="planner's CPU test model: the "
+                                                   "deepspeed profile's aux_loss_coeff (DeepSpeed-MoE's examples)"),
+                               source="planner's CPU test model (Megatron's defaults)"),
     "bert-large": ModelFacts(norm_epsilon=1e-12, source=_hf("google-bert/bert-large-uncased", "layer_norm_eps 1e-12")),
 }
 DEFAULT_FACTS = ModelFacts(source="Megatron-LM's defaults: the model file does not record them")

@@ -24,6 +24,11 @@ sizes and gradient accumulation, bf16, ZeRO stage and offload, AdamW, gradient c
   data position as client state) every --save-every steps and at the end; a run resumes from the
   checkpoint DIR/latest names.
 
+* Mixture-of-experts models (pipeline.json's `moe`): each MoE block's feed-forward is DeepSpeed's own
+  `deepspeed.moe.layer.MoE` with the plan's ep_size (planner/runtime/deepspeed_moe.py), the loss adds the
+  layers' load-balancing losses; DeepSpeed builds the expert groups and reduces expert gradients over
+  the expert-data-parallel group.  Not with pipeline parallelism or ZeRO-3 (DeepSpeed refuses the latter).
+
 Tensor and context parallelism need model code DeepSpeed does not have (Megatron-DeepSpeed): plans with
 tp > 1 or cp > 1 are refused with a one-line error.  Rank 0 prints `step <i> loss <x> lr <lr>
 grad_norm <g>` and the save / resume lines.
@@ -43,6 +48,7 @@ from torch import nn
 
 from models.transformer import TransformerConfig
 from planner.plan.schema import Plan
+from planner.runtime import deepspeed_moe
 from planner.runtime.data import DataError, SampleReader
 from planner.runtime.materialize import init_weights
 from planner.runtime.model import TransformerBlock, Transformer, rope_tables
@@ -204,6 +210,12 @@ def read_json(path: Path, what: str) -> dict:
 
 def check_plan(plan: Plan, pipeline: dict | None, path: Path | None) -> None:
     s = plan.single_strategy
+    moe = pipeline.get("moe") if pipeline is not None else None
+    if s.ep > 1 and moe is None:
+        fail(f"{path or 'plan.json'}: moe: the plan has ep={s.ep}; pass --pipeline pipeline.json, whose `moe` "
+             "section builds DeepSpeed's MoE layers")
+    if moe is not None and s.pp > 1:
+        fail(f"{path}: moe: {PROG} runs DeepSpeed's MoE layer without pipeline parallelism (pp={s.pp})")
     for name, size in (("tensor_model_parallel_size", s.tp), ("context_parallel_size", s.cp)):
         if size > 1:
             fail(f"{path or 'plan.json'}: {name}: {size}: {PROG} runs the reference model without tensor or "
@@ -272,14 +284,16 @@ def micro_batches(tokens: torch.Tensor, labels: torch.Tensor, count: int) -> lis
     return list(zip(tokens.chunk(count), labels.chunk(count)))
 
 
-def run_step(engine, batches: list, pipelined: bool) -> float:
-    """One optimizer step over this rank's micro-batches; the loss averaged over every data-parallel rank."""
+def run_step(engine, batches: list, pipelined: bool, extra=lambda: 0.0) -> float:
+    """One optimizer step over this rank's micro-batches; the loss averaged over every data-parallel rank.
+    `extra()`: what the last forward adds to the loss it trains on (the MoE layers' load-balancing loss), not
+    reported."""
     if pipelined:
         return float(engine.train_batch(data_iter=iter(batches)).float().mean())
     total = torch.zeros((), device=engine.device)
     for tokens, labels in batches:
         loss = loss_fn(engine(tokens.to(engine.device)), labels.to(engine.device))
-        engine.backward(loss)
+        engine.backward(loss + extra())
         engine.step()
         total += loss.detach().float() / len(batches)
     dist.all_reduce(total)
@@ -294,6 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     pipeline = read_json(args.pipeline, "--pipeline") if args.pipeline is not None else None
     check_plan(plan, pipeline, args.pipeline)
     cfg = model_config(plan)
+    moe = pipeline.get("moe") if pipeline is not None else None
+    if cfg.moe is not None and moe is None:
+        fail(f"{args.plan}: model {plan.job.model} has experts: pass --pipeline pipeline.json (its `moe` section)")
     check_plan_stages(plan, args.plan, cfg.num_layers)
     shards = open_data(args, plan, cfg.vocab)
     if shards is None:
@@ -305,9 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     if pipeline is not None and pipelined:
         model = planned_pipeline(pipeline, cfg, seed=args.seed, path=args.pipeline, world=dist.get_world_size())
     elif config.get("zero_optimization", {}).get("stage", 0) == 3:
+        if moe is not None:
+            fail(f"{args.ds_config}: zero_optimization.stage: 3: DeepSpeed's MoE layer does not run under ZeRO-3")
         model = zero3_model(cfg, config, args.seed)
     else:
-        model = Transformer(cfg, seed=args.seed)
+        model = Transformer(cfg.model_copy(update={"moe": None}), seed=args.seed)  # the MoE blocks' FFN below
+    experts = deepspeed_moe.install(model, moe, seed=args.seed) if moe is not None else []
     scheduler = None if "scheduler" in config else (lambda optimizer: build_scheduler(optimizer, ocfg))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()
                                                                            if p.requires_grad],
@@ -333,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
             tokens, labels = reader.next_batch()
         except DataError as err:  # every rank checks the whole global batch: all stop alike
             fail(str(err))
-        loss = run_step(engine, micro_batches(tokens, labels, engine.gradient_accumulation_steps()), pipelined)
+        loss = run_step(engine, micro_batches(tokens, labels, engine.gradient_accumulation_steps()), pipelined,
+                        lambda: deepspeed_moe.aux_loss(experts, moe["aux_loss_coeff"]) if moe else 0.0)
         losses.append(loss)
         norm = engine.get_global_grad_norm()
         if rank == 0:
@@ -354,7 +375,8 @@ def rank_summary(engine, model: nn.Module, pipelined: bool) -> dict:
     # a pipelined model is DeepSpeed's PipelineModule: its layers are forward_funcs
     layers = ([getattr(f, "layer_name", type(f).__name__) for f in getattr(model, "forward_funcs")] if pipelined
               else ["all"])
-    return {"stage": engine.stage_id if pipelined else 0, "layers": layers, "local_params": local}
+    return {"stage": engine.stage_id if pipelined else 0, "layers": layers, "local_params": local,
+            **deepspeed_moe.rank_summary(model)}
 
 
 def write_report(args: argparse.Namespace, engine, model: nn.Module, pipelined: bool, *, losses: list[float],

@@ -52,6 +52,7 @@ from ortools.sat.python import cp_model
 
 from hardware import Catalog, load_catalog
 from planner.cost import evaluate
+from planner.cost.evaluate import has_shared_experts
 from planner.cost.layout import place_stages
 from planner.errors import InfeasibleError
 from planner.search.ilp.model import Program, Row, build_program
@@ -330,8 +331,9 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     options = options or CompileOptions()
     catalog = catalog or load_catalog()
     options = options.model_copy(update={"space": narrow_to_runtime(options.space, job.runtime, job)})
-    if job.model.num_experts and not job.runtime.space.moe:
-        raise InfeasibleError(f"the {job.runtime.name} runtime cannot run mixture-of-experts models "
+    refusal = job.runtime.model_refusal(job.model.num_experts, has_shared_experts(job))
+    if refusal is not None:
+        raise InfeasibleError(f"the {job.runtime.name} runtime cannot run {refusal} "
                               f"({job.model.name} has {job.model.num_experts} experts)")
     search = _Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress,
                      surcharge=surcharge)

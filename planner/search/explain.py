@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hardware import Catalog, Cluster, load_catalog
 from planner.cost import Estimate, evaluate
+from planner.cost.evaluate import has_shared_experts
 from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.search.space import powers_of_two
@@ -84,6 +85,8 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
     for tp, pp, cp in _shapes(job):
         dp = gpus // (tp * pp * cp)
         stages = space.zero_stages_pipelined if pp > 1 else space.zero_stages
+        if experts and space.moe_zero_stages is not None:  # DeepSpeed's MoE layer: no ZeRO-3
+            stages = tuple(z for z in stages if z in space.moe_zero_stages)
         if not stages:
             continue  # the runtime runs no ZeRO stage at this pipeline depth (pytorch-ddp's pipelines)
         zero = max(stages)
@@ -93,7 +96,8 @@ def _candidates(job: Job, devices: tuple[str, ...]) -> list[Strategy]:
                 continue
             strategy = Strategy(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, mbs=1, zero=zero, recompute="full",
                                 offload=offload, offload_device=device)
-            if not job.runtime.cannot_express(strategy, bool(experts), job.flash):
+            if not job.runtime.cannot_express(strategy, bool(experts), job.flash,
+                                                 shared_experts=has_shared_experts(job)):
                 out.append(strategy)
     return out
 

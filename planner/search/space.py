@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.job import Job
 from planner.cost.layout import split_blocks
-from planner.profile import RecomputeCounts, RuntimeProfile, recompute_counts_allowed
+from planner.profile import RecomputeCounts, RuntimeProfile, Space, recompute_counts_allowed
 from planner.strategy import Recompute, Strategy
 
 OffloadSearch = Literal["fallback", "always"]
@@ -288,8 +288,26 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
         update["max_ep"] = 1
         update["expert_folding"] = False
         update["ep_overlap"] = False
+    if not space.expert_tensor_parallel:
+        update["expert_folding"] = False
+    if not space.ep_overlap:
+        update["ep_overlap"] = False
+    if job.model.num_experts:
+        update.update(_moe_limits(update, space))
     update["split_shape"] = _stricter(options.split_shape, space.split, ("any", "ends", "even"))
     return options.model_copy(update=update)
+
+
+def _moe_limits(update: dict, space: Space) -> dict:
+    """The ZeRO stages a mixture-of-experts model runs with under `space` (DeepSpeed's MoE layer: no ZeRO-3, no
+    pipeline parallelism, which leaves no stage with pp > 1)."""
+    limits: dict = {}
+    if space.moe_zero_stages is not None:
+        for key in ("zero_stages", "zero_stages_pipelined"):
+            limits[key] = tuple(z for z in update[key] if z in space.moe_zero_stages)
+    if not space.moe_pipelined:
+        limits["zero_stages_pipelined"] = ()
+    return limits
 
 
 def _stricter(a: str, b: str, order: tuple[str, ...]) -> str:
@@ -314,7 +332,9 @@ def ties_recompute(space: SpaceOptions, config: Strategy) -> bool:
 def limits_note(space: SpaceOptions) -> str:
     """What narrowed the space, for the no-legal-strategy message."""
     notes = [f"--fix {','.join(f'{k}={v}' for k, v in sorted(space.fixed.items()))}"] if space.fixed else []
-    if set(space.zero_stages_pipelined) != set(space.zero_stages):
+    if not space.zero_stages_pipelined:
+        notes.append("no pipeline parallelism")
+    elif set(space.zero_stages_pipelined) != set(space.zero_stages):
         notes.append(f"ZeRO stages {'/'.join(map(str, space.zero_stages_pipelined))} with pipeline parallelism")
     if space.max_vpp == 1:
         notes.append("no interleaving")
