@@ -116,6 +116,12 @@ class Pool(BaseModel):
         """GPUs in the pool."""
         return self.count * self.node.gpus_per_node
 
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs that reach each other over NVLink: the node's NVLink domain (a GB200 NVL72 rack's 18 trays), or
+        the whole pool when it is smaller than one domain."""
+        return self.node.gpus_per_node * min(self.count, self.node.nvlink_domain_nodes)
+
     def device_spec(self) -> DeviceSpec:
         """This pool's GPU as it runs there: the catalog entry under the node's power or clock limit."""
         return load_catalog().node_device(self.node)
@@ -175,7 +181,8 @@ class Cluster(BaseModel):
     def describe(self) -> str:
         """One line: name, totals and each pool."""
         parts = [
-            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device}{_limits(p.node)})" for p in self.pools
+            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device}{_limits(p.node)}{_domain(p)})"
+            for p in self.pools
         ]
         nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
         return f"{self.name}: {nodes}, {self.num_gpus} GPUs [{'; '.join(parts)}]"
@@ -187,6 +194,11 @@ def _limits(node: NodeSpec) -> str:
               f"{node.gpu_clock_limit:g} MHz" if node.gpu_clock_limit else ""]
     text = ", ".join(filter(None, limits))
     return f" at {text}" if text else ""
+
+
+def _domain(pool: Pool) -> str:
+    """', NVLink domains of 72 GPUs': where a node's NVLink domain spans several nodes (GB200 NVL72)."""
+    return f", NVLink domains of {pool.nvlink_domain_gpus} GPUs" if pool.node.nvlink_domain_nodes > 1 else ""
 
 
 # ---------------------------------------------------------------- file schema

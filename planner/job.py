@@ -165,12 +165,13 @@ class Job(BaseModel):
 
     def expert_placement(self, ep: int) -> "PlacementSummary | None":
         """The experts' placement on `ep` ranks from the routing statistics (None without them).  EPLB's
-        hierarchical policy sees the nodes an expert-parallel group spans (ep // GPUs per node, when whole)."""
+        hierarchical policy sees the NVLink domains an expert-parallel group spans (ep // GPUs per domain, when
+        whole: a node, or a GB200 NVL72 rack)."""
         if self.routing is None or not self.model.num_experts:
             return None
         from planner.routing.placement import placement_summary  # CP-SAT loads only for routed jobs
 
-        gpn = min(pool.node.gpus_per_node for pool in self.cluster.pools)
+        gpn = min(pool.nvlink_domain_gpus for pool in self.cluster.pools)
         nodes = ep // gpn if ep > gpn and ep % gpn == 0 else 1
         return placement_summary(self.routing, self.model.num_experts, ep, nodes)
 
