@@ -47,7 +47,8 @@ ACT_BYTES = 2.0  # 16-bit activations on the wire
 def grad_reduce_bytes(job: Job) -> float:
     """Bytes per gradient element on the wire, as the job's runtime reduces them (Megatron reduces bf16
     runs' gradients in fp32, DeepSpeed in the model's 16-bit type, FSDP2 in its reduce_dtype)."""
-    return job.runtime.overlap.grad_reduce_bytes[job.precision]
+    # an MXFP8 run quantizes only GEMM inputs: its gradients travel as an FP8 run's do
+    return job.runtime.overlap.grad_reduce_bytes["fp8" if job.precision == "mxfp8" else job.precision]
 
 
 @dataclass(frozen=True)
