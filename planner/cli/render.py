@@ -108,7 +108,7 @@ def hardware_tables(catalog: Catalog) -> str:
         table(["name", "vendor", "bf16/fp16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "$/GPU-h"],
               devices, right=(2, 3, 4, 5, 6)),
         "",
-        "node presets (link GB/s per GPU per direction; domain: GPUs the intra link joins, 18 nodes' for "
+        "node presets (link GB/s per GPU per direction; domain: GPUs the intra link joins, 18 trays' on "
         "gb200-nvl72; use as PRESET:NODES, e.g. dgx-h100:4)",
         table(["name", "gpus", "intra link", "GB/s", "domain", "NICs", "host DRAM GB"], nodes, right=(3, 4, 6)),
     ])
