@@ -20,6 +20,10 @@ different node types) joined by one `Fabric`.  `load_cluster` reads either
         preset: dgx-b200
         nodes: 4
         overrides: {gpu_power_limit: 750.0}     # W: tensor throughput follows the device's power_curve
+      - name: gb200-racks
+        preset: gb200-nvl72                   # a node is a 4-GPU compute tray
+        nodes: 32
+        overrides: {nvlink_domain_nodes: 16}  # 16 trays (64 GPUs) of each rack share one NVLink domain
       - name: custom
         nodes: 2
         node:                         # ... or an inline node: all NodeSpec fields

@@ -208,6 +208,7 @@ def test_torchtitan_loads_the_emitted_config(variant, titan, tmp_path, monkeypat
         assert config.model.converters == ["quantize.linear.mx"]
         assert config.quantize.linear.mx.recipe_name == "mxfp8_cublas"  # torchao's MXLinearConfig recipe
         assert config.quantize.linear.mx.filter_fqns == ["output"]
+        assert config.quantize.linear.mx.mxfp8_dim1_cast_kernel_choice == "cuda"
         mx = (titan.root / "components" / "quantization" / "mx.py").read_text()
         assert 'register_model_converter(MXLinearConverter, "quantize.linear.mx")' in mx
     else:
