@@ -18,6 +18,8 @@ from hardware.errors import HardwareInputError
 from models.yamlio import DataLoader
 
 Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+# block-scaled formats: their GEMMs run at the fp8 peak; the scales are extra bytes (planner.cost)
+ScaledFormat = Literal["mxfp8"]
 
 _FIELD = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,6 +50,9 @@ class DeviceSpec(BaseModel):
     peak_flops: dict[Dtype, float] = Field(
         description="Dense (no sparsity) peak FLOP/s per datatype."
     )
+    scaled_formats: tuple[ScaledFormat, ...] = Field(
+        (), description="Block-scaled GEMM formats the tensor cores run natively at the fp8 peak (mxfp8: OCP MX FP8, "
+        "32-element blocks with E8M0 scales; Blackwell and later).  Empty: none (Hopper, Ampere, MI300X).")
     hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
     hbm_bandwidth: float = Field(gt=0, description="HBM bandwidth in bytes/s.")
     matmul_efficiency: list[EfficiencyStep] = Field(
@@ -80,6 +85,13 @@ class DeviceSpec(BaseModel):
         last = self.power_curve[-1]
         if self.tdp_watts is None or last.watts != self.tdp_watts or last.throughput != 1.0:
             raise ValueError("power_curve: the last step must be tdp_watts with throughput 1")
+        return self
+
+    @model_validator(mode="after")
+    def _scaled_formats_need_fp8(self) -> "DeviceSpec":
+        # a block-scaled format runs on the FP8 tensor cores: its GEMM rate is the fp8 peak
+        if self.scaled_formats and "fp8" not in self.peak_flops:
+            raise ValueError("scaled_formats: block-scaled formats run at the fp8 peak; give peak_flops.fp8")
         return self
 
     @field_validator("matmul_efficiency")
@@ -198,6 +210,11 @@ class NodeSpec(BaseModel):
         description="Host-side bytes/s per direction the node's GPUs share when they stream from host memory "
         "at once (PCIe switch uplinks / CPU root ports); default: no sharing (gpus x pcie_bandwidth).",
     )
+    nvlink_domain_nodes: int = Field(
+        1, ge=1, strict=True,
+        description="Nodes whose GPUs share one NVLink domain (all-to-all NVLink through switch trays): 18 compute "
+        "trays in a GB200 NVL72 rack, 1 where the node is the domain (DGX/HGX).  Collectives among GPUs of one "
+        "domain run at intra_link rates even across nodes; only traffic between domains uses the NICs.")
     compute_hcas: tuple[str, ...] = Field(
         (), description="RDMA device names of the compute NICs (NCCL_IB_HCA in the launch files), where the node "
         "type's documentation gives them (its sources say where); empty: NCCL picks among the NICs it finds.")

@@ -20,6 +20,10 @@ different node types) joined by one `Fabric`.  `load_cluster` reads either
         preset: dgx-b200
         nodes: 4
         overrides: {gpu_power_limit: 750.0}     # W: tensor throughput follows the device's power_curve
+      - name: gb200-racks
+        preset: gb200-nvl72                   # a node is a 4-GPU compute tray
+        nodes: 32
+        overrides: {nvlink_domain_nodes: 16}  # 16 trays (64 GPUs) of each rack share one NVLink domain
       - name: custom
         nodes: 2
         node:                         # ... or an inline node: all NodeSpec fields
@@ -116,6 +120,12 @@ class Pool(BaseModel):
         """GPUs in the pool."""
         return self.count * self.node.gpus_per_node
 
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """GPUs that reach each other over NVLink: the node's NVLink domain (a GB200 NVL72 rack's 18 trays), or
+        the whole pool when it is smaller than one domain."""
+        return self.node.gpus_per_node * min(self.count, self.node.nvlink_domain_nodes)
+
     def device_spec(self) -> DeviceSpec:
         """This pool's GPU as it runs there: the catalog entry under the node's power or clock limit."""
         return load_catalog().node_device(self.node)
@@ -175,7 +185,8 @@ class Cluster(BaseModel):
     def describe(self) -> str:
         """One line: name, totals and each pool."""
         parts = [
-            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device}{_limits(p.node)})" for p in self.pools
+            f"{p.name}: {p.count}x {p.node.name} ({p.gpus}x {p.node.device}{_limits(p.node)}{_domain(p)})"
+            for p in self.pools
         ]
         nodes = f"{self.num_nodes} node{'s' if self.num_nodes != 1 else ''}"
         return f"{self.name}: {nodes}, {self.num_gpus} GPUs [{'; '.join(parts)}]"
@@ -187,6 +198,11 @@ def _limits(node: NodeSpec) -> str:
               f"{node.gpu_clock_limit:g} MHz" if node.gpu_clock_limit else ""]
     text = ", ".join(filter(None, limits))
     return f" at {text}" if text else ""
+
+
+def _domain(pool: Pool) -> str:
+    """', NVLink domains of 72 GPUs': where a node's NVLink domain spans several nodes (GB200 NVL72)."""
+    return f", NVLink domains of {pool.nvlink_domain_gpus} GPUs" if pool.node.nvlink_domain_nodes > 1 else ""
 
 
 # ---------------------------------------------------------------- file schema

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from hardware import Catalog, Cluster
+from hardware import Catalog, Cluster, load_catalog
 from hardware.catalog import Dtype
 from models.graph import ModelGraph
 from planner.profile import RuntimeProfile, load_runtime
@@ -15,7 +15,7 @@ from planner.routing.stats import RoutingStats
 if TYPE_CHECKING:
     from planner.routing.placement import PlacementSummary
 
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "mxfp8"]
 MoeRouting = Literal["learned", "balanced"]
 # batch and sequence length at most 2**31 - 1: the search scales times and counts to 64-bit integers, which
 # a batch of 1e20 sequences overflows
@@ -38,7 +38,9 @@ class Job(BaseModel):
         "kernels), sum(L_i^2) / seq_len (planner.data).  None: seq_len (the row is one sequence).",
     )
     precision: Precision = Field(
-        "bf16", description="Compute precision: bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."
+        "bf16", description="Compute precision: bf16/fp16 mixed precision, fp8 GEMMs with bf16 elsewhere, or mxfp8: "
+        "block-scaled FP8 GEMMs (OCP MX, 32-element blocks with E8M0 scales) on devices whose tensor cores run them "
+        "(DeviceSpec.scaled_formats: Blackwell)."
     )
     optimizer: Literal["adam"] = Field("adam", description="Optimizer (Adam, mixed-precision states).")
     flash_attention: bool = Field(
@@ -118,6 +120,8 @@ class Job(BaseModel):
         cluster = info.data.get("cluster")
         if precision == "fp16" or cluster is None:
             return precision
+        if precision == "mxfp8":
+            return _block_scaled_hardware(precision, cluster)
         for pool in cluster.pools:
             have = pool.device_spec().peak_flops
             if precision not in have:
@@ -165,12 +169,13 @@ class Job(BaseModel):
 
     def expert_placement(self, ep: int) -> "PlacementSummary | None":
         """The experts' placement on `ep` ranks from the routing statistics (None without them).  EPLB's
-        hierarchical policy sees the nodes an expert-parallel group spans (ep // GPUs per node, when whole)."""
+        hierarchical policy sees the NVLink domains an expert-parallel group spans (ep // GPUs per domain, when
+        whole: a node, or a GB200 NVL72 rack)."""
         if self.routing is None or not self.model.num_experts:
             return None
         from planner.routing.placement import placement_summary  # CP-SAT loads only for routed jobs
 
-        gpn = min(pool.node.gpus_per_node for pool in self.cluster.pools)
+        gpn = min(pool.nvlink_domain_gpus for pool in self.cluster.pools)
         nodes = ep // gpn if ep > gpn and ep % gpn == 0 else 1
         return placement_summary(self.routing, self.model.num_experts, ep, nodes)
 
@@ -192,5 +197,20 @@ class Job(BaseModel):
 
     @property
     def compute_dtype(self) -> Dtype:
-        """Datatype of non-GEMM work and of attention (fp8 runs keep bf16 there)."""
-        return "bf16" if self.precision == "fp8" else self.precision
+        """Datatype of non-GEMM work and of attention (fp8 and mxfp8 runs keep bf16 there)."""
+        if self.precision == "fp16":
+            return "fp16"
+        return "bf16"  # bf16, and fp8 / mxfp8 runs outside their GEMMs
+
+
+def _block_scaled_hardware(precision: str, cluster: Cluster) -> str:
+    """`precision` (a block-scaled format) when every pool's GPU runs it natively, else ValueError naming the devices
+    that do (the cost model would price MX GEMMs the hardware emulates, and the launch files ask for a recipe
+    Transformer Engine refuses below compute capability 10.0)."""
+    for pool in cluster.pools:
+        if precision not in pool.device_spec().scaled_formats:
+            able = sorted(name for name, d in load_catalog().devices.items() if precision in d.scaled_formats)
+            raise ValueError(f"--precision {precision} needs block-scaled FP8 tensor cores: device {pool.node.device} "
+                             f"(pool {pool.name}) has none; devices that run it: {', '.join(able)} "
+                             "(use --precision fp8 elsewhere)")
+    return precision

@@ -165,7 +165,8 @@ class Overlap(BaseModel):
     param_gather: bool = Field(description="The distributed optimizer's parameter all-gather overlaps the next "
                                "forward (Megatron --overlap-param-gather).")
     grad_reduce_bytes: dict[str, float] = Field(
-        description="Bytes per gradient element on the wire, per job precision (bf16, fp16, fp8).")
+        description="Bytes per gradient element on the wire, per job precision (bf16, fp16, fp8; mxfp8 runs reduce "
+        "as fp8).")
     source: str = Field(description="Where the framework does it.")
 
 

@@ -52,7 +52,7 @@ SAME = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-p
         "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor", "moe-router-num-groups",
         "moe-router-group-topk", "moe-router-pre-softmax", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
         "recompute-granularity", "recompute-method",
-        "recompute-num-layers", "bf16", "fp16", "pipeline-model-parallel-layout")
+        "recompute-num-layers", "bf16", "fp16", "fp8-recipe", "pipeline-model-parallel-layout")
 # flag -> field under another name (argparse dest differs, or core_transformer_config_from_args renames)
 RENAMED = {"norm-epsilon": "layernorm_epsilon", "num-experts": "num_moe_experts",
            "apply-layernorm-1p": "layernorm_zero_centered_gamma", "fp8-format": "fp8",

@@ -44,9 +44,9 @@ VENDORED = Path(__file__).parent / "data" / "megatron_lm_core_v0.16.1"
 # pretrain_gpt.py (core_v0.16.1, line 347) passes these defaults to validate_args
 PRETRAIN_GPT_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
 # CUDA compute capability (major) of the catalog's GPUs, by device-name prefix: NVIDIA's "CUDA GPUs"
-# table (developer.nvidia.com/cuda-gpus): A100 8.0, H100/H200 9.0, B200 10.0. The cpu presets, which
+# table (developer.nvidia.com/cuda-gpus): A100 8.0, H100/H200 9.0, B200 and GB200 10.0. The cpu presets, which
 # Megatron cannot run on, are checked as Hopper.
-GPU_ARCH = {"a100": 8, "h100": 9, "h200": 9, "b200": 10, "cpu": 9}
+GPU_ARCH = {"a100": 8, "h100": 9, "h200": 9, "b200": 10, "gb200": 10, "cpu": 9}
 _STUBS = ("megatron.training", "megatron.legacy", "megatron.legacy.model", "megatron.legacy.model.module")
 
 

@@ -179,3 +179,12 @@ def test_fit_constants_leave_one_source_out_refits_without_the_source(published_
     fit_constants.print_groups(v, "family", out=out)
     text = out.getvalue()
     assert "LOSO" in text and "mosaicml/llm-foundry" in text and "DP/FSDP" in text
+
+
+def test_nvlink_domain_bench_prices_the_rack_below_the_trays():
+    bench = load_bench("nvlink_domain")
+    rows = bench.rows(tuple(s for s in bench.SCENARIOS if "tp8 fsdp" in s.name))
+    racks, trays = rows[0], next(r for r in rows if "domain = tray" in r.cluster)
+    assert racks.precision == trays.precision == "bf16"
+    assert racks.dp_s < trays.dp_s and racks.tp_s < trays.tp_s  # tp=8 spans two trays: NVLink in the rack
+    assert "tok/s/GPU" in bench.render(rows)

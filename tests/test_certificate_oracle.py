@@ -153,3 +153,18 @@ def test_deepspeed_moe_certificate_holds(shape, margin):
     assert_certificate_holds(job)
     plan = _compile(job).strategy
     assert plan.pp == 1 and plan.zero <= 2 and not plan.ep_overlap
+
+
+def _racks(gpus_per_node: int, nodes: int, domain_nodes: int) -> Cluster:
+    """GB200 trays of `gpus_per_node` GPUs, `domain_nodes` of them to an NVLink domain."""
+    node = load_catalog().nodes["gb200-nvl72"].model_dump()
+    spec = NodeSpec.model_validate({**node, "gpus_per_node": gpus_per_node, "nvlink_domain_nodes": domain_nodes})
+    return Cluster(name=f"gb200-{gpus_per_node}x{nodes}", pools=[Pool(name="pool", count=nodes, node=spec)])
+
+
+@pytest.mark.parametrize(("runtime", "precision"), [("megatron", "mxfp8"), ("torchtitan", "bf16")])
+def test_certificate_holds_over_nvlink_domains_wider_than_a_node(runtime, precision):
+    """Trays of one GPU, two to an NVLink domain: groups across trays of a domain are priced at NVLink, across
+    domains at the NICs, in the compiler's tables as in the oracle's evaluate."""
+    assert_certificate_holds(_job(runtime, cluster=_racks(1, 4, 2), global_batch=8, seq_len=8192,
+                                  precision=precision))

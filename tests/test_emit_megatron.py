@@ -202,6 +202,10 @@ def test_optimizer_schedule_and_precision(mc):
     assert args["lr-decay-style"] == "cosine" and args["ckpt-format"] == "torch_dist"
     fp8 = mc.core_config(_overlap(mc, "tp=2,pp=2,zero=1", precision="fp8"))
     assert fp8.fp8 == "hybrid" and fp8.bf16
+    # MXFP8 on Blackwell: E4M3 data with 1x32 E8M0 scales (Megatron-Core's Fp8Recipe.mxfp8)
+    job = make_job("llama3-8b", "dgx-b200:2", 64, 4096, precision="mxfp8")
+    mx = mc.core_config(mc.parse_args_txt(emitter("megatron")(plan_of(job, "tp=2,pp=2,zero=1"), job)["args.txt"]))
+    assert (mx.fp8, mx.fp8_recipe, mx.bf16) == ("e4m3", "mxfp8", True)
     unfused = _overlap(mc, "tp=2,pp=2,zero=1", flash_attention=False)
     assert mc.core_config(unfused).attention_backend.name == "unfused"
 

@@ -80,6 +80,7 @@ def _plan_of(job: Job, spec: str):
 JOBS = {  # name: (model, cluster, global batch, sequence)
     "tiny": ("tiny-llama", "cpu:2", 16, 128),
     "8b": ("llama3-8b", "dgx-h100:2", 64, 4096),
+    "8b-gb200": ("llama3-8b", "gb200-nvl72:4", 64, 4096),
     "70b": ("llama3-70b", "dgx-h100:8", 512, 4096),
     "dsv3": ("deepseek-v3", "dgx-h100:32", 1024, 4096),
 }
@@ -97,6 +98,7 @@ VARIANTS = {
     "pp-gpipe": ("tiny", "tp=1,pp=2,zero=0,mbs=1,schedule=gpipe", "bf16"),
     "pp-interleaved": ("70b", "tp=8,pp=4,vpp=2,zero=1,mbs=1,schedule=interleaved,recompute=full", "bf16"),
     "fp8": ("8b", "tp=1,pp=1,zero=3,mbs=1,recompute=full", "fp8"),
+    "mxfp8": ("8b-gb200", "tp=1,pp=1,zero=3,mbs=1,recompute=full", "mxfp8"),
     "ac-selective": ("8b", "tp=2,pp=1,zero=3,mbs=1,recompute=selective", "bf16"),
     "ac-every-2nd": ("8b", "tp=1,pp=1,zero=3,mbs=1,recompute=full,recompute_every=2", "bf16"),
     "ac-per-stage": ("70b", "tp=8,pp=4,zero=1,mbs=1,recompute=full,recompute_layers=2/0/0/0,"
@@ -202,6 +204,13 @@ def test_torchtitan_loads_the_emitted_config(variant, titan, tmp_path, monkeypat
         assert config.quantize.linear.float8.enable_fsdp_float8_all_gather == (p.data_parallel_shard_degree > 1)
         float8 = (titan.root / "components" / "quantization" / "float8.py").read_text()
         assert 'register_model_converter(Float8LinearConverter, "quantize.linear.float8")' in float8
+    elif job.precision == "mxfp8":
+        assert config.model.converters == ["quantize.linear.mx"]
+        assert config.quantize.linear.mx.recipe_name == "mxfp8_cublas"  # torchao's MXLinearConfig recipe
+        assert config.quantize.linear.mx.filter_fqns == ["output"]
+        assert config.quantize.linear.mx.mxfp8_dim1_cast_kernel_choice == "cuda"
+        mx = (titan.root / "components" / "quantization" / "mx.py").read_text()
+        assert 'register_model_converter(MXLinearConverter, "quantize.linear.mx")' in mx
     else:
         assert config.model.converters == []
     assert t.enable_cpu_offload == (s.offload == "all")

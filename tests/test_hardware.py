@@ -19,11 +19,11 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "clusters"
 
 DEVICES = {
     "a100-40g", "a100-80g", "h100-sxm", "h100-pcie", "h100-96g", "h200",
-    "b200", "mi300x", "v100-32g", "l4", "t4", "cpu",
+    "b200", "gb200", "mi300x", "v100-32g", "l4", "t4", "cpu",
 }
 NODES = {
     "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "hgx-h200", "dgx-b200", "mi300x-8",
-    "dgx2-v100", "pcie-l4", "pcie-t4", "h100-96g-8", "cpu",
+    "dgx2-v100", "pcie-l4", "pcie-t4", "h100-96g-8", "gb200-nvl72", "cpu",
 }
 
 
@@ -66,6 +66,8 @@ def test_preset_device_exists(key):
         ("h200", "bf16", 989.4e12),  # same compute as H100 SXM
         ("b200", "bf16", 2.25e15),  # DGX B200: 36 PF sparse / 8 GPUs / 2
         ("b200", "fp8", 4.5e15),
+        ("gb200", "bf16", 2.5e15),  # GB200 NVL72: 360 PF sparse per 72-GPU rack / 72 / 2
+        ("gb200", "fp8", 5.0e15),
         ("mi300x", "bf16", 1307.4e12),
         ("mi300x", "fp8", 2614.9e12),
         ("l4", "bf16", 121e12),
@@ -100,7 +102,7 @@ def test_memory_figures():
 
 def test_fp8_only_where_hardware_has_it():
     with_fp8 = {k for k, d in load_catalog().devices.items() if "fp8" in d.peak_flops}
-    assert with_fp8 == {"h100-sxm", "h100-pcie", "h100-96g", "h200", "b200", "mi300x", "l4"}
+    assert with_fp8 == {"h100-sxm", "h100-pcie", "h100-96g", "h200", "b200", "gb200", "mi300x", "l4"}
 
 
 def test_efficiency_is_a_step_function():

@@ -70,6 +70,7 @@ CASES.update({
     "no-sp": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,sp=0,zero=1", {}),
     "tp-overlap": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=4,tp_overlap=1,zero=1", {}),
     "fp8": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp8"}),
+    "mxfp8-gb200": ("llama3-70b", "gb200-nvl72:18", 576, 4096, "tp=2,pp=4,zero=1", {"precision": "mxfp8"}),
     "fp16": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp16"}),
     "unfused": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,mbs=2,zero=1",
                 {"flash_attention": False, "fused_kernels": False}),
@@ -218,7 +219,9 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     assert args.overlap_grad_reduce == (s.dp * s.cp > 1)
     assert args.overlap_param_gather == (s.dp * s.cp > 1 and s.zero >= 1)
     dtype = {"fp16": "float16"}.get(job.precision, "bfloat16")
-    assert (str(args.params_dtype), args.fp8) == (f"torch.{dtype}", "hybrid" if job.precision == "fp8" else None)
+    fp8 = {"fp8": "hybrid", "mxfp8": "e4m3"}.get(job.precision)  # MXFP8BlockScaling is E4M3 in both passes
+    assert (str(args.params_dtype), args.fp8) == (f"torch.{dtype}", fp8)
+    assert args.fp8_recipe == ("mxfp8" if job.precision == "mxfp8" else "delayed")  # delayed: Megatron's default
     # the launch inputs and the checkpoint format
     assert (args.data_path, args.tokenizer_model, args.train_iters) == \
         (["data/corpus_text_document"], "meta-llama/Meta-Llama-3-8B", 500)

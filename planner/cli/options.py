@@ -31,7 +31,7 @@ from planner.job import MAX_COUNT  # batch and sequence length: the search count
 from planner.cli.text import one_line
 from planner.plan.output import refuse_unsafe_path
 
-PRECISIONS = ("bf16", "fp16", "fp8")
+PRECISIONS = ("bf16", "fp16", "fp8", "mxfp8")
 
 
 class InputError(click.ClickException):
@@ -122,7 +122,8 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--seq-len", "-s", type=click.IntRange(min=1, max=MAX_COUNT), required=True,
                      help="Tokens per sequence (1 for recsys models)."),
         click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True,
-                     help="bf16/fp16 mixed precision, or fp8 GEMMs with bf16 elsewhere."),
+                     help="bf16/fp16 mixed precision, fp8 GEMMs with bf16 elsewhere, or mxfp8 (block-scaled "
+                          "FP8 GEMMs, Blackwell: b200, gb200)."),
         click.option("--flash-attention/--no-flash-attention", default=True, show_default=True,
                      help="Fused flash attention (no s^2 score tensors); off for 2021-22 era kernels."),
         click.option("--moe-routing", type=click.Choice(["learned", "balanced"]), default="learned",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hardware import Catalog, Cluster, DeviceSpec, NodeSpec
+from hardware import Catalog, Cluster, DeviceSpec, NodeSpec, Pool
 from hardware.catalog import Dtype
 from models.graph import ModelGraph
 from planner.strategy import short_spec
@@ -99,7 +99,8 @@ def hardware_tables(catalog: Catalog) -> str:
     ]
     nodes = [
         [n.name, f"{n.device} x {n.gpus_per_node}", n.intra_link.kind, f"{n.intra_link.bandwidth / GB:.0f}",
-         f"{n.nic_count} x {n.nic_bandwidth * 8 / GB:.0f} Gb/s", f"{n.host_dram_bytes / GB:.0f}"]
+         f"{n.gpus_per_node * n.nvlink_domain_nodes}", f"{n.nic_count} x {n.nic_bandwidth * 8 / GB:.0f} Gb/s",
+         f"{n.host_dram_bytes / GB:.0f}"]
         for n in catalog.nodes.values()
     ]
     return "\n".join([
@@ -107,8 +108,9 @@ def hardware_tables(catalog: Catalog) -> str:
         table(["name", "vendor", "bf16/fp16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "$/GPU-h"],
               devices, right=(2, 3, 4, 5, 6)),
         "",
-        "node presets (link GB/s per GPU per direction; use as PRESET:NODES, e.g. dgx-h100:4)",
-        table(["name", "gpus", "intra link", "GB/s", "NICs", "host DRAM GB"], nodes, right=(3, 5)),
+        "node presets (link GB/s per GPU per direction; domain: GPUs the intra link joins, 18 trays' on "
+        "gb200-nvl72; use as PRESET:NODES, e.g. dgx-h100:4)",
+        table(["name", "gpus", "intra link", "GB/s", "domain", "NICs", "host DRAM GB"], nodes, right=(3, 4, 6)),
     ])
 
 
@@ -154,6 +156,9 @@ def node_summary(node: NodeSpec, device: DeviceSpec) -> str:
         f"${device.price_per_hour:.2f}/GPU-h",
         f"  intra link     {link.kind}, {link.bandwidth / GB:.0f} GB/s per GPU per direction, "
         f"{link.latency * 1e6:.1f} us",
+        *([f"  NVLink domain  {node.nvlink_domain_nodes} nodes ({node.nvlink_domain_nodes * node.gpus_per_node} "
+           "GPUs): the intra link joins them too (use a multiple of it as NODES for whole domains)"]
+          if node.nvlink_domain_nodes > 1 else []),
         f"  NICs           {node.nic_count} x {node.nic_bandwidth * 8 / GB:.0f} Gb/s "
         f"({node.nic_bandwidth_per_gpu / GB:.1f} GB/s per GPU)",
         f"  host DRAM      {node.host_dram_bytes / GB:.0f} GB",
@@ -163,6 +168,15 @@ def node_summary(node: NodeSpec, device: DeviceSpec) -> str:
         *(f"    - {s}" for s in node.sources),
     ]
     return "\n".join(lines)
+
+
+def _domains(pool: Pool) -> str:
+    """'  pool p: NVLink domains 2 x 18 nodes + 1 x 4 nodes (4 GPUs per node)': how a pool's nodes share NVLink
+    fabrics (ranks fill them in order)."""
+    whole, rest = divmod(pool.count, pool.node.nvlink_domain_nodes)
+    parts = [f"{whole} x {pool.node.nvlink_domain_nodes} nodes" if whole else "", f"1 x {rest} nodes" if rest else ""]
+    return (f"  pool {pool.name}: NVLink domains {' + '.join(filter(None, parts))} "
+            f"({pool.node.gpus_per_node} GPUs per node)")
 
 
 def cluster_summary(cluster: Cluster, catalog: Catalog) -> str:
@@ -188,6 +202,7 @@ def cluster_summary(cluster: Cluster, catalog: Catalog) -> str:
         f"{'' if cluster.is_homogeneous else ' (heterogeneous)'}",
         f"  bf16 peak {peak / 1e15:.1f} PFLOP/s, HBM {hbm / 1e12:.2f} TB in total",
         f"  fabric: latency {fabric.latency * 1e6:.1f} us, oversubscription {fabric.oversubscription:g}{cap}",
+        *(_domains(pool) for pool in cluster.pools if pool.node.nvlink_domain_nodes > 1),
         "",
         table(["pool", "nodes", "preset", "gpus/node", "GPUs", "bf16 TFLOP/s", "HBM GB", "intra link GB/s",
                "NICs", "inter GB/s/GPU", "host DRAM GB"], rows, right=(1, 4, 5, 6, 9, 10)),

@@ -47,7 +47,8 @@ ACT_BYTES = 2.0  # 16-bit activations on the wire
 def grad_reduce_bytes(job: Job) -> float:
     """Bytes per gradient element on the wire, as the job's runtime reduces them (Megatron reduces bf16
     runs' gradients in fp32, DeepSpeed in the model's 16-bit type, FSDP2 in its reduce_dtype)."""
-    return job.runtime.overlap.grad_reduce_bytes[job.precision]
+    # an MXFP8 run quantizes only GEMM inputs: its gradients travel as an FP8 run's do
+    return job.runtime.overlap.grad_reduce_bytes["fp8" if job.precision == "mxfp8" else job.precision]
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups
     """Exposed pipeline send/receive seconds per micro-batch of a stage whose boundary is `hidden` wide.
 
     `crossings`: whether the stage's forward send (to the next stage) and its backward send (to the
-    previous one) leave the node (`boundary_crossings`); None: the cheapest the ranks' layout allows, a
+    previous one) leave the NVLink domain (`boundary_crossings`); None: the cheapest the ranks' layout allows, a
     lower bound for any stage."""
     if not strategy.pipelined:
         return 0.0
@@ -179,9 +180,10 @@ def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups
 
 def boundary_crossings(strategy: Strategy, stage: int, gpus_per_node: int, mixed: bool) -> tuple[bool, bool]:
     """(forward, backward): whether stage `stage`'s send to the next stage and to the previous one (cyclically:
-    interleaved chunks wrap from the last stage to the first) leave its node.  Ranks fill nodes in order,
-    tp*cp*dp per stage, so with fewer ranks per stage than GPUs per node some boundaries stay inside a node
-    and the others cross the fabric; on a mixed cluster no node holds two stages (planner.search.space)."""
+    interleaved chunks wrap from the last stage to the first) leave its NVLink domain (`gpus_per_node`: the
+    domain's GPUs, a node's or a GB200 NVL72 rack's).  Ranks fill domains in order, tp*cp*dp per stage, so
+    with fewer ranks per stage than GPUs per domain some boundaries stay inside one and the others cross the
+    fabric; on a mixed cluster no node holds two stages (planner.search.space)."""
     if strategy.pp == 1:
         return False, False
     if mixed:

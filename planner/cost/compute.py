@@ -69,6 +69,9 @@ def gemm_rate(device: DeviceSpec, job: Job, flops: float, catalog: Catalog) -> f
         ratio = device.peak("fp8") / device.peak(job.compute_dtype)
         realised = job.runtime.kernels.fp8_gemm_speedup or catalog.constant("fp8_gemm_speedup_cap")
         base *= min(ratio, realised)
+    elif job.precision == "mxfp8":  # Job admits it only where the tensor cores run MX blocks at the fp8 peak
+        ratio = device.peak("fp8") / device.peak(job.compute_dtype)
+        base *= min(ratio, catalog.constant("mxfp8_gemm_speedup"))
     return base
 
 

@@ -115,13 +115,20 @@ def group_ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
     return max(1, min(size, gpus_per_node // stride)) if stride <= gpus_per_node else 1
 
 
+def nvlink_domain_gpus(pools: tuple[Pool, ...]) -> int:
+    """GPUs of one NVLink domain on `pools` (the smallest): a node, or a GB200 NVL72 rack of 18 nodes."""
+    return min(p.nvlink_domain_gpus for p in pools)
+
+
 def comm_group(cluster: Cluster, pools: tuple[Pool, ...], size: int, stride: int) -> CommGroup:
     """A group of `size` ranks spaced `stride` apart in rank order, on `pools`.
 
-    Consecutive ranks share a node, so a node of g GPUs holds g // stride
-    members of such a group (at least one).
+    Consecutive ranks share an NVLink domain (a node, or a GB200 NVL72 rack of
+    18 nodes), so a domain of g GPUs holds g // stride members of such a group
+    (at least one); the CommGroup's "node" is that domain: its members talk
+    over the intra link, and only traffic between domains uses the NICs.
     """
-    per_node = group_ranks_per_node(size, stride, min(p.node.gpus_per_node for p in pools))
+    per_node = group_ranks_per_node(size, stride, nvlink_domain_gpus(pools))
     slowest_intra = min((p.node.intra_link for p in pools), key=lambda link: link.bandwidth)
     inter = min(cluster.inter_node_bandwidth_per_gpu(p) for p in pools)
     return CommGroup(

@@ -442,6 +442,9 @@ def stage_memory(
                    + receive_buffer_bytes(job, s, site.index, micro_batches, sums.max_hidden))
 
     buffers = gathered_bytes(job, s, sums, shard)
+    if job.precision == "mxfp8":
+        # the block scales of the MXFP8 weight copies; the FP8 data itself is costed as for fp8 runs
+        buffers += params * catalog.constant("mxfp8_scale_bytes_per_param")
     late_grads = grads if sharded_grads_after_peak(job, s, shard) else 0.0
     allocated = weights + grads - late_grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated

@@ -16,7 +16,7 @@ from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.comm import (boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds,
                                replica_sync_seconds)
 from planner.cost.compute import layer_time
-from planner.cost.layout import StageGroups, StageSite
+from planner.cost.layout import StageGroups, StageSite, nvlink_domain_gpus
 from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
                                  replica_params_per_rank,
                                  backward_transient_bytes, pipeline_output_bytes, resaved_checkpoint_bytes,
@@ -232,7 +232,7 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGr
         optimizer = owned * catalog.constant("optimizer_traffic_per_param") / hbm
     return StageCost(
         sums=sums, pp=p2p_seconds(sums.max_hidden, job, strategy, groups, catalog, None if cheapest_transfers else
-                                  boundary_crossings(strategy, site.index, site.node.gpus_per_node,
+                                  boundary_crossings(strategy, site.index, nvlink_domain_gpus(site.pools),
                                                      len(job.cluster.pools) > 1)),
         dp_exposed_microbatch=dp_micro, dp_exposed_end=dp_end, dp_total=dp.total + replicas,
         optimizer=optimizer, offload=_offload_seconds(memory, job, strategy, site, catalog, groups.dp_shard.size),

@@ -198,11 +198,12 @@ def _precision(d: Decisions) -> dict:
     if precision == "fp16":
         return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                          "hysteresis": 2, "min_loss_scale": 1}}
-    if precision == "fp8":
+    if precision in ("fp8", "mxfp8"):
+        recipe = " with recipe=MXFP8BlockScaling()" if precision == "mxfp8" else ""
         d.notes.append(
-            "Precision fp8 -> bf16: DeepSpeed has no fp8 training switch in ds_config.json; the config "
+            f"Precision {precision} -> bf16: DeepSpeed has no fp8 training switch in ds_config.json; the config "
             "enables bf16. For fp8 GEMMs wrap the model's linear layers with NVIDIA Transformer Engine "
-            "(`te.fp8_autocast`) in the training script; the plan's step time assumed fp8."
+            f"(`te.fp8_autocast`{recipe}) in the training script; the plan's step time assumed {precision}."
         )
     return {"bf16": {"enabled": True}}
 

@@ -84,6 +84,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "ckpt-format": ("torch", "torch_dist", "torch_dcp", "fsdp_dtensor"),
     "data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
     "fp8-format": ("e4m3", "hybrid"),
+    "fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
     "lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
     "moe-router-dtype": ("fp32", "fp64"),
     "moe-router-load-balancing-type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),

@@ -81,4 +81,17 @@ def nccl_env(job: Job) -> list[EnvSetting]:
                    why="not set: NCCL bootstraps over an interface that is not docker or loopback (ib* first); "
                        "name one (e.g. bond0) if that cannot reach the other nodes"),
         EnvSetting(name="NCCL_DEBUG", value="WARN", why="NCCL reports failures, not every setting (INFO to debug)"),
-    ]
+    ] + _multi_node_nvlink(job)
+
+
+def _multi_node_nvlink(job: Job) -> list[EnvSetting]:
+    """A note where the plan counts on NVLink between nodes (GB200 NVL72 trays): NCCL finds it by itself."""
+    wide = [pool for pool in job.cluster.pools if pool.node.nvlink_domain_nodes > 1]
+    if not wide:
+        return []
+    segment = min(min(pool.count, pool.node.nvlink_domain_nodes) for pool in wide)
+    return [EnvSetting(name="NCCL_MNNVL_ENABLE", value=None,
+                       why="not set: NCCL (2.23+) detects multi-node NVLink between the nodes of one NVLink domain "
+                           "by itself; the plan counts on it, so the nodes need IMEX channels (Slurm: the IMEX "
+                           "daemon; Kubernetes: a ComputeDomain of NVIDIA's DRA driver) and to fill whole domains "
+                           f"(Slurm's topology/block plugin: sbatch --segment={segment})")]

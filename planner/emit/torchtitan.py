@@ -24,7 +24,9 @@ Mapping of the plan:
   otherwise (torchtitan accumulates the rest). Also written: global_batch_size, seq_len, mixed_precision_param.
 * activation_checkpoint.mode none / selective (per-op) / full. Per-stage block counts have no equivalent
   and become every-n-th-layer selective AC.
-* fp8 -> model.converters=["quantize.linear.float8"] with [quantize.linear.float8].
+* fp8 -> model.converters=["quantize.linear.float8"] with [quantize.linear.float8]; mxfp8 (Blackwell) ->
+  ["quantize.linear.mx"] with [quantize.linear.mx] recipe_name = "mxfp8_cublas" (torchtitan 0.2.2's MXLinear
+  converter over torchao's MX formats).
 * AdamW, warmup and cosine decay, and clipping (planner.emit.optim). Checkpoints every `save_every` steps.
 
 The TOML is written by hand, in a fixed key order, with no toml dependency. `written_strategy` reads the
@@ -48,6 +50,9 @@ from planner.plan.schema import Plan
 from planner.strategy import Schedule, Strategy
 
 SCHEDULES: dict[Schedule, str] = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+
+# the model converter torchtitan swaps the linear layers with, per low-precision job precision
+CONVERTERS = {"fp8": "quantize.linear.float8", "mxfp8": "quantize.linear.mx"}
 
 
 def _value(value: Any) -> str:
@@ -237,8 +242,8 @@ def torchtitan_config(plan: Plan, job: Job,
     replicate, shard = dp_degrees(plan)
     local_batch = job.global_batch // (replicate * shard) if s.pp > 1 else s.mbs
     model: dict[str, Any] = {"name": name, "flavor": flavor}
-    if job.precision == "fp8":
-        model["converters"] = ["quantize.linear.float8"]
+    if job.precision in CONVERTERS:
+        model["converters"] = [CONVERTERS[job.precision]]
     if job.precision == "fp16":
         notes.append("precision fp16: torchtitan's mixed_precision_param takes bfloat16 or float32 only; "
                      "the config uses bfloat16.")
@@ -269,6 +274,11 @@ def torchtitan_config(plan: Plan, job: Job,
         "activation_checkpoint": _activation_checkpoint(plan, notes),
         "compile": {"enable": True, "components": ["model", "loss"]},
     }
+    if job.precision == "mxfp8":
+        # torchao's MXLinear through cuBLAS's block-scaled GEMM, the dim-1 casts in the CUDA kernel torchtitan's
+        # MXLinear config recommends for speed; the output projection stays bf16 (its default filter)
+        sections["quantize.linear.mx"] = {"recipe_name": "mxfp8_cublas", "mxfp8_dim1_cast_kernel_choice": "cuda",
+                                          "filter_fqns": ["output"]}
     if job.precision == "fp8":
         sections["quantize.linear.float8"] = {
             "enable_fsdp_float8_all_gather": shard > 1,

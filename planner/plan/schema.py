@@ -59,7 +59,7 @@ class PlanJob(BaseModel):
     global_batch: int = Field(description="Sequences (samples for recsys) per optimizer step.")
     seq_len: int = Field(description="Tokens per sequence.")
     tokens_per_step: int = Field(description="global_batch * seq_len.")
-    precision: str = Field(description="Compute precision: bf16, fp16 or fp8.")
+    precision: str = Field(description="Compute precision: bf16, fp16, fp8 or mxfp8 (block-scaled FP8, Blackwell).")
     flash_attention: bool = Field(description="Fused flash attention assumed.")
     fused_kernels: bool = Field(description="Fused element-wise kernels assumed.")
     memory_margin: float = Field(0.0, description="Share of each GPU's HBM the plan leaves free (stage capacities "

@@ -46,11 +46,12 @@ class _Scored:
 
 
 def _tp_choices(job: Job) -> list[int]:
-    """Legal tensor-parallel degrees up to a node's GPUs, largest first."""
+    """Legal tensor-parallel degrees up to an NVLink domain's GPUs (a node's, a GB200 NVL72 rack's), largest
+    first."""
     model = job.model
     if model.family == "recsys":
         return [1]
-    gpn = min(pool.node.gpus_per_node for pool in job.cluster.pools)
+    gpn = min(pool.nvlink_domain_gpus for pool in job.cluster.pools)
     legal = [t for t in powers_of_two(gpn)
              if t == 1 or (model.heads % t == 0 and (model.kv_heads % t == 0 or t % model.kv_heads == 0))]
     return [t for t in reversed(legal) if job.cluster.num_gpus % t == 0]

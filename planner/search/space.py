@@ -219,8 +219,9 @@ def _ep_overlaps(options: SpaceOptions, ep: int, pp: int, vpp: int) -> list[bool
 
 
 def _fcdp(job: Job, options: SpaceOptions, tp: int, cp: int, dp: int, zero: int, shard: str) -> list[str]:
-    """["host"] where the FCDP host cache is legal and can pay: ZeRO-3 over a group that crosses nodes."""
-    crosses = dp * cp * tp > _min_gpus_per_node(job)
+    """["host"] where the FCDP host cache is legal and can pay: ZeRO-3 over a group that leaves the NVLink domain
+    (inside one, a GB200 NVL72 rack, the re-gather already runs over NVLink)."""
+    crosses = dp * cp * tp > min(pool.nvlink_domain_gpus for pool in job.cluster.pools)
     return ["host"] if "host" in options.regathers and zero == 3 and shard == "full" and crosses else []
 
 

@@ -6,7 +6,7 @@ A sweep file is a grid, optionally plus explicit scenarios::
     clusters: [dgx-h100:1, dgx-h100:2]       # PRESET:NODES or cluster files
     batches: [64, 128]                       # global batch in sequences
     seq_lens: [4096]                         # tokens per sequence
-    precision: bf16                          # bf16 | fp16 | fp8
+    precision: bf16                          # bf16 | fp16 | fp8 | mxfp8
     strategies: [zero3, megatron, planner]   # default: every one that applies; also user strategies:
       # {name: my-tp4, spec: "tp=4,pp=2"} or {name: recipe, module: "pkg.mod:function"}
       # (planner/compare/plugins.py)
@@ -90,7 +90,7 @@ class SweepSpec(BaseModel):
     )
     batches: list[PositiveInt] = Field(default_factory=list, description="Global batch sizes of the grid.")
     seq_lens: list[PositiveInt] = Field(default_factory=list, description="Sequence lengths of the grid.")
-    precision: Precision = Field("bf16", description="Compute precision of every scenario (bf16, fp16, fp8).")
+    precision: Precision = Field("bf16", description="Compute precision of every scenario (bf16, fp16, fp8, mxfp8).")
     flash_attention: bool = Field(True, description="Fused flash attention (no s^2 score tensors).")
     memory_margin: float | None = Field(
         None, ge=0.0, lt=1.0, description="Share of HBM every plan leaves free; default: memory_margin_default "
