@@ -159,3 +159,58 @@ def test_torchtitan_reads_back_the_recipe(titan, tmp_path, monkeypatch, name):  
         assert ac.selective_ac_option == layout.selective_ac_option
     assert p.enable_async_tensor_parallel == layout.tp_comm_overlap
     assert ("quantize.linear.float8" in config.model.converters) == (recipe.precision == "fp8")
+
+
+# ---------------------------------------------------------------- the nearest recipe in report.md
+
+
+def test_the_nearest_recipe_of_a_plan_is_one_that_runs_on_its_job():
+    from conftest import make_job
+    from planner.cost import evaluate
+    from planner.recipes import nearest_recipe, recipe_section
+    from planner.strategy import parse_strategy
+
+    job = make_job("llama3-70b", "dgx-h100:1", 64, 8192)
+    plan = parse_strategy("tp=8,zero=3,mbs=8,recompute=full").with_dp(8)
+    mine = evaluate(job, plan)
+    nearest = nearest_recipe(job, plan)
+    # NeMo's two H100 presets are written for these GPUs but need tp x pp x cp = 4 x 4 x 2 and 4 x 8 x 1 = 32 GPUs
+    # of the 8 here; torchtitan's TOML (96 GB H100s) runs: it is the nearest, and its layout is the plan's
+    assert nearest.run is not None and nearest.run.recipe.name == "torchtitan:llama3_70b.toml"
+    assert (nearest.same_hardware, nearest.distance) == (False, 0)
+    theirs = nearest.run.estimate
+    assert theirs is not None
+    text = recipe_section(nearest, mine.step_time_s, mine.tokens_per_s_per_gpu)
+    assert ("`torchtitan:llama3_70b.toml` (pytorch/torchtitan `torchtitan/models/llama3/train_configs/llama3_70b.toml`"
+            in text)
+    assert "written for other GPUs: 256 x h100-96g-8" in text
+    assert f"{theirs.step_time_s / mine.step_time_s:.3f}x the recipe's throughput" in text
+
+
+def test_a_model_without_recipes_says_none_applies():
+    from conftest import make_job
+    from planner.recipes import nearest_recipe, recipe_section
+    from planner.strategy import Strategy
+
+    nearest = nearest_recipe(make_job("llama2-7b", "dgx-h100:1", 8, 4096), Strategy(dp=8))
+    assert nearest.run is None
+    assert recipe_section(nearest, 1.0, 1.0) == ("## Nearest published recipe\n\nNone applies: no published recipe "
+                                                 "for llama2-7b (hardware/data/recipes/).\n\n")
+
+
+def test_compile_writes_the_nearest_recipe_into_report_md(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(cli, ["compile", "llama3-8b", "dgx-h100:1", "-b", "128", "-s", "8192", "--time-limit",
+                                      "10", "--target", "megatron", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    section = report.split("## Nearest published recipe")[1].split("\n## ")[0]
+    # Llama 3 8B's recipes: NeMo's two H100 presets (this job's GPUs) and torchtitan's TOML; one is named with its
+    # source and costed on this job
+    assert any(f"`{name}`" in section for name in ("nemo:LLAMA3_8B_H100_BF16_V1", "nemo:LLAMA3_8B_H100_FP8_CS_V1",
+                                                   "torchtitan:llama3_8b.toml"))
+    assert "costed on this job under the" in section and "the recipe's throughput" in section

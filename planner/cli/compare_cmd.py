@@ -94,8 +94,8 @@ def _margin(rows: list[CompareRow]) -> str:
     planned, planner_time = planner
     ratio = best_time / planner_time
     side = "faster" if ratio >= 1 else "slower"
-    line = (f"planner ({planned.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
-            f"{best.strategy} ({best.runtime} runtime)")
+    line = textwrap.fill(f"planner ({planned.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best "
+                         f"baseline, {best.strategy} ({best.runtime} runtime)", _WIDTH, break_on_hyphens=False)
     theirs = sorted(((r.torchrec_model_s, r.strategy) for r in rows
                      if r.strategy != "planner" and r.fits and r.torchrec_model_s))
     if planned.torchrec_model_s and theirs:  # the same plans in TorchRec's own estimators

@@ -23,6 +23,23 @@ from planner.search.result import CompileOptions  # noqa: E402
 from planner.strategy import short_spec  # noqa: E402
 
 
+def compact(spec: str) -> str:
+    """A SPEC with its split's runs written n x k (split=1/2/2/2/1 -> split=1/2x3/1), for a table cell."""
+    out = []
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        if key == "split":
+            runs: list[list[str]] = []
+            for part in value.split("/"):
+                if runs and runs[-1][0] == part:
+                    runs[-1].append(part)
+                else:
+                    runs.append([part])
+            value = "/".join(r[0] if len(r) == 1 else f"{r[0]}x{len(r)}" for r in runs)
+        out.append(f"{key}={value}")
+    return ",".join(out)
+
+
 def rows(time_limit: float) -> list[list[str]]:
     out = []
     for recipe in load_recipes():
@@ -42,7 +59,7 @@ def rows(time_limit: float) -> list[list[str]]:
                                "-"])
             continue
         mine = plan.estimate
-        spec = short_spec(mine.strategy_spec) if mine is not None else "replica groups"
+        spec = compact(short_spec(mine.strategy_spec)) if mine is not None else "replica groups"
         step = mine.step_time_s if mine is not None else plan.replica_groups.step_time_s
         out.append(head + [f"{theirs.tokens_per_s_per_gpu:,.0f}{mark}", f"`{spec}`",
                            f"{theirs.step_time_s / step:.2f}x"])
