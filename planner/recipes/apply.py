@@ -53,12 +53,18 @@ def _blocks(chunk: str) -> int:
 
 
 def refusal(recipe: PublishedRecipe) -> str:
-    """What of `recipe` the cost model cannot run ('' when it can run all of it)."""
+    """What of `recipe` the cost model cannot run ('' when it can run all of it): recompute modules other than
+    Megatron's default, and what its runtime profile cannot cost of its layout on its own hardware."""
     modules = recipe.layout.recompute_modules
     reasons = []
     if recipe.layout.recompute == "selective" and modules not in (None, MEGATRON_SELECTIVE):
         reasons.append(f"recompute_modules {', '.join(modules or ())}: planner's selective recompute is "
                        f"Megatron's default ({', '.join(MEGATRON_SELECTIVE)}) only")
+    model = load_model(recipe.model)
+    strategy = recipe_strategy(recipe, recipe.hardware.gpus // recipe.model_parallel, model.num_blocks)
+    missing = load_runtime(recipe.runtime).cannot_express(strategy, bool(model.num_experts))
+    if missing:
+        reasons.append(f"the {recipe.runtime} runtime profile cannot cost {'; '.join(missing)}")
     return "; ".join(reasons)
 
 
