@@ -40,6 +40,26 @@ def test_every_recipe_file_is_one_recipe_of_a_zoo_model_on_its_stated_gpus():
     assert {"llama3-8b", "llama3-70b", "llama3-405b"} <= {r.model for r in load_recipes() if r.family == "torchtitan"}
 
 
+def test_a_bad_recipe_file_is_one_line_naming_the_file_and_the_field():
+    from planner.errors import PlannerInputError
+    from planner.recipes.schema import parse_recipe
+
+    good = _recipe_text("nemo-llama3-8b-h100-bf16.yaml")
+    assert parse_recipe("x.yaml", good).name == "nemo:LLAMA3_8B_H100_BF16_V1"
+    for change, message in ((("  tp: 1\n", "  tp: 0\n"), "x.yaml: layout.tp: Input should be greater than 0"),
+                            (("  mbs: 1\n", "  mbs: 1\n  zero: 1\n"), "x.yaml: layout.zero: Extra inputs are not "
+                                                                     "permitted")):
+        with pytest.raises(PlannerInputError) as err:
+            parse_recipe("x.yaml", good.replace(*change, 1))
+        assert str(err.value) == message
+
+
+def _recipe_text(name: str) -> str:
+    from importlib.resources import files
+
+    return files("hardware").joinpath("data/recipes", name).read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_a_refusal_is_the_one_its_file_lists(name):
     recipe = RECIPES[name]

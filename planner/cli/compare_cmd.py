@@ -27,7 +27,7 @@ _JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
 _FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "torchrec_model_s", "tokens_per_s_per_gpu",
            "unit", "mfu",
            "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
-           "extrapolated", "confidence", "why", "planning_s", "spec", "source")
+           "extrapolated", "confidence", "why", "planning_s", "spec", "source", "same_hardware")
 _WIDTH = 100  # text lines wrap here; CSV and JSON keep each reason on one line
 
 

@@ -128,17 +128,20 @@ RECIPE_FOLDER = "data/recipes"
 def load_recipes() -> tuple[PublishedRecipe, ...]:
     """Every recipe file of hardware/data/recipes, validated, in file-name order."""
     folder = files("hardware").joinpath(RECIPE_FOLDER)
-    out = []
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".yaml"):
-            continue
-        try:
-            out.append(PublishedRecipe.model_validate(yaml.safe_load(entry.read_text(encoding="utf-8"))))
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise PlannerInputError(f"hardware/{RECIPE_FOLDER}/{entry.name}: {where}: {first['msg']}") from None
-    return tuple(out)
+    entries = sorted((e for e in folder.iterdir() if e.name.endswith(".yaml")), key=lambda e: e.name)
+    return tuple(parse_recipe(f"hardware/{RECIPE_FOLDER}/{e.name}", e.read_text(encoding="utf-8")) for e in entries)
+
+
+def parse_recipe(path: str, text: str) -> PublishedRecipe:
+    """One recipe file's text, validated; PlannerInputError naming the file and the field otherwise."""
+    try:
+        return PublishedRecipe.model_validate(yaml.safe_load(text))
+    except yaml.YAMLError as err:
+        raise PlannerInputError(f"{path}: not YAML: {str(err).splitlines()[0]}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise PlannerInputError(f"{path}: {where}: {first['msg']}") from None
 
 
 def recipes_for(model: str, family: Family | None = None) -> tuple[PublishedRecipe, ...]:
