@@ -25,7 +25,7 @@ from typing import Any
 from hardware import Cluster, load_catalog, load_cluster
 from models import ModelGraph, load_model
 from planner.compare.plugins import UserStrategy, load_strategies
-from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, CompareRow, compare as compare_rows
+from planner.compare.table import NAMED, CompareRow, compare as compare_rows
 from planner.cost import Estimate, evaluate, refusals
 from planner.cost.evaluate import has_shared_experts
 from planner.compare.data_candidates import data_plan_over_degrees
@@ -50,6 +50,7 @@ from planner.plan.plots import RANKS_PNG, report_plots, ranks_png
 from planner.plan.report import LAUNCH_COMMANDS, render_report
 from planner.plan.schema import Plan, plan_json
 from planner.profile import CLI_RUNTIME, load_runtime
+from planner.recipes import NearestRecipe, nearest_recipe, recipe_section
 from planner.replan.candidates import ReplanOptions, ReplanResult, old_options, replan as replan_job
 from planner.replan.layout import plan_layout
 from planner.replan.output import replan_files
@@ -167,6 +168,14 @@ class Compiled:
             data["moe"] = self.plan.moe.model_dump(mode="json", exclude={"layers"})
         return data
 
+    def _recipe_section(self, plan: Plan) -> str:
+        """report.md's nearest published recipe, against the plan's step (replica groups: none applies)."""
+        t = plan.time
+        if plan.groups:
+            why = "the plan runs replica groups on different pools; a recipe has one layout for every rank"
+            return recipe_section(NearestRecipe(why=why), t.step_time_s, t.tokens_per_s_per_gpu)
+        return recipe_section(nearest_recipe(self.job, plan.single_strategy), t.step_time_s, t.tokens_per_s_per_gpu)
+
     def files(self, inputs: LaunchInputs = LaunchInputs()) -> dict[str, str | bytes]:
         """Every file of the output folder by relative path: plan.json, report.md and its figures, and each
         target's launch folder whose written strategy, costed under the target's runtime, holds the plan.
@@ -189,7 +198,8 @@ class Compiled:
         self.checks, self.skipped = tuple(checks), tuple(skipped)
         written = self.written
         files["report.md"] = render_report(self.plan, written, plots=True, checks=self.checks,
-                                           launch_inputs=inputs_section(inputs, written))
+                                           launch_inputs=inputs_section(inputs, written),
+                                           recipe=self._recipe_section(self.plan))
         files.update(report_plots(self.plan))
         return files
 
@@ -369,7 +379,7 @@ def compare_baselines(job: Job, *, only: tuple[str, ...] = (), strategies_file: 
     plugins: tuple[UserStrategy, ...] = ()
     if strategies_file is not None:
         names, plugins = load_strategies(Path(strategies_file),
-                                         tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES)))
+                                         NAMED)
     return compare_rows(job, tuple(dict.fromkeys(only + names)) or None, time_limit, plugins=plugins)
 
 

@@ -32,8 +32,13 @@ def dense_rows():
 
 def test_every_dense_baseline_is_scored_and_planner_is_never_slower(dense_rows):
     job, rows = dense_rows
-    # metis has nothing to decide on a one-pool cluster: left out, not shown as failing
-    assert [r.strategy for r in rows] == [name for name in DENSE_BASELINES if name != "metis"]
+    # metis has nothing to decide on a one-pool cluster: left out, not shown as failing; Llama 3 8B's published
+    # recipes stand where the family aliases are, NeMo's two H100 presets (this job's GPUs) then torchtitan's TOML
+    recipes = ["nemo:LLAMA3_8B_H100_BF16_V1", "nemo:LLAMA3_8B_H100_FP8_CS_V1", "torchtitan:llama3_8b.toml"]
+    assert [r.strategy for r in rows] == ["ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", *recipes,
+                                          "uniform-pp", "planner"]
+    assert [name for name in DENSE_BASELINES if name not in ("metis", "nemo-recipe", "torchtitan-recipe")] == \
+        [r.strategy for r in rows if r.strategy not in recipes]
     planner = rows[-1]
     assert planner.fits and planner.runtime == job.runtime.name == "reference"
     # the planner's space holds every strategy of a baseline costed under the same runtime; rows of other
@@ -285,25 +290,30 @@ def test_published_recipes_keep_their_layout_and_name_their_source():
 
 
 def test_a_recipe_that_does_not_apply_says_why():
-    moe = Job(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=4096)
-    (row,) = compare(moe, ("nemo-recipe",), time_limit=5)
-    assert not row.applicable and "no published nemo recipe for mixtral-8x7b" in row.why
+    dense = Job(model=load_model("llama2-7b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=4096)
+    (row,) = compare(dense, ("nemo-recipe",), time_limit=5)
+    assert not row.applicable and "no published nemo recipe for llama2-7b" in row.why
     big = Job(model=load_model("llama3-405b"), cluster=load_cluster("dgx-h100:4"), global_batch=64, seq_len=8192)
     (row,) = compare(big, ("nemo-recipe",), time_limit=5)
     assert not row.applicable and "8 x 8 x 2 = 128 does not divide 32 GPUs" in row.why
+    # torchtitan's llama3_8b.toml checkpoints per op: costed now (the torchtitan profile's `selective` section)
     small = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=64, seq_len=8192)
     (row,) = compare(small, ("torchtitan-recipe",), time_limit=5)
-    assert not row.applicable and "selective_ac_option='op'" in row.why
+    assert row.applicable and row.step_time_s is not None and parse_strategy(row.spec).recompute == "selective"
 
 
-def test_every_published_recipe_names_a_zoo_model_and_a_layout_its_runtime_can_run():
-    from models.zoo import ZOO
-    from planner.compare.recipes import load_recipes
+def test_compare_lists_every_published_recipe_of_the_model_those_for_its_gpus_first():
+    from planner.compare.table import baselines_for
+    from planner.recipes import recipes_for
 
-    for family in load_recipes().values():
-        runtime = load_runtime(family.runtime)
-        for recipe in family.recipes:
-            assert recipe.model in ZOO and recipe.source
-            if recipe.recompute != "per-op":
-                strategy = recipe.strategy(dp=2)
-                assert runtime.cannot_express(strategy, bool(load_model(recipe.model).num_experts), True) == []
+    job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:8"), global_batch=512, seq_len=8192)
+    names = [n for n in baselines_for(job) if ":" in n]
+    # the command: NeMo's two H100 presets (BF16, FP8) first (this job's GPUs), then torchtitan's TOML
+    assert names == ["nemo:LLAMA3_70B_H100_BF16_V1", "nemo:LLAMA3_70B_H100_FP8_CS_V1", "torchtitan:llama3_70b.toml"]
+    assert len(names) == len(recipes_for("llama3-70b"))
+    rows = compare(job, tuple(names), time_limit=5)
+    assert [r.same_hardware for r in rows] == [True, True, False]
+    # every row keeps its recipe's model parallelism; dp takes the 64 GPUs left: 64 / (4 x 4 x 2), 64 / (4 x 8)
+    assert [(parse_strategy(r.spec).dp, r.runtime) for r in rows] == [(2, "megatron"), (2, "megatron"),
+                                                                     (8, "torchtitan")]
+    assert all("written for 64 x dgx-h100" in r.source for r in rows[:2])

@@ -107,6 +107,28 @@ ENTRIES: list[ZooEntry] = [
         published_params=7_620_000_000, source=_HF + "Qwen/Qwen2-7B (7.62B params)",
     ),
     ZooEntry(
+        "qwen3-30b-a3b",
+        # config.json: head_dim 128 (wider than hidden / heads), every block a MoE block (decoder_sparse_step 1,
+        # mlp_only_layers []), so intermediate_size 6144 is unused; untied embeddings.  The per-head q/k RMSNorm
+        # weights (2 x 128 per block, 12,288 in all) are not modelled.
+        llama(name="qwen3-30b-a3b", num_layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+              vocab=151936, max_positions=40960, moe=MoEConfig(num_experts=128, top_k=8, expert_ffn=768),
+              source="Qwen Team 2025, Qwen3 Technical Report, arXiv 2505.09388; " + _HF + "Qwen/Qwen3-30B-A3B "
+              "config.json"),
+        published_params=30_500_000_000, published_active_params=3_300_000_000,
+        source=_HF + "Qwen/Qwen3-30B-A3B (model card: 30.5B params, 3.3B activated)",
+    ),
+    ZooEntry(
+        "qwen3-235b-a22b",
+        # as qwen3-30b-a3b: head_dim 128, every block MoE (intermediate_size 12288 unused), untied embeddings
+        llama(name="qwen3-235b-a22b", num_layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=12288,
+              vocab=151936, max_positions=40960, moe=MoEConfig(num_experts=128, top_k=8, expert_ffn=1536),
+              source="Qwen Team 2025, Qwen3 Technical Report, arXiv 2505.09388; " + _HF + "Qwen/Qwen3-235B-A22B "
+              "config.json"),
+        published_params=235_000_000_000, published_active_params=22_000_000_000,
+        source=_HF + "Qwen/Qwen3-235B-A22B (model card: 235B params, 22B activated)",
+    ),
+    ZooEntry(
         "gpt-neox-20b",
         # RoPE on 25% of each head (no params), parallel residual (same params), untied embed_out
         gpt(name="gpt-neox-20b", num_layers=44, hidden=6144, heads=64, vocab=50432, position="rope",

@@ -15,7 +15,7 @@ from planner.cli import render
 from planner.cli.options import (data_profile_option, finite_seconds, job_options, json_option, memory_margin_option,
                                  note_default_runtime, runtime_option, user_errors)
 from planner.compare.torchrec_baseline import TORCHREC_MODEL
-from planner.compare.table import BREAKDOWN_TERMS, DENSE_BASELINES, EMBEDDING_BASELINES, EMBEDDING_RUNTIME, CompareRow
+from planner.compare.table import BREAKDOWN_TERMS, EMBEDDING_RUNTIME, NAMED, CompareRow
 from planner.plan.output import check_file_target, write_file
 from planner.plan.schema import Plan
 from planner.job import MoeRouting, Precision
@@ -27,7 +27,7 @@ _JOB_FIELDS = ("model", "cluster", "batch", "seq_len", "precision")
 _FIELDS = (*_JOB_FIELDS, "strategy", "runtime", "gpus_used", "step_time_s", "torchrec_model_s", "tokens_per_s_per_gpu",
            "unit", "mfu",
            "peak_hbm_bytes", "host_bytes", "nvme_bytes", "applicable", "fits", *BREAKDOWN_TERMS, "solver_status", "gap",
-           "extrapolated", "confidence", "why", "planning_s", "spec", "source")
+           "extrapolated", "confidence", "why", "planning_s", "spec", "source", "same_hardware")
 _WIDTH = 100  # text lines wrap here; CSV and JSON keep each reason on one line
 
 
@@ -38,7 +38,7 @@ def _text(rows: list[CompareRow]) -> str:
         return "-" if value is None else format(value, fmt)
 
     host = any(r.host_bytes for r in rows)  # the host column only where something is offloaded
-    body = [[r.strategy, r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"),
+    body = [[r.strategy + ("*" if r.same_hardware else ""), r.runtime, num(r.gpus_used, "d"), num(r.step_time_s, ".4g"),
              num(r.tokens_per_s_per_gpu, ",.0f"), num(r.mfu and 100 * r.mfu, ".1f"),
              num(r.peak_hbm_bytes and r.peak_hbm_bytes / 1e9, ".1f"),
              *([num(r.host_bytes and r.host_bytes / 1e9, ".1f")] if host else []),
@@ -54,7 +54,8 @@ def _text(rows: list[CompareRow]) -> str:
         for r, line in zip(rows, body):
             line.insert(4, num(r.torchrec_model_s, ".4g"))
         right = tuple(i + (i >= 4) for i in right) + (4,)
-    return render.table(heads, body, right=right) + "\n" + _plans(rows)
+    marked = "\n* a published recipe written for this job's GPUs" if any(r.same_hardware for r in rows) else ""
+    return render.table(heads, body, right=right) + marked + "\n" + _plans(rows)
 
 
 def _plans(rows: list[CompareRow]) -> str:
@@ -93,8 +94,8 @@ def _margin(rows: list[CompareRow]) -> str:
     planned, planner_time = planner
     ratio = best_time / planner_time
     side = "faster" if ratio >= 1 else "slower"
-    line = (f"planner ({planned.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best baseline, "
-            f"{best.strategy} ({best.runtime} runtime)")
+    line = textwrap.fill(f"planner ({planned.runtime} runtime) is {max(ratio, 1 / ratio):.3f}x {side} than the best "
+                         f"baseline, {best.strategy} ({best.runtime} runtime)", _WIDTH, break_on_hyphens=False)
     theirs = sorted(((r.torchrec_model_s, r.strategy) for r in rows
                      if r.strategy != "planner" and r.fits and r.torchrec_model_s))
     if planned.torchrec_model_s and theirs:  # the same plans in TorchRec's own estimators
@@ -126,7 +127,7 @@ def _legend(rows: list[CompareRow]) -> str:
 @click.argument("model")
 @click.argument("cluster")
 @job_options
-@click.option("--only", "only", multiple=True, type=click.Choice(sorted(set(DENSE_BASELINES + EMBEDDING_BASELINES))),
+@click.option("--only", "only", multiple=True, type=click.Choice(sorted(NAMED)),
               help="Score only these strategies (repeatable).")
 @click.option("--strategies", "strategies_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               metavar="FILE", help="A YAML file whose `strategies:` list names built-in strategies and adds your own: "

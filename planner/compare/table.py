@@ -12,10 +12,13 @@ Each baseline is a named generator with its source:
   of these, dp for the rest, ep over dp for experts, micro-batch 1, the distributed
   optimizer (ZeRO-1), selective then full recompute, interleaving (vpp) when it
   is faster; on a mixed cluster the fastest pool only.
-* nemo-recipe, torchtitan-recipe: the frameworks' published layouts for the
-  job's model (Megatron-Bridge performance presets, torchtitan train_configs;
-  hardware/data/recipes.yaml, the source in the row's `source`), data
-  parallelism for the GPUs left (planner.compare.recipes).
+* published recipes: every recipe of the job's model in hardware/data/recipes/
+  (Megatron-Bridge / NeMo performance configs, torchtitan train_configs), each
+  its own row named after its source (nemo:LLAMA3_70B_H100_BF16_V1), those
+  written for the job's GPUs first and marked (`same_hardware`), data
+  parallelism for the GPUs left (planner.compare.recipes); a family with no
+  recipe for the model is one row saying so (nemo-recipe, torchtitan-recipe,
+  which also name the family's preferred recipe in sweeps).
 * uniform-pp: the best strategy whose pipeline stages hold equal numbers of
   blocks (the even split of Megatron-LM and DeepSpeed's PipelineModule
   `partition_method="uniform"`), every block recomputing alike.
@@ -62,7 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.compare.baselines import megatron_plan, metis_greedy, uniform_pp
 from planner.compare.plugins import UserStrategy, plugin_job, timed_strategy
-from planner.compare.recipes import RECIPE_BASELINES, recipe_runtime, recipe_strategy
+from planner.compare.recipes import RECIPE_ALIASES, by_name, missing_family, preferred, recipe_rows, same_hardware
 from planner.cost import evaluate
 from planner.cost.estimate import Breakdown, Estimate
 from planner.cost.evaluate import has_shared_experts
@@ -73,6 +76,7 @@ from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job
 from planner.plan.moe import without_replicas
 from planner.profile import RuntimeProfile, load_runtime
+from planner.recipes import load_recipes, on_job
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
@@ -126,6 +130,8 @@ class CompareRow(BaseModel):
                                       "covers (planner.cost.confidence); None when nothing is costed.")
     confidence: list[str] = Field(default_factory=list, description="The reasons when extrapolated.")
     source: str = Field("", description="Where a published recipe's layout comes from (file and revision).")
+    same_hardware: bool | None = Field(None, description="A published recipe's row: whether the recipe was "
+                                       "written for the job's GPUs; None for other rows.")
     torchrec_model_s: float | None = Field(None, description="Recommendation models: the plan's embedding seconds "
                                            "per step in TorchRec's own estimators (EmbeddingPerfEstimator; its "
                                            "NoopPerfModel rating, the slowest rank's shards, no dense part); None "
@@ -305,40 +311,45 @@ def _embedding(name: str, job: Job, time_limit: float) -> CompareRow:
                       solver_status=status, gap=gap, torchrec_model_s=own_s)
 
 
-DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", "nemo-recipe", "torchtitan-recipe",
+# the default rows put the model's published recipes (planner.compare.recipes.recipe_rows), one row each, where
+# these aliases stand; named alone, an alias is its family's preferred recipe
+DENSE_BASELINES = ("ddp", "zero1", "zero2", "zero3", "hsdp", "megatron", *RECIPE_ALIASES,
                    "uniform-pp", "metis", "planner")
 MIXED_CLUSTER_ONLY = ("metis",)  # left out on one-pool clusters, where they have nothing to decide
 EMBEDDING_BASELINES = (TORCHREC, GREEDY_NAME, "planner")
+RECIPE_NAMES = tuple(r.name for r in load_recipes())  # every published recipe's row name
+NAMED = tuple(dict.fromkeys(DENSE_BASELINES + RECIPE_NAMES + EMBEDDING_BASELINES))  # every name a row may take
 
 
 def baselines_for(job: Job) -> tuple[str, ...]:
     """The strategies that apply to the job's model and cluster."""
     if job.model.family == "recsys":
         return EMBEDDING_BASELINES
-    if len(job.cluster.pools) < 2:
-        return tuple(name for name in DENSE_BASELINES if name not in MIXED_CLUSTER_ONLY)
-    return DENSE_BASELINES
+    names = DENSE_BASELINES if len(job.cluster.pools) > 1 else tuple(
+        name for name in DENSE_BASELINES if name not in MIXED_CLUSTER_ONLY)
+    aliases = [name for name in names if name in RECIPE_ALIASES]
+    at = names.index(aliases[0])
+    return names[:at] + recipe_rows(job) + tuple(name for name in names[at:] if name not in RECIPE_ALIASES)
 
 
 def _published(name: str, job: Job) -> CompareRow:
-    """A published recipe's row (planner.compare.recipes), costed under its framework's runtime."""
-    on = job.on(load_runtime(recipe_runtime(name)))
+    """A published recipe's row (planner.compare.recipes), costed under its framework's runtime; `name` is the
+    recipe's row name or a family alias (nemo-recipe), which keeps its own name."""
     start = time.perf_counter()
-    strategy, why, source = recipe_strategy(name, on)
-    if strategy is None:
-        return _failed(name, on.runtime.name, why, time.perf_counter() - start, applicable=False).model_copy(
-            update={"source": source})
-    missing = on.runtime.cannot_express(strategy, bool(on.model.num_experts), on.flash,
-                                        shared_experts=has_shared_experts(on))
-    if missing:
-        return _failed(name, on.runtime.name, f"{on.runtime.name} cannot run {'; '.join(missing)}",
-                       time.perf_counter() - start, applicable=False).model_copy(update={"source": source})
-    try:
-        estimate = evaluate(on, strategy)
-    except PlannerInputError as err:  # the recipe's layout breaks a rule of this job (e.g. heads and tp)
-        return _failed(name, on.runtime.name, str(err), time.perf_counter() - start,
-                       applicable=False).model_copy(update={"source": source})
-    return _row_from_estimate(name, estimate, time.perf_counter() - start).model_copy(update={"source": source})
+    recipe = preferred(name, job) if name in RECIPE_ALIASES else by_name(name)
+    if recipe is None:
+        runtime = "megatron" if RECIPE_ALIASES.get(name) == "nemo" else "torchtitan"
+        return _failed(name, runtime, missing_family(name, job), 0.0, applicable=False)
+    source = (f"{recipe.source.repository} {recipe.source.path} {recipe.source.config} ({recipe.source.revision}); "
+              f"written for {recipe.hardware.gpus} x {recipe.hardware.cluster.split(':')[0]}, global batch "
+              f"{recipe.global_batch} x {recipe.seq_len}")
+    marks = {"source": source, "same_hardware": same_hardware(recipe, job)}
+    run = on_job(recipe, job)
+    elapsed = time.perf_counter() - start
+    if run.estimate is None:
+        return _failed(name, run.job.runtime.name, run.why, elapsed, applicable=run.applicable).model_copy(
+            update=marks)
+    return _row_from_estimate(name, run.estimate, elapsed).model_copy(update=marks)
 
 
 def _plugin(plugin: UserStrategy, job: Job) -> CompareRow:
@@ -387,7 +398,7 @@ def compare(job: Job, strategies: tuple[str, ...] | None = None, time_limit: flo
             rows.append(_megatron(on))
         elif name == "uniform-pp":
             rows.append(_uniform(on, time_limit))
-        elif name in RECIPE_BASELINES:
+        elif name in RECIPE_ALIASES or by_name(name) is not None:
             rows.append(_published(name, _framework_placement(job)))
         elif name == "metis":
             rows.append(_metis(on, time_limit))

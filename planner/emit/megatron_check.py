@@ -48,7 +48,8 @@ Rules (Megatron-LM core_v0.16.1; most date from core_r0.12):
   sigmoid score; --moe-router-group-topk needs --moe-router-num-groups;
   --moe-layer-freq lists one entry per layer.
 * --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__): ep > 1,
-  no full recompute, --num-layers-per-virtual-pipeline-stage with pp > 1, and
+  no full recompute, a virtual pipeline size with pp > 1 (--num-layers-per-virtual-pipeline-stage or a
+  --pipeline-model-parallel-layout of more than pp chunks), and
   with it --delay-wgrad-compute as the MoE README pairs them.
 """
 
@@ -341,9 +342,12 @@ def _moe_errors(args: dict[str, Any], world_size: int, pp: int) -> list[str]:
             errors.append("--overlap-moe-expert-parallel-comm needs expert-model-parallel-size > 1")
         if args.get("recompute-granularity") == "full":
             errors.append("--overlap-moe-expert-parallel-comm excludes --recompute-granularity full")
-        if pp > 1 and args.get("num-layers-per-virtual-pipeline-stage") is None:
+        # Megatron-Core asserts a virtual pipeline size, which an explicit layout of more than pp chunks also sets
+        chunks = len(_unrolled(str(args["pipeline-model-parallel-layout"])).split("|")) \
+            if args.get("pipeline-model-parallel-layout") is not None else 0
+        if pp > 1 and args.get("num-layers-per-virtual-pipeline-stage") is None and chunks <= pp:
             errors.append("--overlap-moe-expert-parallel-comm with pipeline parallelism needs "
-                          "--num-layers-per-virtual-pipeline-stage")
+                          "--num-layers-per-virtual-pipeline-stage or a layout of more than pp chunks")
     pattern, layers = layer_pattern(args.get("moe-layer-freq", 1)), _given(args, "num-layers")
     if isinstance(pattern, list) and layers is not None and len(pattern) != layers:
         errors.append(f"moe-layer-freq lists {len(pattern)} layers, num-layers is {layers}")

@@ -73,6 +73,7 @@ _LLAMA2 = ModelFacts(source=_hf("meta-llama/Llama-2-7b-hf", "rms_norm_eps 1e-05;
 _LLAMA3 = ModelFacts(rotary_base=500000,
                      source=_hf("meta-llama/Meta-Llama-3-8B", "rope_theta 500000; rms_norm_eps 1e-05"))
 _MIXTRAL = "rope_theta 1e6; rms_norm_eps 1e-05; router_aux_loss_coef {}; softmax over the top-2 logits"
+_QWEN3 = "rope_theta 1e6; rms_norm_eps 1e-06; router_aux_loss_coef 0.001; norm_topk_prob true"
 FACTS: dict[str, ModelFacts] = {
     "llama2-7b": _LLAMA2, "llama2-13b": _LLAMA2, "llama2-70b": _LLAMA2,
     "llama3-8b": _LLAMA3, "llama3-70b": _LLAMA3,
@@ -89,6 +90,12 @@ FACTS: dict[str, ModelFacts] = {
         source=_hf("mistralai/Mixtral-8x22B-v0.1", _MIXTRAL.format(0.001))),
     "qwen2-7b": ModelFacts(rotary_base=1000000, norm_epsilon=1e-6,
                            source=_hf("Qwen/Qwen2-7B", "rope_theta 1e6; rms_norm_eps 1e-06")),
+    "qwen3-30b-a3b": ModelFacts(rotary_base=1000000, norm_epsilon=1e-6, router=RouterRecipe(
+        aux_loss_coeff=0.001, source=_hf("Qwen/Qwen3-30B-A3B", "router_aux_loss_coef 0.001")),
+        source=_hf("Qwen/Qwen3-30B-A3B", _QWEN3)),
+    "qwen3-235b-a22b": ModelFacts(rotary_base=1000000, norm_epsilon=1e-6, router=RouterRecipe(
+        aux_loss_coeff=0.001, source=_hf("Qwen/Qwen3-235B-A22B", "router_aux_loss_coef 0.001")),
+        source=_hf("Qwen/Qwen3-235B-A22B", _QWEN3)),
     "gpt2-xl": ModelFacts(source=_hf("openai-community/gpt2-xl", "layer_norm_epsilon 1e-05; n_positions 1024")),
     "gpt3-175b": ModelFacts(init_std=0.006, source="Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh "
                                                    "(--init-method-std 0.006; Megatron's LayerNorm epsilon)"),

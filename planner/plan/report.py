@@ -339,11 +339,12 @@ def _targets(plan: Plan, checks: Sequence[TargetCheck]) -> list[str]:
 
 
 def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False,
-                  checks: Sequence[TargetCheck] = (), launch_inputs: str = "") -> str:
+                  checks: Sequence[TargetCheck] = (), launch_inputs: str = "", recipe: str = "") -> str:
     """report.md for a compiled plan; `targets` are the launch folders written beside it; `plots`: link
     memory.png and time.png (planner.plan.plots), written beside it too; `checks`: every target's check
     (planner.emit.check), written or not, for the Targets section; `launch_inputs`: the Launch inputs section
-    (planner.emit.inputs.inputs_section)."""
+    (planner.emit.inputs.inputs_section); `recipe`: the nearest published recipe's section
+    (planner.recipes.recipe_section)."""
     job, t = plan.job, plan.time
     kernel = "" if job.flash_attention else ", no flash attention"
     lines = [
@@ -381,6 +382,7 @@ def render_report(plan: Plan, targets: tuple[str, ...] = (), plots: bool = False
         "",
         *_runners_up(plan),
         "",
+        *([recipe] if recipe else []),
         *moe_report_lines(plan),
         *_targets(plan, checks),
         "## Launch",

@@ -41,7 +41,7 @@ from models import ModelInputError, load_model
 from models.graph import ModelGraph
 from models.spec import read_mapping
 from planner.compare.plugins import UserStrategy, check_names, parse_entries, with_search_path
-from planner.compare.table import DENSE_BASELINES, EMBEDDING_BASELINES, baselines_for
+from planner.compare.table import NAMED, baselines_for
 from planner.errors import PlannerInputError
 from planner.job import Job, Precision
 from planner.emit import primary_runtime
@@ -51,7 +51,7 @@ from planner.sweep.tasks import SweepTask
 if TYPE_CHECKING:  # the names are data (the baselines' tables): the Literal is built from them at run time
     StrategyName = str
 else:
-    StrategyName = Literal[tuple(dict.fromkeys(DENSE_BASELINES + EMBEDDING_BASELINES))]
+    StrategyName = Literal[NAMED]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]  # strict: YAML "64" or true is a mistake, not 64 or 1
 # Scenarios (grid points plus extra scenarios) a sweep runs without `--yes`: beyond it the grid is most
 # likely a typo, and its rows, tables and figures would take hours and gigabytes (docs/cli.md, planner sweep).
@@ -141,7 +141,7 @@ class SweepSpec(BaseModel):
             raise ValueError(f"the grid needs every axis; missing or empty: {', '.join(missing)}")
         if len(missing) == len(axes) and not self.scenarios:
             raise ValueError("no scenarios: give models, clusters, batches and seq_lens, or a `scenarios` list")
-        known = set(DENSE_BASELINES + EMBEDDING_BASELINES) | {p.name for p in self.plugins}
+        known = set(NAMED) | {p.name for p in self.plugins}
         for k, extra in enumerate(self.scenarios):
             for name in extra.strategies or ():
                 if name not in known:
@@ -193,7 +193,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     load_profiles(spec, path)  # every profile readable before any solve starts
     if not spec.plugins:
         return spec
-    check_names(spec.plugins, tuple(DENSE_BASELINES + EMBEDDING_BASELINES), f"{path}: strategies")
+    check_names(spec.plugins, NAMED, f"{path}: strategies")
     try:
         plugins = iter(with_search_path(spec.plugins, path.parent))
     except PlannerInputError as err:
