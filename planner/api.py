@@ -42,7 +42,7 @@ from planner.emit.inputs import LaunchInputs, checkpoints_inside, input_lines, i
 from planner.errors import InfeasibleError, PlannerInputError
 from planner.job import Job, MoeRouting, Precision
 from planner.plan.build import inputs_digest
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.moe import MoePlacementPlan, moe_placement_plan, without_replicas
 from planner.plan.output import write_outputs
 from planner.plan.prefer import prefer as prefer_plan

@@ -7,7 +7,7 @@ from hardware import load_cluster
 from models import load_model
 from planner.cost import evaluate
 from planner.job import Job
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.search.result import Certificate, CompileOptions, CompileResult
 from planner.plan.schema import Plan
 from planner.strategy import Strategy, parse_strategy

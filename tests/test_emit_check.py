@@ -17,7 +17,7 @@ from planner.cost import evaluate
 from planner.emit import TARGET_RUNTIMES, RefusedPlan, UnsupportedPlan, strategy_writer
 from planner.emit.check import TOLERANCE, check_target, emit_checked, emit_targets
 from planner.job import Job
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.report import render_report
 from planner.plan.schema import Plan
 from planner.profile import load_runtime

@@ -42,7 +42,7 @@ from planner.emit import UnsupportedPlan  # noqa: E402
 from planner.emit.deepspeed import emit, layer_specs  # noqa: E402
 from planner.emit.inputs import LaunchInputs  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.plan.groups import build_plan  # noqa: E402
+from planner.plan.assemble import build_plan  # noqa: E402
 from planner.search.compile import compile_job  # noqa: E402
 from planner.search.result import Certificate, CompileOptions, CompileResult  # noqa: E402
 from planner.search.space import SpaceOptions  # noqa: E402

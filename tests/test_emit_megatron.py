@@ -25,7 +25,7 @@ from planner.cost import evaluate
 from planner.emit import UnsupportedPlan, emitter
 from planner.emit.inputs import LaunchInputs
 from planner.emit.megatron_check import check_megatron_args
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.search.result import Certificate, CompileOptions, CompileResult
 from planner.profile import load_runtime
 from planner.strategy import parse_strategy

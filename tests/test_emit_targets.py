@@ -19,7 +19,7 @@ from planner.emit.check import emit_targets
 from planner.emit.megatron import megatron_args
 from planner.emit.megatron_check import check_megatron_args
 from planner.job import Job
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.search.compile import compile_job
 from planner.search.result import Certificate, CompileOptions, CompileResult
 from planner.search.space import SpaceOptions

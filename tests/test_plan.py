@@ -17,7 +17,7 @@ from planner.search.explain import explain_infeasible
 from planner.job import Job
 from planner.plan.output import write_outputs
 from planner.plan.build import rank_location
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.schema import GroupStrategy, Plan, ReplicaGroupsStrategy, plan_json, plan_json_schema
 from planner.plan.report import render_report
 from planner.search.compile import compile_job

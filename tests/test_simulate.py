@@ -14,7 +14,7 @@ from models import load_model
 from planner.cli import cli
 from planner.job import Job
 from planner.profile import load_runtime
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.schema import plan_json
 from planner.simulate import simulate, summarize
 from planner.simulate.engine import Task, run
@@ -322,7 +322,7 @@ def test_cli_simulate_needs_the_model_file_of_a_file_plan(tmp_path):
 
 def test_replica_group_plan_simulates_every_group_and_the_sync():
     from test_compile import SMALL
-    from test_groups import _groups
+    from test_replica_groups import _groups
 
     job, compiled = _groups()
     plan = build_plan(job, compiled, CompileOptions(space=SpaceOptions(**SMALL, fixed={"cp": 1})))

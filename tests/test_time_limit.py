@@ -18,7 +18,7 @@ import planner.search.compile as solve
 from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.schema import Plan, plan_json
 from planner.plan.report import render_report
 from planner.search.compile import RUNNER_UP_WORK, compile_job, solve_work

@@ -1,5 +1,5 @@
 """Build a Plan from a compile result: the inputs digest, where each stage's ranks sit, per-stage
-contents, memory and time (the single-strategy plan; replica groups: `planner.plan.groups`).
+contents, memory and time (the single-strategy plan; replica groups: `planner.plan.replica_groups`).
 
 Rank order is Megatron's (tp fastest, then cp, dp, pp); see `planner.plan.schema`.
 """

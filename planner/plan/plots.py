@@ -160,7 +160,7 @@ def _time_rows(plan: Plan) -> list[tuple[str, dict[str, float], float]]:
         return [("step", plan.time.breakdown.model_dump(), plan.time.step_time_s)]
     rows = [(f"{g.pool} (batch {g.batch})", g.plan.time.breakdown.model_dump(), g.plan.time.step_time_s)
             for g in plan.groups]
-    # the job: the slowest group with the cross-group sync in its data-parallel term (planner.plan.groups)
+    # the job: the slowest group with the cross-group sync in its data-parallel term (planner.plan.replica_groups)
     rows.append(("step (slowest group + sync)", plan.time.breakdown.model_dump(), plan.time.step_time_s))
     return rows
 

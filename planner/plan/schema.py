@@ -356,7 +356,7 @@ class Plan(BaseModel):
     runners_up: list[PlanRunnerUp] = Field(description="Next-best strategies, best first.")
     groups: list[PlanGroup] = Field(
         default_factory=list, description="Replica groups (data parallelism across pools, a strategy and batch "
-        "share per pool; planner.cost.groups); [] for a single-strategy plan.")
+        "share per pool; planner.cost.replica_groups); [] for a single-strategy plan.")
     preference: PlanPreference | None = Field(
         None, description="How the plan was chosen among those within the model's error of the optimum "
         "(compile --prefer); None in plans written before the rule.")

@@ -9,7 +9,7 @@ import json
 from planner.emit.check import emit_checked
 from planner.emit.inputs import LaunchInputs, inputs_section
 from planner.plan.build import inputs_digest
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.plots import report_plots
 from planner.plan.report import render_report
 from planner.plan.schema import Plan, plan_json

@@ -35,7 +35,7 @@ the FCDP host cache; in the offload pass also optimizer and parameter offload
 to host or NVMe and partial optimizer offload).
 
 On a mixed cluster (objective time) replica groups are searched first
-(`planner.search.groups`: a strategy and batch share per pool, each share a
+(`planner.search.replica_groups`: a strategy and batch share per pool, each share a
 compile of its pool alone through `_compile_pool`); their best plan is the
 incumbent the configurations must beat, and their bound joins the
 certificate.  A group plan that fits counts as "something fits" for offload.
@@ -59,10 +59,10 @@ from planner.search.ilp.model import Program, Row, build_program
 from planner.search.ilp.surcharge import Surcharge
 from planner.search.ilp.build import build_tables, stage_pools_for
 from planner.search.ilp.tables import NS, ConfigTables, TableBuilder
-from planner.cost.groups import ReplicaGroup, evaluate_groups, group_job
+from planner.cost.replica_groups import ReplicaGroup, evaluate_groups, group_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
-from planner.search.groups import GroupSearch, cluster_floor, search_groups, share_grid
+from planner.search.replica_groups import GroupSearch, cluster_floor, search_groups, share_grid
 from planner.search.space import (SpaceOptions, global_configs, limits_note, narrow_to_runtime, placement_variants,
                                   ties_recompute)
 from planner.search.warm import routed_share, state_share, warm_start

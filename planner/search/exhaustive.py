@@ -28,9 +28,9 @@ from typing import Iterator, Literal
 
 from hardware import Catalog, load_catalog
 from planner.cost import evaluate
-from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
+from planner.cost.replica_groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
-from planner.search.groups import share_grid
+from planner.search.replica_groups import share_grid
 from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants, shape_allowed
 from planner.strategy import Strategy
 
@@ -170,7 +170,7 @@ def batch_splits(pools: int, shares: int) -> Iterator[tuple[int, ...]]:
 
 def exhaustive_groups(job: Job, space: SpaceOptions | None = None, limit: int = 200_000,
                       catalog: Catalog | None = None) -> tuple[list[ReplicaGroup], float] | None:
-    """The best replica-group plan (planner.search.groups' space) by brute force: every split of the batch
+    """The best replica-group plan (planner.search.replica_groups' space) by brute force: every split of the batch
     into shares over the pools, each active pool scored by `exhaustive_optimum` of its sub-job under
     the grain rule, step = slowest group + sync.  None if no split fits."""
     catalog = catalog or load_catalog()

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.cost import Estimate
-from planner.cost.groups import GroupsEstimate
+from planner.cost.replica_groups import GroupsEstimate
 from planner.errors import GroupPlanError
 from planner.search.space import SpaceOptions
 from planner.strategy import Strategy

@@ -4,7 +4,7 @@ A plan names its model and cluster (`plan.job`): zoo names and PRESET:NODES
 load as they are; a model or cluster that came from a file is only named, so
 the caller passes the file (`--model`, `--cluster`), and it is checked
 against the plan (parameters, GPUs).  Replica-group plans simulate every
-group on its pool and add the cross-group sync (planner.cost.groups).
+group on its pool and add the cross-group sync (planner.cost.replica_groups).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hardware import Catalog, HardwareInputError, load_catalog, load_cluster
 from models import ModelInputError, load_model
 from models.spec import parse_json, read_text
-from planner.cost.groups import group_job, sync_seconds
+from planner.cost.replica_groups import group_job, sync_seconds
 from planner.errors import PlannerInputError
 from planner.job import Job
 from planner.profile import load_runtime

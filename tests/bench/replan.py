@@ -37,7 +37,7 @@ from hardware import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.errors import InfeasibleError  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.plan.groups import build_plan  # noqa: E402
+from planner.plan.assemble import build_plan  # noqa: E402
 from planner.profile import CLI_RUNTIME, load_runtime  # noqa: E402
 from planner.replan.candidates import ReplanOptions, replan  # noqa: E402
 from planner.replan.layout import plan_layout  # noqa: E402

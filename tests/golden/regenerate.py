@@ -20,7 +20,7 @@ from hardware import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.emit import UnsupportedPlan, available_targets, emitter  # noqa: E402
 from planner.job import Job  # noqa: E402
-from planner.plan.groups import build_plan  # noqa: E402
+from planner.plan.assemble import build_plan  # noqa: E402
 from planner.search.compile import compile_job  # noqa: E402
 from planner.search.result import CompileOptions  # noqa: E402
 from planner.search.space import SpaceOptions  # noqa: E402

@@ -1,6 +1,6 @@
 """Replica-group search: how to split the batch over the pools, and each pool's best strategy.
 
-The space (planner.cost.groups): every pool either idles or runs one replica
+The space (planner.cost.replica_groups): every pool either idles or runs one replica
 group on its share of the global batch B.  Shares are multiples of a grain
 g = B / N sequences (N the largest power of two up to 16 dividing B), and a
 group may use any strategy of its pool's space whose data-parallel width times
@@ -35,7 +35,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from hardware import Catalog
-from planner.cost.groups import ReplicaGroup, group_job, sync_seconds
+from planner.cost.replica_groups import ReplicaGroup, group_job, sync_seconds
 from planner.job import Job
 from planner.search.result import CompileResult
 

@@ -1,5 +1,5 @@
-"""Replica groups on mixed clusters: a strategy and a batch share per pool (planner.cost.groups,
-planner.search.groups), held to a brute-force oracle, and their plan, report and CLI."""
+"""Replica groups on mixed clusters: a strategy and a batch share per pool (planner.cost.replica_groups,
+planner.search.replica_groups), held to a brute-force oracle, and their plan, report and CLI."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.cli import cli
-from planner.cost.groups import evaluate_groups, sync_seconds
+from planner.cost.replica_groups import evaluate_groups, sync_seconds
 from planner.errors import GroupPlanError
 from planner.plan.runnable import strategy_problem
 from planner.search.exhaustive import batch_splits, exhaustive_groups
-from planner.plan.groups import build_plan
+from planner.plan.assemble import build_plan
 from planner.plan.schema import Plan, ReplicaGroupsStrategy, plan_json
 from planner.plan.report import render_report
 from planner.search.compile import compile_job
 from planner.search.result import CompileOptions
-from planner.search.groups import compute_floor, proportional, share_grid
+from planner.search.replica_groups import compute_floor, proportional, share_grid
 from planner.search.space import SpaceOptions
 from hardware import load_catalog
 from test_compile import PROPERTY, SMALL, _cluster, _job, _model, assert_matches_oracle

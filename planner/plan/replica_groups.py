@@ -1,7 +1,7 @@
-"""The Plan of a replica-group compile (every pool's group with its own plan, and the whole job's summary),
-and `build_plan`, which makes the Plan of any compile result.
+"""The Plan of a replica-group compile: every pool's group with its own plan, and the whole job's summary
+(`planner.plan.assemble.build_plan` picks this or the single-strategy plan).
 
-Each group's plan is `build_plan` of its pool sub-job (pool alone, its batch
+Each group's plan is the single-strategy plan of its pool sub-job (pool alone, its batch
 share) and that compile's result, so it carries the group's strategy, stages,
 ranks (counted from the group's first rank), memory and certificate.  The
 top-level plan has the job, the groups' strategies in one SPEC-like line, the
@@ -14,18 +14,11 @@ from __future__ import annotations
 
 from planner.version import __version__
 from planner.cost.confidence import Confidence
-from planner.cost.groups import group_job
+from planner.cost.replica_groups import group_job
 from planner.job import Job
 from planner.plan.build import build_single_plan, inputs_digest, plan_job, plan_solver, runner_up
 from planner.plan.schema import GroupStrategy, Plan, PlanGroup, PlanMemory, PlanTime, ReplicaGroupsStrategy
 from planner.search.result import CompileOptions, CompileResult
-
-
-def build_plan(job: Job, result: CompileResult, options: CompileOptions) -> Plan:
-    """The Plan of a compile result, single-strategy or replica groups: deterministic in (job, result, options)."""
-    if result.groups is None:
-        return build_single_plan(job, result, options)
-    return build_group_plan(job, result, options)
 
 
 def groups_spec(plan_groups: list[PlanGroup]) -> str:
@@ -43,7 +36,7 @@ def build_group_plan(job: Job, result: CompileResult, options: CompileOptions) -
     groups = []
     for scored in estimate.groups:
         pool, batch = scored.group.pool, scored.group.batch
-        sub = build_plan(group_job(job, pool, batch), result.group_results[pool], options)
+        sub = build_single_plan(group_job(job, pool, batch), result.group_results[pool], options)
         groups.append(PlanGroup(pool=pool, batch=batch, first_rank=offsets[pool][0], first_node=offsets[pool][1],
                                 plan=sub))
     slowest = max(groups, key=lambda g: g.plan.time.step_time_s)
