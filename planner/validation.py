@@ -64,6 +64,10 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
         micro = job.global_batch // max(1, replicas_batch)
         if micro % s.pp:
             problems.append(f"interleaved schedule needs micro-batches({micro}) % pp({s.pp}) == 0")
+    if s.pipeline_schedule == "dualpipev":
+        micro = job.global_batch // max(1, replicas_batch)
+        if micro < 2 * s.pp:  # torch ScheduleDualPipeV raises below one micro-batch per model chunk
+            problems.append(f"dualpipev needs micro-batches({micro}) >= 2 * pp({s.pp}) (one per model chunk)")
     if any(layer.kind == LayerKind.EMBEDDING_BAG for layer in model.layers) and s.pp > 1:
         problems.append("pp > 1 is not supported for recsys models")
     if problems:

@@ -234,7 +234,7 @@ def _stage_cap(search: _Search, config: Strategy, micro_batches: int, pools: lis
     if runner_up:  # slower than the incumbent by definition: the report lists those within RUNNER_UP_SPAN of it
         return RUNNER_UP_SPAN * search.incumbent / (m * floor)
     cap = search.incumbent / (m * floor)
-    if search.options.objective == "time" and m * v > 1:
+    if search.options.objective == "time" and m * v > 1 and not config.v_shape:  # V: the fill may be ~0
         least_sum = search.builder.sum_floor(config, pools)
         cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
     return cap

@@ -22,7 +22,8 @@ from planner.cost.stage import EXPERT_TIMES_READS, LAYER_TIMES_READS, compose_st
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
 from planner.job import Job
-from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
+from planner.search.ilp.bounds import (even_pipeline_bound, pipeline_fill_bound, pipeline_floor, slots_limit,
+                                       smallest_sufficient)
 from planner.search.ilp.segments import Segment, offloads, stage_contents, variants_key
 from planner.strategy import Strategy, strategy_key
 
@@ -107,7 +108,7 @@ class Floors:
             lo = need * w / p + c  # balanced stages
         else:
             lo = slots_limit([(w, c, k) for w, c, _, k in per_pool], p, need)
-        return (m - 1 / v) * lo + self.sum_floor(strategy, pools) / v
+        return pipeline_floor(lo, self.sum_floor(strategy, pools), m, v, strategy.v_shape)
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
                       enough: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> float:
@@ -130,10 +131,13 @@ class Floors:
         if len(pools) == 1:
             # one pool: some stage holds at least ceil(B / pp) blocks
             fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p), variants) if blocks else 0.0
-            return (m - 1 / v) * fastest + self.sum_floor(strategy, pools) / v
-        sum_term = self.sum_floor(strategy, pools) / v
+            return pipeline_floor(fastest, self.sum_floor(strategy, pools), m, v, strategy.v_shape)
+        # a zero-bubble V: m T alone (its fill may be as small as the weight gradients leave)
+        zero_bubble = strategy.v_shape
+        sum_term = 0.0 if zero_bubble else self.sum_floor(strategy, pools) / v
+        steady = m if zero_bubble else m - 1 / v
         # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
-        cap = (enough - sum_term) / (m - 1 / v) if enough < float("inf") and m * v > 1 else float("inf")
+        cap = (enough - sum_term) / steady if enough < float("inf") and m * v > 1 else float("inf")
         profiles = [(self._slot_profile(strategy, pool, m, cap, variants), pool.gpus // ranks) for pool in pools]
 
         def held(limit: float) -> int:
@@ -152,7 +156,9 @@ class Floors:
             # profiles are complete only up to the cap: all we know is that no placement fits within it,
             # so the bound is at least `enough`
             return enough
-        bound = (m - 1 / v) * limit + sum_term
+        bound = steady * limit + sum_term
+        if zero_bubble:
+            return bound
         if blocks and v > 1:  # interleaved chunks: every stage holds blocks / pp
             return max(bound, even_pipeline_bound(profiles, p, blocks // p, m, v, enough))
         if blocks:  # the stages fill the slots they take: their sum bounds the bubble
