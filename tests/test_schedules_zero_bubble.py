@@ -235,3 +235,16 @@ def test_which_runtimes_run_them(runtime, runs):
     for kind in ("zbv", "dualpipev"):
         refused = profile.cannot_express(strategy.model_copy(update={"schedule": kind}), micro_batches=8)
         assert (f"schedule={kind}" not in refused) == runs, (runtime, refused)
+
+
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
+def test_torchtitan_target_writes_the_schedule_and_reads_back_the_plan(llama70, kind):
+    from launch_plans import certified_plan
+    from planner.emit import strategy_writer
+
+    strategy = parse_strategy(f"tp=8,pp=4,vpp=2,mbs=1,zero=1,schedule={kind}").with_dp(64)
+    plan = certified_plan(llama70, strategy)
+    written = strategy_writer("torchtitan")(plan, llama70)
+    assert written.pipeline_schedule == kind and written.split == (20, 20, 20, 20)  # its split points, spelled out
+    assert written.model_copy(update={"split": None}).spec() == evaluate(llama70, strategy).strategy_spec
+    assert evaluate(llama70, written).step_time_s == plan.time.step_time_s
