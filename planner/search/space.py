@@ -96,7 +96,7 @@ class SpaceOptions(BaseModel):
         None, gt=0, description="Replica groups: dp x mbs must divide this many sequences (and for vpp > 1, "
         "grain / (dp x mbs) be a multiple of pp), so a strategy stays legal on any multiple of the grain."
     )
-    v_schedules: tuple[Literal["zbv", "dualpipev"], ...] = Field(
+    v_schedules: tuple[Schedule, ...] = Field(
         V_SCHEDULES, description="Zero-bubble V schedules tried beside 1F1B and interleaving (two chunks per stage: "
         "torch.distributed.pipelining ScheduleZBVZeroBubble, ScheduleDualPipeV), where the runtime runs them.")
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
@@ -194,7 +194,7 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
             vpps = [1]
             if pp > 1 and micro % pp == 0 and (grain // (dp * mbs)) % pp == 0:
                 vpps += [v for v in range(2, (options.max_vpp or blocks) + 1) if blocks % (pp * v) == 0]
-            layouts_ = [(vpp, "interleaved" if vpp > 1 else "1f1b") for vpp in vpps]
+            layouts_: list[tuple[int, Schedule]] = [(vpp, "interleaved" if vpp > 1 else "1f1b") for vpp in vpps]
             layouts_ += [(2, kind) for kind in _v_schedules(options, pp, micro, blocks)]
             for vpp, schedule in layouts_:
                 if vpp not in _allowed(options, "vpp", [vpp]) or schedule not in _allowed(options, "schedule",
@@ -227,7 +227,7 @@ def _v_schedules(options: SpaceOptions, pp: int, micro: int, blocks: int) -> lis
     micro-batch per model chunk at least (validation.check_strategy)."""
     if pp == 1 or blocks % (2 * pp):
         return []
-    return [kind for kind in options.v_schedules if kind == "zbv" or micro >= 2 * pp]
+    return [kind for kind in options.v_schedules if kind in V_SCHEDULES and (kind == "zbv" or micro >= 2 * pp)]
 
 
 def _ep_overlaps(options: SpaceOptions, ep: int, pp: int, vpp: int, schedule: Schedule = "1f1b") -> list[bool]:
