@@ -35,7 +35,7 @@ from planner.fields import fields_with
 from planner.job import Job
 from planner.profile import load_runtime
 from planner.search.compile import compile_job
-from planner.search.oracle import oracle_optimum
+from planner.search.oracle import oracle_optimum, runtime_strategies
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
 
@@ -131,3 +131,13 @@ def test_ep_overlap_and_zero_over_one_rank_are_in_the_space():
     assert_certificate_holds(moe)
     lone = _job("planner", cluster=_cluster("cpu", 4, 1), global_batch=2, seq_len=16384, memory_margin=0.1)
     assert_certificate_holds(lone)
+
+
+@pytest.mark.parametrize("runtime", ["planner", "torchtitan"])
+def test_zero_bubble_v_schedules_are_certified(runtime):
+    """4 blocks on pp=2 with 4 micro-batches per replica: the oracle enumerates zbv and dualpipev beside 1F1B,
+    GPipe and interleaving, and nothing it finds beats the certificate (the V's bounds: planner.search.ilp)."""
+    job = _job(runtime, cluster=_cluster("cpu", 2, 2), global_batch=8, seq_len=16384, layers=4, memory_margin=0.1)
+    kinds = {s.pipeline_schedule for s in runtime_strategies(job) if s.pp > 1}
+    assert {"zbv", "dualpipev", "interleaved", "1f1b"} <= kinds
+    assert_certificate_holds(job)

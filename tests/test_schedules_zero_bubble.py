@@ -39,11 +39,13 @@ def test_v_schedules_need_two_chunks_per_stage(spec, message):
         parse_strategy(spec)
 
 
-def test_dualpipev_needs_a_micro_batch_per_model_chunk(llama70):
-    # torch's ScheduleDualPipeV raises below 2 pp micro-batches; 256 / (dp 8 x mbs 8) = 4 < 2 x 4
-    with pytest.raises(PlannerInputError, match=r"dualpipev needs micro-batches\(4\) >= 2 \* pp\(4\)"):
-        evaluate(llama70, parse_strategy("tp=2,pp=4,vpp=2,mbs=8,schedule=dualpipev"))
-    evaluate(llama70, parse_strategy("tp=2,pp=4,vpp=2,mbs=4,schedule=dualpipev"))  # 8 micro-batches: runs
+@pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
+def test_v_schedules_need_a_micro_batch_per_model_chunk(llama70, kind):
+    # torch's ScheduleDualPipeV raises below 2 pp micro-batches (ScheduleZBVZeroBubble pads to 2 pp - 1 with idle
+    # slots the closed form does not price); 256 / (dp 8 x mbs 8) = 4 < 2 x 4
+    with pytest.raises(PlannerInputError, match=rf"{kind} needs micro-batches\(4\) >= 2 \* pp\(4\)"):
+        evaluate(llama70, parse_strategy(f"tp=2,pp=4,vpp=2,mbs=8,schedule={kind}"))
+    evaluate(llama70, parse_strategy(f"tp=2,pp=4,vpp=2,mbs=4,schedule={kind}"))  # 8 micro-batches: runs
 
 
 # ---------------------------------------------------------------------------- orders: torch's own

@@ -25,7 +25,8 @@ recompute and the exposed collectives) u_i = max(F, I, F + I - 2W) or max(F, F +
 against an event simulation of the torch orders on equal stages (tests/test_schedules_zero_bubble.py): exact
 for zbv where f <= i and w <= i (transformer layers: the input gradient carries the attention core's 2.5x
 backward) and for dualpipev where i <= f or p = 2; elsewhere the fill grows with p, up to 1.9x at p = 8 for
-the cases measured.
+the cases measured.  Both need m >= 2p (validation.check_strategy): with fewer, torch's ZB-V pads its order
+with idle slots and DualPipeV refuses.
 """
 
 from __future__ import annotations

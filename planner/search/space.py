@@ -223,11 +223,11 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
 
 
 def _v_schedules(options: SpaceOptions, pp: int, micro: int, blocks: int) -> list[Schedule]:
-    """The zero-bubble V schedules a configuration may run: two even chunks per stage, and for dualpipev one
-    micro-batch per model chunk at least (validation.check_strategy)."""
-    if pp == 1 or blocks % (2 * pp):
+    """The zero-bubble V schedules a configuration may run: two even chunks per stage and one micro-batch per
+    model chunk at least (validation.check_strategy)."""
+    if pp == 1 or blocks % (2 * pp) or micro < 2 * pp:
         return []
-    return [kind for kind in options.v_schedules if kind in V_SCHEDULES and (kind == "zbv" or micro >= 2 * pp)]
+    return [kind for kind in options.v_schedules if kind in V_SCHEDULES]
 
 
 def _ep_overlaps(options: SpaceOptions, ep: int, pp: int, vpp: int, schedule: Schedule = "1f1b") -> list[bool]:

@@ -93,7 +93,11 @@ class ConfigTables:
         """Seconds no split in these tables beats (`bounds.bottleneck_bound` on their entries)."""
         entries = [sorted((o.time, sum(c)) for options in per_pool for c, placed in options.items() for o in placed)
                    for per_pool in self.options]  # per stage: (time, blocks) pairs
-        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp, self.strategy.v_shape)
+        fills = None  # a V's fills are not its stage times: the sum of each stage's least
+        if self.strategy.v_shape:
+            fills = sum(min((o.fill for options in per_pool for placed in options.values() for o in placed),
+                            default=0) for per_pool in self.options)
+        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp, fills)
 
 
 class TableBuilder(Floors):
