@@ -250,3 +250,24 @@ def test_torchtitan_target_writes_the_schedule_and_reads_back_the_plan(llama70, 
     assert written.pipeline_schedule == kind and written.split == (20, 20, 20, 20)  # its split points, spelled out
     assert written.model_copy(update={"split": None}).spec() == evaluate(llama70, strategy).strategy_spec
     assert evaluate(llama70, written).step_time_s == plan.time.step_time_s
+
+
+def test_compile_fix_schedule_writes_it_in_the_plan_report_and_torch_launch(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["compile", "tiny-llama", "cpu:1", "-b", "8", "-s", "64", "--fix",
+                                      "pp=2,vpp=2,dp=2,mbs=1,zero=2,schedule=dualpipev", "--target", "torch", "-o",
+                                      str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["strategy"]["schedule"] == "dualpipev"
+    assert [stage["chunks"] for stage in plan["stages"]] == [[[0, 0], [3, 3]], [[1, 1], [2, 2]]]  # the V
+    assert "schedule=dualpipev" in (out / "report.md").read_text()
+    simulated = CliRunner().invoke(cli, ["simulate", str(out / "plan.json"), "--json"])
+    assert simulated.exit_code == 0, simulated.output
+    assert json.loads(simulated.output)["agrees"]
