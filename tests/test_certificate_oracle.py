@@ -133,7 +133,7 @@ def test_ep_overlap_and_zero_over_one_rank_are_in_the_space():
     assert_certificate_holds(lone)
 
 
-@pytest.mark.parametrize("runtime", ["planner", "torchtitan"])
+@pytest.mark.parametrize("runtime", ["planner", "torchtitan-eager"])
 def test_zero_bubble_v_schedules_are_certified(runtime):
     """4 blocks on pp=2 with 4 micro-batches per replica: the oracle enumerates zbv and dualpipev beside 1F1B,
     GPipe and interleaving, and nothing it finds beats the certificate (the V's bounds: planner.search.ilp)."""

@@ -197,7 +197,8 @@ def test_torchtitan_loads_the_emitted_config(variant, titan, tmp_path, monkeypat
     else:
         assert t.local_batch_size == s.mbs and accumulation == plan.time.micro_batches
     # precision, compile, checkpointing, offload
-    assert t.mixed_precision_param == "bfloat16" and config.compile.enable
+    # compile on, but under the V schedules, which torch refuses on compiled stages
+    assert t.mixed_precision_param == "bfloat16" and config.compile.enable == (s.schedule not in ("zbv", "dualpipev"))
     assert p.enable_async_tensor_parallel == (s.tp_overlap and s.tp > 1)
     if job.precision == "fp8":
         assert config.model.converters == ["quantize.linear.float8"]

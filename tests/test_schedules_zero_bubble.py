@@ -229,14 +229,29 @@ def test_simulated_memory_frees_every_micro_batch(llama70):
 # ---------------------------------------------------------------------------- runtimes
 
 
-@pytest.mark.parametrize("runtime, runs", [("torchtitan", True), ("planner", True), ("reference", True),
-                                           ("megatron", False), ("deepspeed", False)])
+# torchtitan compiles every block (apply_compile) and torch's V schedules refuse compiled stage modules: only
+# torchtitan-eager runs them
+@pytest.mark.parametrize("runtime, runs", [("torchtitan-eager", True), ("planner", True), ("reference", True),
+                                           ("torchtitan", False), ("megatron", False), ("deepspeed", False)])
 def test_which_runtimes_run_them(runtime, runs):
     profile = load_runtime(runtime)
     strategy = parse_strategy("tp=2,pp=2,vpp=2,dp=2,zero=1,schedule=zbv")
     for kind in ("zbv", "dualpipev"):
         refused = profile.cannot_express(strategy.model_copy(update={"schedule": kind}), micro_batches=8)
         assert (f"schedule={kind}" not in refused) == runs, (runtime, refused)
+
+
+def test_torch_refuses_v_schedules_on_compiled_stages():
+    # why the torchtitan profile (compile on) refuses them: torch's own check on the stage modules
+    import torch
+
+    from torch.distributed.pipelining.schedules import _check_torch_compile_compatibility
+    from types import SimpleNamespace
+
+    compiled = torch.nn.Sequential(torch.compile(torch.nn.Linear(2, 2)))
+    with pytest.raises(RuntimeError, match="not supported with stage modules that have used torch.compile"):
+        _check_torch_compile_compatibility([SimpleNamespace(submod=compiled)], "ScheduleZBVZeroBubble")
+    _check_torch_compile_compatibility([SimpleNamespace(submod=torch.nn.Linear(2, 2))], "ScheduleZBVZeroBubble")
 
 
 @pytest.mark.parametrize("kind", ["zbv", "dualpipev"])
@@ -250,6 +265,11 @@ def test_torchtitan_target_writes_the_schedule_and_reads_back_the_plan(llama70, 
     assert written.pipeline_schedule == kind and written.split == (20, 20, 20, 20)  # its split points, spelled out
     assert written.model_copy(update={"split": None}).spec() == evaluate(llama70, strategy).strategy_spec
     assert evaluate(llama70, written).step_time_s == plan.time.step_time_s
+    from planner.emit import emitter
+
+    toml = emitter("torchtitan")(plan, llama70)["train.toml"]
+    assert "[compile]\nenable = false" in toml  # eager: what torchtitan-eager costs
+    assert evaluate(llama70, written, load_runtime("torchtitan-eager")).step_time_s > 0
 
 
 def test_compile_fix_schedule_writes_it_in_the_plan_report_and_torch_launch(tmp_path):

@@ -16,10 +16,12 @@ Mapping of the plan:
   offload (training.enable_cpu_offload moves parameters, gradients and optimizer states: zero=3,
   offload=all).
 * tp, cp and pp degrees (ep with expert_tensor_parallel_degree = tp for MoE models). Schedules 1F1B,
-  GPipe and Interleaved1F1B. pipeline_parallel_microbatch_size = mbs. The split is written as
+  GPipe and Interleaved1F1B, and without compile ZBVZeroBubble and DualPipeV (torchtitan-eager: torch's V
+  schedules refuse torch.compile'd stage modules). pipeline_parallel_microbatch_size = mbs. The split is written as
   module_fqns_per_model_part, the modules of each model chunk (with vpp > 1, pp*vpp uniform chunks;
   torchtitan runs chunk k on pipeline rank k % pp). tp_overlap -> enable_async_tensor_parallel.
-  [compile] is always on: the torchtitan runtime profile costs fused kernels, and async TP needs compile.
+  [compile] is on (the torchtitan runtime profile costs fused kernels, and async TP needs compile) but under
+  ZBVZeroBubble and DualPipeV, which run only eager (the torchtitan-eager profile).
 * training.local_batch_size is per data-parallel rank: all micro-batches when pp > 1, one micro-batch
   otherwise (torchtitan accumulates the rest). Also written: global_batch_size, seq_len, mixed_precision_param.
 * activation_checkpoint.mode none / selective (per-op) / full. Per-stage block counts have no equivalent
@@ -170,7 +172,8 @@ def _parallelism(plan: Plan, num_blocks: int, replicate: int, shard: int, reshar
         if s.v_shape:
             notes.append(f"Pipeline stages in a V ({SCHEDULES[s.pipeline_schedule]}): stage i runs chunks i and "
                          f"{2 * s.pp - 1} - i, so the first stage holds tok_embeddings and norm and output "
-                         "(module_fqns_per_model_part lists each chunk's modules).")
+                         "(module_fqns_per_model_part lists each chunk's modules). compile.enable is off: torch's "
+                         "V schedules refuse torch.compile'd stage modules; the torchtitan-eager profile costs it.")
         else:
             notes.append("Pipeline stages: the first stage also holds tok_embeddings, the last norm and output "
                          "(module_fqns_per_model_part lists each chunk's modules).")
@@ -276,7 +279,8 @@ def torchtitan_config(plan: Plan, job: Job,
         # full checkpoints (model, optimizer, data loader) every save_every steps and at the end, to resume from
         "checkpoint": {"enable": True, "interval": inputs.save_every, "last_save_model_only": False},
         "activation_checkpoint": _activation_checkpoint(plan, notes),
-        "compile": {"enable": True, "components": ["model", "loss"]},
+        # torch's V schedules raise on compiled stage modules (_check_torch_compile_compatibility): eager there
+        "compile": {"enable": not plan.single_strategy.v_shape, "components": ["model", "loss"]},
     }
     if job.precision == "fp8":
         sections["quantize.linear.float8"] = {
