@@ -91,7 +91,8 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     "offload": FieldRole(reads=_as("offload", Reader.COMPOSE)),
     "offload_device": FieldRole(reads=_as("offload_device", Reader.COMPOSE)),
     "offload_ratio": FieldRole(reads=_as("offload_ratio", Reader.COMPOSE)),
-    "schedule": FieldRole(reads=_as("pipeline_schedule", Reader.COMPOSE)),
+    # a zero-bubble V (zbv, dualpipev) puts the head on the first stage and changes the bubble's floor
+    "schedule": FieldRole(reads=_as("pipeline_schedule", Reader.COMPOSE, Reader.LOWER), layout=True, fixable=True),
     "tp_overlap": FieldRole(reads=_as("tp_overlap", *LAYER)),
     "split": FieldRole(layout=True),  # the tables choose each stage's blocks themselves
     "stage_pools": FieldRole(layout=True),  # the tables choose each stage's pool themselves

@@ -19,7 +19,12 @@ from planner.errors import PlannerInputError
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "params", "all"]
 OffloadDevice = Literal["cpu", "nvme"]
-Schedule = Literal["1f1b", "gpipe", "interleaved"]
+Schedule = Literal["1f1b", "gpipe", "interleaved", "zbv", "dualpipev"]
+# Schedules that place two model chunks per rank in a V (rank r holds chunks r and 2 pp - 1 - r) and split the
+# backward into its input-gradient (I) and weight-gradient (W) halves: torch.distributed.pipelining's
+# ScheduleZBVZeroBubble (Qi et al. 2023, arXiv 2401.10241 Sec. 6) and ScheduleDualPipeV (DeepSeek-V3,
+# arXiv 2412.19437 Sec. 3.2.1, cut in half as github.com/deepseek-ai/DualPipe's DualPipeV).
+V_SCHEDULES: tuple[Schedule, ...] = ("zbv", "dualpipev")
 ShardScope = Literal["full", "node"]
 Regather = Literal["network", "host"]
 
@@ -52,7 +57,8 @@ class Strategy(BaseModel):
         "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute).",
     )
     mbs: int = Field(1, gt=0, description="Micro-batch size in sequences.")
-    vpp: int = Field(1, gt=0, description="Virtual pipeline chunks per stage (interleaved schedule).")
+    vpp: int = Field(1, gt=0, description="Virtual pipeline chunks per stage (interleaved schedule; 2 in a V "
+                     "under zbv and dualpipev).")
     sp: bool | None = Field(None, description="Sequence parallelism with tp; default on when tp > 1.")
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 +gradients, 3 +weights sharded.")
     shard: ShardScope = Field("full", description="ZeRO/FSDP sharding over the whole dp group or within a node (HSDP).")
@@ -86,7 +92,9 @@ class Strategy(BaseModel):
         "--optimizer-offload-fraction). Below 1 needs zero=3 and offload_device=cpu.",
     )
     schedule: Schedule | None = Field(
-        None, description="Pipeline schedule; default 1f1b, or interleaved when vpp > 1."
+        None, description="Pipeline schedule; default 1f1b, or interleaved when vpp > 1.  zbv (torch "
+        "ScheduleZBVZeroBubble) and dualpipev (torch ScheduleDualPipeV) run vpp=2 chunks per stage in a V and "
+        "split each backward into input- and weight-gradient passes."
     )
     tp_overlap: bool = Field(
         False, description="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."
@@ -133,8 +141,10 @@ class Strategy(BaseModel):
     def _consistent(self) -> "Strategy":
         if self.schedule == "interleaved" and self.vpp < 2:
             raise ValueError("schedule=interleaved needs vpp >= 2")
-        if self.vpp > 1 and self.schedule not in (None, "interleaved"):
-            raise ValueError(f"vpp={self.vpp} needs schedule=interleaved, not {self.schedule}")
+        if self.schedule in V_SCHEDULES and self.vpp != 2:
+            raise ValueError(f"schedule={self.schedule} needs vpp=2 (two chunks per stage in a V), not vpp={self.vpp}")
+        if self.vpp > 1 and self.schedule not in (None, "interleaved", *V_SCHEDULES):
+            raise ValueError(f"vpp={self.vpp} needs schedule=interleaved, zbv or dualpipev, not {self.schedule}")
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp > 1 needs pp > 1")
         if self.sp and self.tp == 1:
@@ -146,6 +156,9 @@ class Strategy(BaseModel):
                 raise ValueError("ep_overlap=on needs recompute other than full (Megatron's all-to-all overlap)")
             if self.pp > 1 and self.vpp == 1:
                 raise ValueError("ep_overlap=on with pp > 1 needs vpp > 1 (Megatron's all-to-all overlap)")
+            if self.schedule == "zbv":
+                raise ValueError("ep_overlap=on needs overlapped forward-backward pairs: schedule=dualpipev or "
+                                 "interleaved, not zbv")
         if self.regather == "host" and (self.zero != 3 or self.shard != "full"):
             raise ValueError("regather=host needs zero=3 and shard=full (it caches what the full group gathers)")
         if self.offload_ratio < 1.0 and not (self.offloads_optimizer and self.zero == 3
@@ -243,6 +256,12 @@ class Strategy(BaseModel):
         if self.schedule is not None:
             return self.schedule
         return "interleaved" if self.vpp > 1 else "1f1b"
+
+    @property
+    def v_shape(self) -> bool:
+        """Two chunks per stage in a V (zbv, dualpipev): stage i runs model chunks i and 2 pp - 1 - i, so the
+        first stage holds the embedding and the head."""
+        return self.pp > 1 and self.pipeline_schedule in V_SCHEDULES
 
     @property
     def offloads_optimizer(self) -> bool:

@@ -64,6 +64,14 @@ def check_strategy(job: Job, strategy: Strategy) -> Strategy:
         micro = job.global_batch // max(1, replicas_batch)
         if micro % s.pp:
             problems.append(f"interleaved schedule needs micro-batches({micro}) % pp({s.pp}) == 0")
+    if s.v_shape:
+        # torch's ScheduleDualPipeV raises below one micro-batch per model chunk; ScheduleZBVZeroBubble pads its
+        # order to 2 pp - 1 with idle slots, which the cost model's closed form (planner.cost.pipeline) does not
+        # price, so both need as many
+        micro = job.global_batch // max(1, replicas_batch)
+        if micro < 2 * s.pp:
+            problems.append(f"{s.pipeline_schedule} needs micro-batches({micro}) >= 2 * pp({s.pp}) (one per model "
+                            "chunk)")
     if any(layer.kind == LayerKind.EMBEDDING_BAG for layer in model.layers) and s.pp > 1:
         problems.append("pp > 1 is not supported for recsys models")
     if problems:

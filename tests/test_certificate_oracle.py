@@ -35,7 +35,7 @@ from planner.fields import fields_with
 from planner.job import Job
 from planner.profile import load_runtime
 from planner.search.compile import compile_job
-from planner.search.oracle import oracle_optimum
+from planner.search.oracle import oracle_optimum, runtime_strategies
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
 
@@ -168,3 +168,13 @@ def test_certificate_holds_over_nvlink_domains_wider_than_a_node(runtime, precis
     domains at the NICs, in the compiler's tables as in the oracle's evaluate."""
     assert_certificate_holds(_job(runtime, cluster=_racks(1, 4, 2), global_batch=8, seq_len=8192,
                                   precision=precision))
+
+
+@pytest.mark.parametrize("runtime", ["planner", "torchtitan-eager"])
+def test_zero_bubble_v_schedules_are_certified(runtime):
+    """4 blocks on pp=2 with 4 micro-batches per replica: the oracle enumerates zbv and dualpipev beside 1F1B,
+    GPipe and interleaving, and nothing it finds beats the certificate (the V's bounds: planner.search.ilp)."""
+    job = _job(runtime, cluster=_cluster("cpu", 2, 2), global_batch=8, seq_len=16384, layers=4, memory_margin=0.1)
+    kinds = {s.pipeline_schedule for s in runtime_strategies(job) if s.pp > 1}
+    assert {"zbv", "dualpipev", "interleaved", "1f1b"} <= kinds
+    assert_certificate_holds(job)

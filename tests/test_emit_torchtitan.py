@@ -97,6 +97,8 @@ VARIANTS = {
     "pp-1f1b": ("70b", "tp=8,pp=4,zero=1,mbs=1,recompute=full,split=19/21/21/19", "bf16"),
     "pp-gpipe": ("tiny", "tp=1,pp=2,zero=0,mbs=1,schedule=gpipe", "bf16"),
     "pp-interleaved": ("70b", "tp=8,pp=4,vpp=2,zero=1,mbs=1,schedule=interleaved,recompute=full", "bf16"),
+    "pp-zbv": ("70b", "tp=8,pp=4,vpp=2,zero=1,mbs=1,schedule=zbv,recompute=full", "bf16"),
+    "pp-dualpipev": ("70b", "tp=8,pp=4,vpp=2,zero=1,mbs=1,schedule=dualpipev", "bf16"),
     "fp8": ("8b", "tp=1,pp=1,zero=3,mbs=1,recompute=full", "fp8"),
     "mxfp8": ("8b-gb200", "tp=1,pp=1,zero=3,mbs=1,recompute=full", "mxfp8"),
     "ac-selective": ("8b", "tp=2,pp=1,zero=3,mbs=1,recompute=selective", "bf16"),
@@ -197,7 +199,8 @@ def test_torchtitan_loads_the_emitted_config(variant, titan, tmp_path, monkeypat
     else:
         assert t.local_batch_size == s.mbs and accumulation == plan.time.micro_batches
     # precision, compile, checkpointing, offload
-    assert t.mixed_precision_param == "bfloat16" and config.compile.enable
+    # compile on, but under the V schedules, which torch refuses on compiled stages
+    assert t.mixed_precision_param == "bfloat16" and config.compile.enable == (s.schedule not in ("zbv", "dualpipev"))
     assert p.enable_async_tensor_parallel == (s.tp_overlap and s.tp > 1)
     if job.precision == "fp8":
         assert config.model.converters == ["quantize.linear.float8"]
@@ -250,6 +253,20 @@ def _check_pipeline(p, plan, job) -> None:
     assert sum(per_rank) == job.model.num_blocks
     schedule = get_schedule_class(p.pipeline_parallel_schedule)
     assert issubclass(schedule, PipelineScheduleMulti) == (s.vpp > 1)
+    assert p.pipeline_parallel_schedule == {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+                                            "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}[s.schedule]
+    if s.schedule in ("zbv", "dualpipev"):
+        # torch's own V assignment (the one torchtitan's pipeline_parallel.py uses: style "v") gives each rank the
+        # plan's chunks: the first rank the embedding's and the head's
+        from torch.distributed.pipelining.schedules import generate_rank_to_stage_mapping
+
+        ranks = generate_rank_to_stage_mapping(s.pp, len(parts), style="v")
+        for rank, stage in enumerate(plan.stages):
+            chunks = [[int(n.split(".")[1]) for n in parts[k] if n.startswith("layers.")] for k in ranks[rank]]
+            assert [[c[0], c[-1]] for c in chunks] == stage.chunks
+        assert "output" in parts[ranks[0][1]] and "tok_embeddings" in parts[ranks[0][0]]
+        if s.schedule == "dualpipev":  # torchtitan's default (on) overlaps the pairs' all-to-alls with ep > 1
+            assert p.pipeline_parallel_expert_parallel_overlap is s.ep_overlap
 
 
 def test_launch_sh_passes_shellcheck(variant, tmp_path):

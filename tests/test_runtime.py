@@ -186,6 +186,10 @@ LAYOUTS = [
     pytest.param("pp=2,tp=2,vpp=1,zero=0", 0, "1f1b", marks=pytest.mark.long),  # pipeline + tp, no data parallelism
     ("pp=2,vpp=2,dp=2,zero=2", 2, "interleaved"),  # interleaved pipeline: two chunks per rank
     ("cp=2,dp=2,zero=2", 2, "1f1b"),         # context parallel: FSDP2 over dp x cp
+    # zero-bubble V schedules (torch ScheduleZBVZeroBubble / ScheduleDualPipeV): chunks 0 and 3 on the first
+    # stage (embedding and head), 1 and 2 on the second; split backwards, 4 micro-batches per replica
+    ("pp=2,vpp=2,dp=2,zero=2,mbs=1,schedule=zbv", 2, "zbv"),
+    ("pp=2,vpp=2,dp=2,zero=2,mbs=1,schedule=dualpipev", 2, "dualpipev"),
 ]
 
 

@@ -60,6 +60,7 @@ class LayerTime:
     recompute: float  # extra forward work redone in backward
     attention_forward: float  # attention-core share of `forward` (context parallel overlaps with it)
     attention_backward: float = 0.0  # attention-core share of `backward`
+    weight_grad: float = 0.0  # weight-gradient GEMMs' share of `backward` (zero-bubble schedules defer it)
 
 
 def gemm_rate(device: DeviceSpec, job: Job, flops: float, catalog: Catalog) -> float:
@@ -141,7 +142,8 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
     backward = backward_seconds(gemm_s, attn_s, elementwise_s, job.flash, catalog) + launch_backward
     return LayerTime(forward=forward, backward=backward,
                      recompute=recompute_s, attention_forward=attn_s,
-                     attention_backward=backward_seconds(0.0, attn_s, 0.0, job.flash, catalog))
+                     attention_backward=backward_seconds(0.0, attn_s, 0.0, job.flash, catalog),
+                     weight_grad=weight_grad_seconds(gemm_s, catalog))
 
 
 def policy_recompute_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog,
@@ -198,6 +200,15 @@ def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceS
     if dense_flops:
         seconds += dense_flops / gemm_rate(device, job, dense_flops / GEMMS_PER_LAYER, catalog)
     return seconds
+
+
+def weight_grad_seconds(gemm_s: float, catalog: Catalog) -> float:
+    """The weight-gradient GEMMs' seconds of a layer whose forward GEMMs take `gemm_s`: the part of its backward
+    a zero-bubble schedule runs as a W pass of its own (Qi et al. 2023, arXiv 2401.10241).  Of
+    `backward_gemm_ratio` (a data- and a weight-gradient GEMM per forward GEMM), the data gradient runs at the
+    forward's speed (1) and the weight gradient takes the rest, the constant's own account of why it exceeds 2
+    (hardware/data/constants.yaml); the attention core and the element-wise kernels hold no weights."""
+    return (catalog.constant("backward_gemm_ratio") - 1.0) * gemm_s
 
 
 def backward_seconds(gemm_s: float, attn_s: float, elementwise_s: float, flash: bool, catalog: Catalog) -> float:

@@ -7,8 +7,9 @@ Each stage is costed under its own placement (`Strategy.for_stage`).
 
 Pipeline time (Narayanan et al. 2021): with per-micro-batch stage times t_i,
 m micro-batches and v interleaved chunks,
-    T = m * max_i t_i + (sum_i t_i - max_i t_i) / v
-which is docs/cost-model.md's (m-1) max t + sum t for v = 1.  After the flush come
+    T = m * max_i t_i + (sum_i u_i - max_i u_i) / v
+with u_i = t_i, which is docs/cost-model.md's (m-1) max t + sum t for v = 1; zero-bubble
+schedules fill part of u_i with weight gradients (planner.cost.pipeline).  After the flush come
 the data-parallel syncs not hidden behind the last backward, a barrier (the
 global gradient norm of clipping), and each stage's own update: the
 optimizer step and offload transfers of its placement; the slowest ends it.
@@ -23,6 +24,7 @@ from planner.cost.confidence import assess
 from planner.cost.interval import interval, regime
 from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport, StageReport
 from planner.cost.layout import StagePlacement, place_stages, split_blocks, stage_groups
+from planner.cost.pipeline import bubble_seconds, fill_seconds
 from planner.cost.stage import StageCost, compose_stage, kept_before_last_recompute, sum_layers
 from planner.job import Job
 from planner.profile import RuntimeProfile
@@ -117,7 +119,7 @@ def evaluate(job: Job, strategy: Strategy, runtime: RuntimeProfile | None = None
     times = [c.microbatch for c in costs]
     slowest = max(range(len(costs)), key=lambda i: times[i])
     bottleneck = costs[slowest]
-    bubble = (sum(times) - times[slowest]) / s.vpp
+    bubble = bubble_seconds(s, [fill_seconds(s, c) for c in costs])
     pipeline = m * times[slowest] + bubble
     # after the flush: the data-parallel syncs, then a barrier (the global gradient norm for clipping,
     # Megatron-LM and torchtitan), then every stage updates its own parameters; the last update ends the step

@@ -66,8 +66,11 @@ def split_blocks(num_blocks: int, pp: int, split: tuple[int, ...] | None) -> lis
     return stages
 
 
-def stage_layers(model: ModelGraph, pp: int, split: tuple[int, ...] | None) -> list[list[Layer]]:
-    """Layers per stage: pre-block layers on the first stage, post-block layers on the last."""
+def stage_layers(model: ModelGraph, pp: int, split: tuple[int, ...] | None,
+                 v_shape: bool = False) -> list[list[Layer]]:
+    """Layers per stage: pre-block layers on the first stage, post-block layers on the last, or with `v_shape`
+    (zbv, dualpipev: stage 0 runs the first and the last model chunk) on the first too.  Blocks are counted
+    per stage only, so the first stage's blocks stand for its two chunks' (identical blocks cost the same)."""
     if pp == 1 or model.num_blocks == 0:
         return [list(model.layers)]
     per_stage = split_blocks(model.num_blocks, pp, split)
@@ -79,7 +82,7 @@ def stage_layers(model: ModelGraph, pp: int, split: tuple[int, ...] | None) -> l
             seen_block = True
             stages[owner[layer.block]].append(layer)
         else:
-            stages[-1 if seen_block else 0].append(layer)
+            stages[-1 if seen_block and not v_shape else 0].append(layer)
     return stages
 
 
@@ -98,7 +101,7 @@ def place_stages(job: Job, strategy: Strategy, catalog: Catalog) -> list[StagePl
     """Stage placements for a resolved strategy (dp set)."""
     ranks_per_stage = strategy.tp * strategy.cp * strategy.data_parallel
     placements = []
-    for i, layers in enumerate(stage_layers(job.model, strategy.pp, strategy.split)):
+    for i, layers in enumerate(stage_layers(job.model, strategy.pp, strategy.split, strategy.v_shape)):
         pools: tuple[Pool, ...]
         if strategy.stage_pools is not None:
             pools = (job.cluster.pool(strategy.stage_pools[i]),)

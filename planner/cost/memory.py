@@ -8,7 +8,8 @@
 * Activations: per-layer saved bytes (Korthikanti et al. 2022) times the
   micro-batches a stage holds in flight: 1F1B stage i of p keeps min(p-i, m);
   interleaved keeps p + (p-1)/v stage-equivalents on the first stage
-  (Megatron's warm-up count); GPipe keeps all m.  Full recompute keeps the
+  (Megatron's warm-up count); GPipe keeps all m; zbv p and dualpipev p + 1/2 on every
+  stage (their V keeps 2p and 2p + 1 chunk halves in flight, counted off torch's orders).  Full recompute keeps the
   layer inputs plus one layer's full working set.
 * Sharded weights gathered for compute (`RuntimeProfile.gathering`): the
   running and prefetched layer, a whole micro-batch's worth, or the whole
@@ -127,6 +128,10 @@ def in_flight_microbatches(strategy: Strategy, stage: int, micro_batches: int) -
     schedule = strategy.pipeline_schedule
     if schedule == "gpipe":
         return float(m)
+    if schedule == "zbv":  # 2p chunk halves from warm-up until their W (torch ScheduleZBVZeroBubble's order)
+        return float(min(p, m))
+    if schedule == "dualpipev":  # 2p + 1 chunk halves (torch ScheduleDualPipeV; DualPipe's README: PP + 1)
+        return p + 0.5
     if schedule == "interleaved":
         v = strategy.vpp
         warmup_chunks = (p - stage - 1) * 2 + (v - 1) * p + 1

@@ -51,6 +51,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
         recomputed, whole = True, rematerialised
     return StageSums(
         forward=time.forward, compute=time.forward + time.backward, recompute=time.recompute,
+        weight_grad=time.weight_grad,
         tp=comm.tp, cp=comm.cp, ep=comm.ep, params=params, expert_params=expert_params_per_rank(layer, strategy, job),
         replica_params=replica_params_per_rank(layer, strategy, job),
         kept_activations=0.0 if head else kept, head_activations=kept if head else 0.0,

@@ -25,6 +25,7 @@ class StageSums:
     forward: float = field(default=0.0, metadata=SUM)  # forward compute seconds
     compute: float = field(default=0.0, metadata=SUM)  # forward + backward compute seconds
     recompute: float = field(default=0.0, metadata=SUM)  # recomputed forward seconds
+    weight_grad: float = field(default=0.0, metadata=SUM)  # of `compute`, the weight-gradient GEMMs' seconds
     tp: float = field(default=0.0, metadata=SUM)  # exposed tensor-parallel seconds
     cp: float = field(default=0.0, metadata=SUM)  # exposed context-parallel seconds
     ep: float = field(default=0.0, metadata=SUM)  # expert all-to-all seconds

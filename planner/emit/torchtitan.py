@@ -16,10 +16,12 @@ Mapping of the plan:
   offload (training.enable_cpu_offload moves parameters, gradients and optimizer states: zero=3,
   offload=all).
 * tp, cp and pp degrees (ep with expert_tensor_parallel_degree = tp for MoE models). Schedules 1F1B,
-  GPipe and Interleaved1F1B. pipeline_parallel_microbatch_size = mbs. The split is written as
+  GPipe and Interleaved1F1B, and without compile ZBVZeroBubble and DualPipeV (torchtitan-eager: torch's V
+  schedules refuse torch.compile'd stage modules). pipeline_parallel_microbatch_size = mbs. The split is written as
   module_fqns_per_model_part, the modules of each model chunk (with vpp > 1, pp*vpp uniform chunks;
   torchtitan runs chunk k on pipeline rank k % pp). tp_overlap -> enable_async_tensor_parallel.
-  [compile] is always on: the torchtitan runtime profile costs fused kernels, and async TP needs compile.
+  [compile] is on (the torchtitan runtime profile costs fused kernels, and async TP needs compile) but under
+  ZBVZeroBubble and DualPipeV, which run only eager (the torchtitan-eager profile).
 * training.local_batch_size is per data-parallel rank: all micro-batches when pp > 1, one micro-batch
   otherwise (torchtitan accumulates the rest). Also written: global_batch_size, seq_len, mixed_precision_param.
 * activation_checkpoint.mode none / selective (per-op) / full. Per-stage block counts have no equivalent
@@ -47,9 +49,11 @@ from planner.emit.torchtitan_launch import launch_script, readme
 from planner.emit.torchtitan_model import DOCUMENT_FLAVORS, RELEASE, torchtitan_model
 from planner.job import Job
 from planner.plan.schema import Plan
-from planner.strategy import Schedule, Strategy
+from planner.strategy import V_SCHEDULES, Schedule, Strategy
 
-SCHEDULES: dict[Schedule, str] = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+# torchtitan's pipeline_parallel_schedule names (torch.distributed.pipelining get_schedule_class)
+SCHEDULES: dict[Schedule, str] = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+                                  "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 
 # the model converter torchtitan swaps the linear layers with, per low-precision job precision
 CONVERTERS = {"fp8": "quantize.linear.float8", "mxfp8": "quantize.linear.mx"}
@@ -165,11 +169,19 @@ def _parallelism(plan: Plan, num_blocks: int, replicate: int, shard: int, reshar
         parallelism["pipeline_parallel_microbatch_size"] = s.mbs
         parallelism["module_fqns_per_model_part"] = model_parts(plan, num_blocks)
         counts = stage_block_counts(plan)
+        if s.pipeline_schedule == "dualpipev":  # torchtitan's default is on; it acts only with ep > 1
+            parallelism["pipeline_parallel_expert_parallel_overlap"] = s.ep_overlap
         if s.vpp > 1 and len(set(counts)) > 1:
             notes.append(f"The plan's uneven split {'/'.join(map(str, counts))} is replaced by uniform chunks: "
                          "torchtitan's looped schedules need pp*vpp split points.")
-        notes.append("Pipeline stages: the first stage also holds tok_embeddings, the last norm and output "
-                     "(module_fqns_per_model_part lists each chunk's modules).")
+        if s.v_shape:
+            notes.append(f"Pipeline stages in a V ({SCHEDULES[s.pipeline_schedule]}): stage i runs chunks i and "
+                         f"{2 * s.pp - 1} - i, so the first stage holds tok_embeddings and norm and output "
+                         "(module_fqns_per_model_part lists each chunk's modules). compile.enable is off: torch's "
+                         "V schedules refuse torch.compile'd stage modules; the torchtitan-eager profile costs it.")
+        else:
+            notes.append("Pipeline stages: the first stage also holds tok_embeddings, the last norm and output "
+                         "(module_fqns_per_model_part lists each chunk's modules).")
     parallelism["expert_parallel_degree"] = s.ep
     if s.ep > 1:  # experts tensor-parallel as the dense layers, expert parallel inside the data-parallel ranks
         parallelism["expert_tensor_parallel_degree"] = s.tp
@@ -272,7 +284,8 @@ def torchtitan_config(plan: Plan, job: Job,
         # full checkpoints (model, optimizer, data loader) every save_every steps and at the end, to resume from
         "checkpoint": {"enable": True, "interval": inputs.save_every, "last_save_model_only": False},
         "activation_checkpoint": _activation_checkpoint(plan, notes),
-        "compile": {"enable": True, "components": ["model", "loss"]},
+        # torch's V schedules raise on compiled stage modules (_check_torch_compile_compatibility): eager there
+        "compile": {"enable": not plan.single_strategy.v_shape, "components": ["model", "loss"]},
     }
     if job.precision == "mxfp8":
         # torchao's MXLinear through cuBLAS's block-scaled GEMM, the dim-1 casts in the CUDA kernel torchtitan's
@@ -288,9 +301,12 @@ def torchtitan_config(plan: Plan, job: Job,
     return sections, notes
 
 
-def _stage_counts(parts: list[list[str]], pp: int) -> tuple[tuple[int, ...], int]:
-    """(blocks per stage, chunks per stage) of module_fqns_per_model_part: chunk k runs on stage k % pp."""
+def _stage_counts(parts: list[list[str]], pp: int, v_shape: bool = False) -> tuple[tuple[int, ...], int]:
+    """(blocks per stage, chunks per stage) of module_fqns_per_model_part: chunk k runs on stage k % pp, or in a
+    V (ZBVZeroBubble, DualPipeV: torchtitan's style "v") on stage k for k < pp and 2 pp - 1 - k after."""
     chunks = [sum(name.startswith("layers.") for name in part) for part in parts]
+    if v_shape:
+        return tuple(chunks[i] + chunks[2 * pp - 1 - i] for i in range(pp)), len(chunks) // pp
     return tuple(sum(chunks[i::pp]) for i in range(pp)), len(chunks) // pp
 
 
@@ -328,13 +344,14 @@ def written_strategy(plan: Plan, job: Job) -> Strategy:
     elif replicate > 1:
         zero = 0  # DDP
     schedule = {v: k for k, v in SCHEDULES.items()}[p.get("pipeline_parallel_schedule", "1F1B")]
-    counts, vpp = _stage_counts(p.get("module_fqns_per_model_part", [[]]), pp)
+    counts, vpp = _stage_counts(p.get("module_fqns_per_model_part", [[]]), pp, schedule in V_SCHEDULES and pp > 1)
     return Strategy(
         tp=tp, pp=pp, dp=replicate * shard, cp=p["context_parallel_degree"], ep=p["expert_parallel_degree"],
         mbs=p["pipeline_parallel_microbatch_size"] if pp > 1 else training["local_batch_size"], vpp=vpp,
         sp=tp > 1, zero=zero, shard="node" if replicate > 1 and shard > 1 else "full",
         offload="all" if training["enable_cpu_offload"] else "none", schedule=schedule,
         tp_overlap=p["enable_async_tensor_parallel"], split=counts if pp > 1 else None,
+        ep_overlap=bool(p.get("pipeline_parallel_expert_parallel_overlap")) and p["expert_parallel_degree"] > 1,
         stage_pools=plan.single_strategy.stage_pools, **_recompute_of(sections["activation_checkpoint"], counts))
 
 

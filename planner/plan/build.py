@@ -147,7 +147,10 @@ def stage_chunks(strategy: Strategy, stage: int, stage_blocks: list[int]) -> lis
     if strategy.vpp == 1 or not stage_blocks:
         return [list(stage_blocks)] if stage_blocks else []
     size = (stage_blocks[1] - stage_blocks[0] + 1) // strategy.vpp  # interleaved chunks are even
-    starts = [(j * strategy.pp + stage) * size for j in range(strategy.vpp)]
+    if strategy.v_shape:  # zbv, dualpipev: model chunks i and 2 pp - 1 - i
+        starts = [stage * size, (2 * strategy.pp - 1 - stage) * size]
+    else:
+        starts = [(j * strategy.pp + stage) * size for j in range(strategy.vpp)]
     return [[start, start + size - 1] for start in starts]
 
 
@@ -194,7 +197,7 @@ def build_single_plan(job: Job, result: CompileResult, options: CompileOptions) 
     estimate = result.single_estimate
     strategy = Strategy.model_validate(estimate.strategy)  # dp resolved
     spans = stage_spans(job.cluster, strategy)
-    layers = stage_layers(job.model, strategy.pp, strategy.split)
+    layers = stage_layers(job.model, strategy.pp, strategy.split, strategy.v_shape)
     stages = [_stage(strategy, report, stage_layers_, stage_spans_)
               for report, stage_layers_, stage_spans_ in zip(estimate.memory.per_stage, layers, spans)]
     cert = result.certificate

@@ -33,7 +33,7 @@ def strategy_problem(strategy: Strategy | ReplicaGroupsStrategy) -> str | None:
         return "a replica-group plan (a strategy per pool) has no torch form; plan.json lists each group's plan"
     if strategy.ep != 1:
         return f"ep={strategy.ep}: not supported by the planner torch runtime (its reference model is dense)"
-    if strategy.pipeline_schedule not in ("1f1b", "gpipe", "interleaved"):
+    if strategy.pipeline_schedule not in ("1f1b", "gpipe", "interleaved", "zbv", "dualpipev"):
         return f"schedule={strategy.pipeline_schedule}: not supported by the planner torch runtime"
     for stage in range(strategy.pp):  # each stage applies its own placement
         place = strategy.for_stage(stage)

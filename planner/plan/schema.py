@@ -145,7 +145,8 @@ class PlanStage(BaseModel):
     )
     chunks: list[list[int]] = Field(
         description="[first, last] block of each model chunk the stage runs, in schedule order: [blocks] when "
-        "vpp = 1; with vpp > 1 chunk j of stage i is model chunk j * pp + i (Megatron's interleaved layout)."
+        "vpp = 1; with vpp > 1 chunk j of stage i is model chunk j * pp + i (Megatron's interleaved layout), "
+        "under zbv and dualpipev model chunks i and 2 pp - 1 - i (a V)."
     )
     layers: int = Field(description="Layers on the stage (embedding, blocks' attention/MLP, norm, head).")
     first_layer: str = Field(description="Name of the stage's first layer.")

@@ -331,8 +331,9 @@ def _layer_experts(model: ModelGraph) -> tuple[tuple[float, int], ...]:
     return out if any(x for x, _ in out) else ()
 
 
-def _layer_stages(model: ModelGraph, pp: int, chunks: list[list[list[int]]]) -> tuple[int, ...]:
-    """Stage of every layer: blocks by the stages' chunks, pre-block layers on stage 0, post-block on the last."""
+def _layer_stages(model: ModelGraph, pp: int, chunks: list[list[list[int]]], v_shape: bool = False) -> tuple[int, ...]:
+    """Stage of every layer: blocks by the stages' chunks, pre-block layers on stage 0, post-block on the last
+    (in a V, zbv and dualpipev, on stage 0 too)."""
     owner = {block: stage for stage, stage_chunks_ in enumerate(chunks)
              for first, last in stage_chunks_ for block in range(first, last + 1)}
     out, seen_block = [], False
@@ -341,7 +342,7 @@ def _layer_stages(model: ModelGraph, pp: int, chunks: list[list[list[int]]]) -> 
             seen_block = True
             out.append(owner[layer.block])
         else:
-            out.append(pp - 1 if seen_block else 0)
+            out.append(pp - 1 if seen_block and not v_shape else 0)
     return tuple(out)
 
 
@@ -363,7 +364,8 @@ def plan_layout(plan: Plan, model: ModelGraph) -> StateLayout:
     spans = [stage.ranks.spans for stage in plan.stages]
     chunks = [stage.chunks for stage in plan.stages]
     return StateLayout(strategy=strategy, ranks=_sites(strategy, spans),
-                       layer_stage=_layer_stages(model, strategy.pp, chunks), layer_shape=_layer_shapes(model),
+                       layer_stage=_layer_stages(model, strategy.pp, chunks, strategy.v_shape),
+                       layer_shape=_layer_shapes(model),
                        stage_gpus_per_node=tuple(stage.ranks.spans[0].gpus_per_node for stage in plan.stages),
                        layer_experts=_layer_experts(model))
 
@@ -374,6 +376,7 @@ def strategy_layout(model: ModelGraph, cluster: Cluster, strategy: Strategy) -> 
     blocks = split_blocks(model.num_blocks, strategy.pp, strategy.split)
     chunks = [stage_chunks(strategy, i, [b[0], b[-1]] if b else []) for i, b in enumerate(blocks)]
     return StateLayout(strategy=strategy, ranks=_sites(strategy, spans),
-                       layer_stage=_layer_stages(model, strategy.pp, chunks), layer_shape=_layer_shapes(model),
+                       layer_stage=_layer_stages(model, strategy.pp, chunks, strategy.v_shape),
+                       layer_shape=_layer_shapes(model),
                        stage_gpus_per_node=tuple(s[0].gpus_per_node for s in spans),
                        layer_experts=_layer_experts(model))

@@ -9,7 +9,9 @@ applies, in this order (torchtitan's `models/llama3/parallelize.py` order):
    (1f1b: Schedule1F1B, gpipe: ScheduleGPipe) over the plan's micro-batches;
    with vpp > 1 the rank builds one module per chunk of `stage.chunks`
    (model chunk j * pp + i, Megatron's interleaved layout) and runs them with
-   ScheduleInterleaved1F1B;
+   ScheduleInterleaved1F1B; zbv and dualpipev place chunks i and 2 pp - 1 - i
+   in a V (the first stage holds the embedding and the head) and run
+   ScheduleZBVZeroBubble / ScheduleDualPipeV;
 2. tensor parallel (DTensor `parallelize_module`): vocab-parallel embedding
    (RowwiseParallel) and head (ColwiseParallel), as the cost model splits them;
    ColwiseParallel for wq/wk/wv and w1/w3, RowwiseParallel for wo and w2;
@@ -91,13 +93,16 @@ class Parallelized:
     stage_ranks: int = 1  # ranks of one pipeline stage (tp x cp x dp): they hold its parameters between them
     init_block_bytes: int = 0  # the largest temporary block materialization drew (0: the model was not meta)
 
+    v_shape: bool = False  # zbv, dualpipev: the first stage runs the first and the last model chunk
+
     @property
     def is_first(self) -> bool:
         return self.stage_index == 0
 
     @property
     def is_last(self) -> bool:
-        return self.stage_index == self.num_stages - 1
+        """Whether this rank computes the loss: the last stage, or in a V the first."""
+        return self.stage_index == (0 if self.v_shape else self.num_stages - 1)
 
     def chunks(self) -> list[nn.Module]:
         """The model chunks this rank runs (one unless vpp > 1)."""
@@ -190,14 +195,24 @@ def _check_supported(plan: Plan) -> None:
 # ---------------------------------------------------------------- passes
 
 
+def model_chunk_index(plan: Plan, stage_index: int, local: int) -> int:
+    """The model chunk a stage runs as its `local`-th: j * pp + i interleaved, i and 2 pp - 1 - i in a V
+    (torch.distributed.pipelining's stage_index_to_group_rank, style "loop" or "v")."""
+    pp = len(plan.stages)
+    if plan.single_strategy.v_shape:
+        return stage_index if local == 0 else 2 * pp - 1 - stage_index
+    return local * pp + stage_index
+
+
 def chunk_modules(model: Transformer, plan: Plan, *, stage_index: int) -> list[Transformer]:
     """One copy of `model` per chunk of the stage, each keeping its blocks; the embedding stays on
-    model chunk 0 (stage 0's first) and norm + head on the last model chunk (stage pp-1's last)."""
+    model chunk 0 (stage 0's first) and norm + head on the last model chunk (stage pp-1's last, or in a V
+    stage 0's second)."""
     chunks = plan.stages[stage_index].chunks or [[0, -1]]
     pp, out = len(plan.stages), []
     for j, (first, last) in enumerate(chunks):
         piece = model if j == len(chunks) - 1 else copy.deepcopy(model)
-        model_chunk = j * pp + stage_index
+        model_chunk = model_chunk_index(plan, stage_index, j)
         piece.keep_blocks(first, last, first_stage=model_chunk == 0, last_stage=model_chunk == pp * len(chunks) - 1)
         out.append(piece)
     return out
@@ -205,19 +220,24 @@ def chunk_modules(model: Transformer, plan: Plan, *, stage_index: int) -> list[T
 
 def build_schedule(chunks: Sequence[nn.Module], plan: Plan, *, stage_index: int, pp_mesh: DeviceMesh,
                    device: torch.device):
-    """PipelineStage per chunk and their schedule (1f1b, gpipe or interleaved) over the plan's micro-batches."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    """PipelineStage per chunk and their schedule (1f1b, gpipe, interleaved, zbv or dualpipev) over the plan's
+    micro-batches."""
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B, ScheduleZBVZeroBubble)
 
     pp, kind = len(plan.stages), plan.single_strategy.pipeline_schedule
     stages: list[_PipelineStageBase] = [
-        PipelineStage(chunk, j * pp + stage_index, pp * len(chunks), device, group=pp_mesh.get_group())
+        PipelineStage(chunk, model_chunk_index(plan, stage_index, j), pp * len(chunks), device,
+                      group=pp_mesh.get_group())
         for j, chunk in enumerate(chunks)]
     m = plan.time.micro_batches
-    if kind == "interleaved":
-        return stages, ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+    looped = {"interleaved": ScheduleInterleaved1F1B, "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    if kind in looped:
+        return stages, looped[kind](stages, n_microbatches=m, loss_fn=loss_fn)
     schedule_cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}.get(kind)
     if schedule_cls is None:
-        raise ValueError(f"schedule={kind}: not supported by the planner torch runtime (1f1b, gpipe, interleaved)")
+        raise ValueError(f"schedule={kind}: not supported by the planner torch runtime (1f1b, gpipe, interleaved, "
+                         "zbv, dualpipev)")
     return stages, schedule_cls(stages[0], n_microbatches=m, loss_fn=loss_fn)
 
 
@@ -326,7 +346,8 @@ def apply_plan(model: Transformer, plan: Plan, *, device_mesh: DeviceMesh | None
     rank = dist.get_rank()
     stage_index = rank // (s.tp * s.cp * s.data_parallel)
     out = Parallelized(model=model, mesh=mesh, stage_index=stage_index, num_stages=len(plan.stages),
-                       micro_batches=plan.time.micro_batches, stage_ranks=s.tp * s.cp * s.data_parallel)
+                       micro_batches=plan.time.micro_batches, stage_ranks=s.tp * s.cp * s.data_parallel,
+                       v_shape=s.v_shape)
     on_meta = any(p.device.type == "meta" for p in model.parameters())
 
     # (1) pipeline split: this rank's stage (its chunks when vpp > 1).

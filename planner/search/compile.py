@@ -236,7 +236,7 @@ def _stage_cap(search: _Search, config: Strategy, micro_batches: int, pools: lis
         return RUNNER_UP_SPAN * search.incumbent / (m * floor)
     cap = search.incumbent / (m * floor)
     if search.options.objective == "time" and m * v > 1:
-        least_sum = search.builder.sum_floor(config, pools)
+        least_sum = search.builder.sum_floor(config, pools)  # of the fills (a V's: its forwards)
         cap = min(cap, (search.incumbent - least_sum / v) / (m - 1 / v) * (1 + 1e-9))
     return cap
 

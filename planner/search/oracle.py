@@ -74,6 +74,8 @@ def _pipeline(job: Job, pp: int, dp: int) -> Iterator[dict]:
         for vpp in (v for v in divisors(blocks // pp) if blocks % (pp * v) == 0):
             if vpp > 1:
                 yield {"mbs": mbs, "vpp": vpp, "schedule": "interleaved"}
+                if vpp == 2:  # the zero-bubble V schedules: two chunks per stage
+                    yield from ({"mbs": mbs, "vpp": 2, "schedule": kind} for kind in ("zbv", "dualpipev"))
                 continue
             for schedule in ("1f1b", "gpipe"):
                 for cuts in itertools.combinations(range(1, blocks), pp - 1):

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.job import Job
 from planner.cost.layout import split_blocks
 from planner.profile import RecomputeCounts, RuntimeProfile, Space, recompute_counts_allowed
-from planner.strategy import Recompute, Strategy
+from planner.strategy import V_SCHEDULES, Recompute, Schedule, Strategy
 
 OffloadSearch = Literal["fallback", "always"]
 
@@ -96,6 +96,9 @@ class SpaceOptions(BaseModel):
         None, gt=0, description="Replica groups: dp x mbs must divide this many sequences (and for vpp > 1, "
         "grain / (dp x mbs) be a multiple of pp), so a strategy stays legal on any multiple of the grain."
     )
+    v_schedules: tuple[Schedule, ...] = Field(
+        V_SCHEDULES, description="Zero-bubble V schedules tried beside 1F1B and interleaving (two chunks per stage: "
+        "torch.distributed.pipelining ScheduleZBVZeroBubble, ScheduleDualPipeV), where the runtime runs them.")
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
     ep_overlap: bool = Field(True, description="Also try hiding the expert all-to-alls behind another micro-batch "
                              "(Strategy.ep_overlap: with ep > 1, no full recompute, and interleaving when pp > 1).")
@@ -191,7 +194,12 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
             vpps = [1]
             if pp > 1 and micro % pp == 0 and (grain // (dp * mbs)) % pp == 0:
                 vpps += [v for v in range(2, (options.max_vpp or blocks) + 1) if blocks % (pp * v) == 0]
-            for vpp in _allowed(options, "vpp", vpps):
+            layouts_: list[tuple[int, Schedule]] = [(vpp, "interleaved" if vpp > 1 else "1f1b") for vpp in vpps]
+            layouts_ += [(2, kind) for kind in _v_schedules(options, pp, micro, blocks)]
+            for vpp, schedule in layouts_:
+                if vpp not in _allowed(options, "vpp", [vpp]) or schedule not in _allowed(options, "schedule",
+                                                                                          [schedule]):
+                    continue
                 for zero in _allowed(options, "zero", list(options.zero_stages)):
                     if pp > 1 and zero not in options.zero_stages_pipelined:
                         continue
@@ -206,16 +214,26 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                         regathers = _allowed(options, "regather", ["network"] + _fcdp(job, options, tp, cp, dp,
                                                                                       zero, shard))
                         for recompute in recomputes if regathers else []:
-                            for overlap in _ep_overlaps(options, ep, pp, vpp):
+                            for overlap in _ep_overlaps(options, ep, pp, vpp, schedule):
                                 yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, mbs=mbs, vpp=vpp,
+                                               schedule=schedule if schedule in V_SCHEDULES else None,
                                                zero=zero, shard=shard, sp=tp > 1,
                                                tp_overlap=options.tp_overlap and tp > 1, recompute=recompute,
                                                regather=regathers[0], ep_overlap=overlap)
 
 
-def _ep_overlaps(options: SpaceOptions, ep: int, pp: int, vpp: int) -> list[bool]:
-    """Whether the expert all-to-alls hide: tried where Strategy allows it (ep > 1, interleaved pipelines)."""
-    return [False, True] if options.ep_overlap and ep > 1 and (pp == 1 or vpp > 1) else [False]
+def _v_schedules(options: SpaceOptions, pp: int, micro: int, blocks: int) -> list[Schedule]:
+    """The zero-bubble V schedules a configuration may run: two even chunks per stage and one micro-batch per
+    model chunk at least (validation.check_strategy)."""
+    if pp == 1 or blocks % (2 * pp) or micro < 2 * pp:
+        return []
+    return [kind for kind in options.v_schedules if kind in V_SCHEDULES]
+
+
+def _ep_overlaps(options: SpaceOptions, ep: int, pp: int, vpp: int, schedule: Schedule = "1f1b") -> list[bool]:
+    """Whether the expert all-to-alls hide: tried where Strategy allows it (ep > 1, interleaved pipelines or
+    DualPipeV's overlapped pairs; not zbv)."""
+    return [False, True] if options.ep_overlap and ep > 1 and (pp == 1 or vpp > 1) and schedule != "zbv" else [False]
 
 
 def _fcdp(job: Job, options: SpaceOptions, tp: int, cp: int, dp: int, zero: int, shard: str) -> list[str]:
@@ -281,6 +299,7 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
     }
     if "interleaved" not in space.schedules:
         update["max_vpp"] = 1
+    update["v_schedules"] = keep(options.v_schedules, space.schedules)
     if not space.tensor_parallel:
         update["max_tp"] = 1
     if not space.context_parallel or (space.context_parallel_needs_flash and not job.flash):

@@ -20,17 +20,24 @@
   compute stream (the Python thread issues them; the GPU waits).  In the
   last backward of each chunk the step-end gradient sync follows each unit's
   gradients (DDP buckets / Megatron's overlapped grad reduce).
+* Zero-bubble V schedules (zbv, dualpipev): a stage runs model chunks r and
+  2p - 1 - r; an I pass is a backward without its weight-gradient GEMMs
+  (`StageSums.weight_grad`), a W pass those GEMMs alone (no transfer, no
+  collective: the unit's reduce-scatters and sync go with its I pass); the
+  turn of the V (model chunks p - 1 and p on the last stage) hands over
+  without a transfer.
 * The step ends with a barrier (Megatron's global grad-norm all-reduce), then
   each stage's optimizer step and its offload transfers / CPU Adam.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.simulate.engine import Task
 from planner.simulate.schedule import Op, stage_order
 from planner.simulate.tasks import LayerWork, StageWork
+from planner.strategy import V_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -174,56 +181,96 @@ def _send(b: _StageBuilder, op: Op, stream: str, tag: str) -> int:
                       micro_batch=op.micro_batch, chunk=op.chunk))
 
 
-def _stage_tasks(tasks: list[Task], work: StageWork, ops: list[Op], stages: int, chunks: int) -> list[OpTasks]:
+@dataclass(frozen=True)
+class Layout:
+    """Which model chunk each stage's local chunk is: interleaved (chunk j of stage i is j * p + i) or a V."""
+
+    stages: int
+    chunks: int
+    v_shape: bool = False
+
+    def model_chunk(self, stage: int, chunk: int) -> int:
+        if self.v_shape:
+            return stage if chunk == 0 else 2 * self.stages - 1 - stage
+        return chunk * self.stages + stage
+
+    def place(self, model_chunk: int) -> tuple[int, int]:
+        """(stage, local chunk) of a model chunk."""
+        if self.v_shape:
+            return (model_chunk, 0) if model_chunk < self.stages else (2 * self.stages - 1 - model_chunk, 1)
+        return model_chunk % self.stages, model_chunk // self.stages
+
+    @property
+    def last(self) -> int:
+        return self.stages * self.chunks - 1
+
+
+def _weight_grads(b: _StageBuilder, op: Op, units: tuple[LayerWork, ...], tag: str) -> tuple[int, int, list[int]]:
+    """A W pass: the weight-gradient GEMMs of the chunk's units, one task."""
+    index = b.compute("backward", tag, sum(u.sums.weight_grad for u in units), op, [])
+    return index, index, [index]
+
+
+def _stage_tasks(tasks: list[Task], work: StageWork, ops: list[Op], layout: Layout) -> list[OpTasks]:
     b = _StageBuilder(tasks, work)
-    last_backward = {op.chunk: k for k, op in enumerate(ops) if op.phase == "B"}
+    last_backward = {op.chunk: k for k, op in enumerate(ops) if op.phase in ("B", "I")}
     out: list[OpTasks] = []
     previous: Op | None = None
     for k, op in enumerate(ops):
-        model_chunk = op.chunk * stages + work.index
+        model_chunk = layout.model_chunk(work.index, op.chunk)
         layers = work.chunks[op.chunk]
-        tag = f"{op.phase}{op.micro_batch}" + (f".{op.chunk}" if chunks > 1 else "")
+        tag = f"{op.phase}{op.micro_batch}" + (f".{op.chunk}" if layout.chunks > 1 else "")
+        target: int | None = None  # the model chunk its output goes to (None: none)
         if op.phase == "F":
             first, last, entries = _forward(b, op, layers, tag)
-            sends = model_chunk < stages * chunks - 1
-            stream = "send-next"
+            target = model_chunk + 1 if model_chunk < layout.last else None
+        elif op.phase == "W":
+            first, last, entries = _weight_grads(b, op, layers, tag)
         else:
             resident = previous == Op("F", op.micro_batch, op.chunk)
+            if op.phase == "I":  # the input gradient alone: the weight-gradient GEMMs wait for a W pass
+                layers = tuple(replace(u, backward=u.backward - u.sums.weight_grad) for u in layers)
             first, last, entries = _backward(b, op, layers, tag, resident, last_backward[op.chunk] == k)
-            sends = model_chunk > 0
-            stream = "send-prev"
-        delivery = _send(b, op, stream, tag) if sends and stages > 1 else -1
+            target = model_chunk - 1 if model_chunk > 0 else None
+        delivery = -1
+        if target is not None and layout.place(target)[0] != work.index:  # the V's turn stays on the stage
+            stream = "send-next" if layout.place(target)[0] > work.index else "send-prev"
+            delivery = _send(b, op, stream, tag)
         out.append(OpTasks(work.index, op, first, last, tuple(entries), delivery))
         previous = op
     return out
 
 
-def _producer(op: Op, stage: int, stages: int, chunks: int) -> tuple[int, Op] | None:
-    """The (stage, op) whose output `op` on `stage` consumes (None: the model's input or loss)."""
+def _producer(op: Op, stage: int, layout: Layout) -> tuple[int, tuple[Op, ...]] | None:
+    """The stage and the ops (one of which it runs) whose output `op` on `stage` consumes (None: the model's
+    input or the loss, or a W pass, which its own stage's order already puts after its I)."""
+    model_chunk = layout.model_chunk(stage, op.chunk)
     if op.phase == "F":
-        if stage > 0:
-            return stage - 1, op
-        return (stages - 1, Op("F", op.micro_batch, op.chunk - 1)) if op.chunk > 0 else None
-    if stage < stages - 1:
-        return stage + 1, op
-    return (0, Op("B", op.micro_batch, op.chunk + 1)) if op.chunk < chunks - 1 else None
+        if model_chunk == 0:
+            return None
+        where, chunk = layout.place(model_chunk - 1)
+        return where, (Op("F", op.micro_batch, chunk),)
+    if op.phase == "W" or model_chunk == layout.last:
+        return None
+    where, chunk = layout.place(model_chunk + 1)
+    return where, (Op("B", op.micro_batch, chunk), Op("I", op.micro_batch, chunk))
 
 
 def build_graph(works: list[StageWork], schedule: str, micro_batches: int, chunks: int) -> tuple[list[Task],
                                                                                                 list[OpTasks]]:
     """Every task of one step, and where each op's tasks are."""
     stages = len(works)
+    layout = Layout(stages, chunks, v_shape=schedule in V_SCHEDULES and stages > 1)
     tasks: list[Task] = []
     ops: list[OpTasks] = []
     for work in works:
-        ops += _stage_tasks(tasks, work, stage_order(schedule, work.index, stages, micro_batches, chunks), stages,
-                            chunks)
+        ops += _stage_tasks(tasks, work, stage_order(schedule, work.index, stages, micro_batches, chunks), layout)
     where = {(o.stage, o.op): o for o in ops}
     for o in ops:  # cross-stage dependencies: an op waits for its input's arrival
-        source = _producer(o.op, o.stage, stages, chunks)
+        source = _producer(o.op, o.stage, layout)
         if source is None:
             continue
-        producer = where[source]
+        producer = next(where[source[0], op] for op in source[1] if (source[0], op) in where)
         arrival = producer.delivery if producer.delivery >= 0 else producer.last
         for entry in o.entries:
             tasks[entry].after_end.append(arrival)

@@ -42,6 +42,11 @@ def memory_curves(sim: SimulationRun) -> list[MemoryCurve]:
         if record.op.phase == "F":
             # the logits a pipeline keeps for the step stay until its end
             events.append((tl.start[record.first], kept + sum(u.output_bytes for u in units)))
+        elif record.op.phase == "W":  # the weight gradients free what the forward kept (their GEMMs' inputs)
+            events.append((tl.end[record.last], -kept))
+        elif record.op.phase == "I":  # the input gradient holds the working set; W frees the saves
+            working = sum((u.sums for u in units), StageSums()).backward_extra
+            events += [(tl.start[record.first], working), (tl.end[record.last], -working)]
         else:
             working = sum((u.sums for u in units), StageSums()).backward_extra
             events += [(tl.start[record.first], working), (tl.end[record.last], -kept - working)]

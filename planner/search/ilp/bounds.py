@@ -11,18 +11,28 @@ import itertools
 NS = 1e9  # table units: nanoseconds (integer scaling lives only in the program builder)
 
 
-def bottleneck_bound(entries: list[list[tuple[int, int]]], blocks: int, micro_batches: int, vpp: int) -> float:
+def pipeline_floor(bottleneck: float, stage_sum: float, micro_batches: int, vpp: int) -> float:
+    """The pipeline formula's floor from a bottleneck floor T and a floor S on the sum of the stages' fills:
+    (m - 1/v) T + S / v.  m max t + (sum u - max u) / v is at least that, as max u <= max t: the fills u are
+    the stage times, or under a zero-bubble V at least the stages' forward compute and at most their times
+    (planner.cost.pipeline), so S is a floor on the sum of those (Floors.sum_floor)."""
+    return (micro_batches - 1 / vpp) * bottleneck + stage_sum / vpp
+
+
+def bottleneck_bound(entries: list[list[tuple[int, int]]], blocks: int, micro_batches: int, vpp: int,
+                     fill_floor: int | None = None) -> float:
     """Seconds no split beats, from each stage's sorted (time in NS, blocks) table entries: the smallest
     T such that the stages, each holding the most blocks it can within T (any pool), hold every block;
-    then the pipeline formula with each stage at its fastest entry for the sum."""
-    v, m = vpp, micro_batches
+    then the pipeline formula with each stage at its fastest entry for the sum (`fill_floor`: the sum of the
+    stages' least fills instead, where fills are not the stage times: zero-bubble V schedules)."""
+    m = micro_batches
 
     def held(limit: int) -> int:
         return sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)
 
     limit = smallest_sufficient(sorted({t for stage in entries for t, _ in stage}), held, blocks)
-    fastest = sum(stage[0][0] for stage in entries)
-    return ((m - 1 / v) * limit + fastest / v) / NS
+    fastest = sum(stage[0][0] for stage in entries) if fill_floor is None else fill_floor
+    return pipeline_floor(limit, fastest, m, vpp) / NS
 
 
 def slots_limit(pools: list[tuple[float, float, int]], stages: int, need: float) -> float:

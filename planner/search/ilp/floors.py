@@ -17,12 +17,14 @@ from hardware import Catalog, Pool
 from models.graph import Layer, RecomputeMode
 from planner.cost.comm import P2P_READS, p2p_seconds
 from planner.cost.layout import StageGroups, StageSite
+from planner.cost.compute import layer_time
 from planner.cost.memory import stage_memory
 from planner.cost.stage import EXPERT_TIMES_READS, LAYER_TIMES_READS, compose_stage, layer_busy
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
 from planner.job import Job
-from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit, smallest_sufficient
+from planner.search.ilp.bounds import (even_pipeline_bound, pipeline_fill_bound, pipeline_floor, slots_limit,
+                                       smallest_sufficient)
 from planner.search.ilp.segments import Segment, offloads, stage_contents, variants_key
 from planner.strategy import Strategy, strategy_key
 
@@ -107,7 +109,7 @@ class Floors:
             lo = need * w / p + c  # balanced stages
         else:
             lo = slots_limit([(w, c, k) for w, c, _, k in per_pool], p, need)
-        return (m - 1 / v) * lo + self.sum_floor(strategy, pools) / v
+        return pipeline_floor(lo, self.sum_floor(strategy, pools), m, v)
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
                       enough: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> float:
@@ -130,10 +132,11 @@ class Floors:
         if len(pools) == 1:
             # one pool: some stage holds at least ceil(B / pp) blocks
             fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p), variants) if blocks else 0.0
-            return (m - 1 / v) * fastest + self.sum_floor(strategy, pools) / v
+            return pipeline_floor(fastest, self.sum_floor(strategy, pools), m, v)
         sum_term = self.sum_floor(strategy, pools) / v
+        steady = m - 1 / v
         # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
-        cap = (enough - sum_term) / (m - 1 / v) if enough < float("inf") and m * v > 1 else float("inf")
+        cap = (enough - sum_term) / steady if enough < float("inf") and m * v > 1 else float("inf")
         profiles = [(self._slot_profile(strategy, pool, m, cap, variants), pool.gpus // ranks) for pool in pools]
 
         def held(limit: float) -> int:
@@ -152,7 +155,9 @@ class Floors:
             # profiles are complete only up to the cap: all we know is that no placement fits within it,
             # so the bound is at least `enough`
             return enough
-        bound = (m - 1 / v) * limit + sum_term
+        bound = steady * limit + sum_term
+        if strategy.v_shape:  # the fills of a V are not the stage times the profiles bound
+            return bound
         if blocks and v > 1:  # interleaved chunks: every stage holds blocks / pp
             return max(bound, even_pipeline_bound(profiles, p, blocks // p, m, v, enough))
         if blocks:  # the stages fill the slots they take: their sum bounds the bubble
@@ -201,10 +206,14 @@ class Floors:
         return times
 
     def sum_floor(self, strategy: Strategy, pools: list[Pool]) -> float:
-        """A lower bound on sum_s t_s: the cheapest pool's work plus pp of the cheapest transfers; on a
-        mixed cluster also every stage's first block on the pp cheapest slots (pool capacities) and the
-        other blocks at the cheapest pool's work."""
+        """A lower bound on the sum of the stages' fills (planner.cost.pipeline): on sum_s t_s, the cheapest
+        pool's work plus pp of the cheapest transfers; on a mixed cluster also every stage's first block on
+        the pp cheapest slots (pool capacities) and the other blocks at the cheapest pool's work.  Under a
+        zero-bubble V a fill is at least the stage's forward compute: every block's and the fixed layers'
+        forward on the cheapest pool."""
         blocks = sum(seg.size for seg in self.segments)
+        if strategy.v_shape:
+            return min(self._forward_floor(strategy, pool, blocks) for pool in pools)
         works = [self._work_by_layer_group(strategy, pool) for pool in pools]
         transfers = [self._transfer(strategy, pool) for pool in pools]
         cheapest = min(w for _, w in works)
@@ -217,6 +226,30 @@ class Floors:
                             for _ in range(min(pool.gpus // ranks, p)))
             if len(firsts) >= p:
                 total = max(total, sum(firsts[:p]) + (blocks - p) * cheapest + fixed)
+        return total
+
+    def _forward_floor(self, strategy: Strategy, pool: Pool, blocks: int) -> float:
+        """Forward compute seconds per micro-batch of every block (each at the cheapest segment's) and of the fixed
+        layers on `pool` (`StageSums.forward`: recompute and collectives apart)."""
+        key = ("forward", strategy_key(strategy, WORK_READS), pool.name, blocks)
+        if key not in self._work_cache:
+            site = self.site(0, (pool,))
+            fixed = self._forward("fixed", self.before + self.after, strategy, site)
+            segments = enumerate(self.segments)
+            cheapest = min((self._forward(f"seg{k}", seg.layers, strategy, site) for k, seg in segments), default=0.0)
+            self._work_cache[key] = fixed + blocks * cheapest
+        return self._work_cache[key]
+
+    def _forward(self, name: str, layers: tuple[Layer, ...], strategy: Strategy, site: StageSite) -> float:
+        """Forward compute seconds per micro-batch of the layers `name`, cached as `_busy` caches their busy time."""
+        pools = tuple(p.name for p in site.pools)
+        total = 0.0
+        for index, layer in enumerate(layers):
+            reads = EXPERT_TIMES_READS if layer.moe is not None else LAYER_TIMES_READS
+            key = ("forward", name, index, strategy_key(strategy, reads), pools)
+            if key not in self._work_cache:
+                self._work_cache[key] = layer_time(layer, self.job, strategy, site.device, self.catalog, "none").forward
+            total += self._work_cache[key]
         return total
 
     def _work_by_layer_group(self, strategy: Strategy, pool: Pool) -> tuple[float, float]:

@@ -15,9 +15,11 @@ family), objective, then reading the solution.  Tables come from
     update[s]     stage s's optimizer step + offload nanoseconds after the barrier (its placement decides)
     variant[s]    placement of stage s (only built when every stage must take the same one)
     bottleneck    max_s time[s]
+    fill[s]       of time[s], what the schedule's warm-up and drain leave idle elsewhere (time[s] but under
+                  zero-bubble V schedules, planner.cost.pipeline)
 
 Step time (x v to stay integral), the pipeline formula of `evaluate`:
-    v * m * bottleneck + (sum_s time[s] - bottleneck) + v * (max_s dp_end[s] + max_s update[s])
+    v * m * bottleneck + (sum_s fill[s] - max_s fill[s]) + v * (max_s dp_end[s] + max_s update[s])
 Objective: the step time, or for --objective cost the step time (microseconds) times the
 price rate of the pools the stages occupy; with a surcharge table (a re-plan's amortised migration,
 planner.search.ilp.surcharge) the step time plus the surcharge.
@@ -269,7 +271,12 @@ def build_program(tables: ConfigTables, max_step_ns: int | None = None, prices: 
 
     # step time: the pipeline formula, scaled by v to stay integral
     v, m = tables.strategy.vpp, tables.micro_batches
-    step = v * m * bottleneck + sum(time) - bottleneck + v * sum(tails)
+    if tables.strategy.v_shape:  # the bubble is the fills' (planner.cost.pipeline), not the stage times'
+        fill = add_stage_costs(model, rows, option, "fill")
+        bubble = sum(fill) - add_max(model, fill, "max_fill")
+    else:
+        bubble = sum(time) - bottleneck
+    step = v * m * bottleneck + bubble + v * sum(tails)
     if max_step_ns is not None:
         model.add(step <= v * max_step_ns)
     timed = step if surcharge is None or prices is not None else step + add_surcharge(model, surcharge, cut,

@@ -25,6 +25,7 @@ from hardware import Catalog, Pool
 from models.graph import Layer, RecomputeMode
 from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
 from planner.cost.memory import RankMemory, stage_memory
+from planner.cost.pipeline import fill_seconds
 from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
@@ -44,6 +45,7 @@ class StageOption:
     counts: tuple[int, ...]  # blocks per segment
     recompute: int  # blocks fully recomputed (per chunk when vpp > 1), from the start of the stage
     time: int  # critical-path time of one micro-batch
+    fill: int  # of `time`, what the schedule's warm-up and drain leave idle elsewhere (planner.cost.pipeline)
     dp_end: int  # step-end data-parallel sync not hidden
     optimizer: int
     offload: int
@@ -91,7 +93,11 @@ class ConfigTables:
         """Seconds no split in these tables beats (`bounds.bottleneck_bound` on their entries)."""
         entries = [sorted((o.time, sum(c)) for options in per_pool for c, placed in options.items() for o in placed)
                    for per_pool in self.options]  # per stage: (time, blocks) pairs
-        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp)
+        fills = None  # a V's fills are not its stage times: the sum of each stage's least
+        if self.strategy.v_shape:
+            fills = sum(min((o.fill for options in per_pool for placed in options.values() for o in placed),
+                            default=0) for per_pool in self.options)
+        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp, fills)
 
 
 class TableBuilder(Floors):
@@ -157,7 +163,8 @@ class TableBuilder(Floors):
         (per chunk with vpp > 1) fully recomputed; `with_fixed=False` leaves out embedding and head.
 
         Cached: configurations that differ in dp, ZeRO or placement share them."""
-        first, last = with_fixed and stage == 0, with_fixed and stage == strategy.pp - 1
+        # the head: on the last stage, or in a V (zbv, dualpipev) on the first, beside the embedding
+        first, last = with_fixed and stage == 0, with_fixed and stage == (0 if strategy.v_shape else strategy.pp - 1)
         key = (first, last, counts, recompute, strategy_key(strategy, STAGE_SUMS_READS),
                tuple(p.name for p in site.pools))
         cached = self._stage_sums_cache.get(key)
@@ -298,7 +305,8 @@ class TableBuilder(Floors):
         if not cost.memory.fits or cost.microbatch > time_cap:
             return None
         dp_end, optimizer, offload = (round(x * NS) for x in (cost.dp_exposed_end, cost.optimizer, cost.offload))
-        return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS), dp_end=dp_end,
+        return StageOption(counts=counts, recompute=recompute, time=round(cost.microbatch * NS),
+                           fill=round(fill_seconds(strategy, cost) * NS), dp_end=dp_end,
                            optimizer=optimizer, offload=offload, composed=lambda: cost, variant=variant)
 
     def compose(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy, site: StageSite,
