@@ -179,7 +179,8 @@ def _rope_bytes(plan: Plan) -> int:
 
 # Each layout trains 4 steps in fp32 from the same data, as the shared pipeline run (tests/conftest.py
 # pipeline_run: pp=2 x dp=2, ZeRO-3), which is the first case here.
-# pp x tp repeats two paths the default run covers one at a time: it runs under `-m long` (README).
+# pp x tp repeats two paths the default run covers one at a time, and DualPipeV the V layout and split
+# backward of ZB-V: they run under `-m long` (README).
 LAYOUTS = [
     (PIPELINE_FIX, 3, "1f1b"),               # pipeline + FSDP2 (ZeRO-3)
     ("tp=2,dp=2,zero=2", 2, "1f1b"),         # 2D: tensor parallel + FSDP2's strided shards, no reshard after forward
@@ -189,7 +190,7 @@ LAYOUTS = [
     # zero-bubble V schedules (torch ScheduleZBVZeroBubble / ScheduleDualPipeV): chunks 0 and 3 on the first
     # stage (embedding and head), 1 and 2 on the second; split backwards, 4 micro-batches per replica
     ("pp=2,vpp=2,dp=2,zero=2,mbs=1,schedule=zbv", 2, "zbv"),
-    ("pp=2,vpp=2,dp=2,zero=2,mbs=1,schedule=dualpipev", 2, "dualpipev"),
+    pytest.param("pp=2,vpp=2,dp=2,zero=2,mbs=1,schedule=dualpipev", 2, "dualpipev", marks=pytest.mark.long),
 ]
 
 
