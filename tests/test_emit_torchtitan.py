@@ -52,21 +52,25 @@ ENV = {"PLANNER_DATA": "/data/c4", "PLANNER_TOKENIZER": "/assets/llama3", "PLANN
 def titan():
     """The installed torchtitan's ConfigManager, ParallelDims, model names and package folder."""
     pytest.importorskip("tyro")
-    spec = importlib.util.find_spec("torchtitan")
-    if spec is None:
+    # a module that shares this fixture (tests/test_recipes.py) may have put the bare package in sys.modules
+    # already, and find_spec refuses a module without a __spec__
+    loaded = sys.modules.get("torchtitan")
+    spec = None if loaded is not None else importlib.util.find_spec("torchtitan")
+    if loaded is None and spec is None:
         pytest.skip("torchtitan is not installed (pip install -e '.[test]')")
+    locations = list(loaded.__path__) if loaded is not None else list(spec.submodule_search_locations)
     version = importlib.metadata.version("torchtitan")
     assert RELEASE == f"torchtitan {version}", f"planner writes {RELEASE} configs, torchtitan {version} is installed"
-    if "torchtitan" not in sys.modules and importlib.util.find_spec("triton") is None:
+    if loaded is None and importlib.util.find_spec("triton") is None:
         package = types.ModuleType("torchtitan")  # the package without its __init__ (see the module docstring)
-        package.__path__ = list(spec.submodule_search_locations)
+        package.__path__ = locations
         sys.modules["torchtitan"] = package
     from torchtitan.config.manager import ConfigManager
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models import _supported_models
 
     return SimpleNamespace(ConfigManager=ConfigManager, ParallelDims=ParallelDims, models=_supported_models,
-                           root=Path(spec.submodule_search_locations[0]))
+                           root=Path(locations[0]))
 
 
 # ---------------------------------------------------------------- plans

@@ -16,6 +16,7 @@ from planner.emit.check import check_target
 from planner.plan.schema import Plan
 from planner.emit.inputs import LaunchInputs, inputs_section
 from planner.plan.report import render_report
+from planner.recipes import nearest_recipe, recipe_section
 from planner.simulate.plan_input import plan_job
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG, memory_png, report_plots, time_png
 
@@ -74,11 +75,15 @@ def test_render_report_without_plots_links_no_figure(tiny_outputs):
     job = plan_job(plan, Path("plan.json"))  # the job the plan records, under its runtime
     checks = tuple(check_target(plan, job, target) for target in DEFAULT_TARGETS)  # what compile tried
     launch = inputs_section(LaunchInputs(), written)  # compile was given no launch inputs
-    linked = render_report(plan, written, plots=True, checks=checks, launch_inputs=launch)
+    recipe = recipe_section(nearest_recipe(job, plan.single_strategy), plan.time.step_time_s,
+                            plan.time.tokens_per_s_per_gpu)
+    assert "no published recipe for tiny-llama" in recipe  # the zoo's test model has none
+    linked = render_report(plan, written, plots=True, checks=checks, launch_inputs=launch, recipe=recipe)
     assert linked == tiny_outputs[0]["report.md"].decode()
     # the figures are the only difference
     assert linked.replace(f"![memory per stage]({MEMORY_PNG})\n\n", "").replace(
-        f"![time per step]({TIME_PNG})\n\n", "") == render_report(plan, written, checks=checks, launch_inputs=launch)
+        f"![time per step]({TIME_PNG})\n\n", "") == render_report(plan, written, checks=checks, launch_inputs=launch,
+                                                        recipe=recipe)
 
 
 def test_offloading_plan_gets_a_host_memory_panel(tiny_outputs):
