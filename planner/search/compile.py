@@ -531,7 +531,7 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
             pools = _pools(search.job, config)
             floor = _rate_floor(search, config, pools)
             refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor,
-                                                   variants=variants) * floor
+                                                   variants=variants, split=search.options.space.split_shape) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
                 if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
