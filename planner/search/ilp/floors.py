@@ -4,8 +4,10 @@
 busy time, transfers, stage sums), keyed by what each computation reads (planner.fields):
 
 * `lower_bound`: balanced stages, nothing recomputed, no stage-level terms (every configuration);
-* `refined_bound`: memory-aware, each stage at the fewest recomputed blocks its best placement allows
-  (the configurations the cheap bound keeps, once an incumbent exists);
+* `refined_bound`: memory-aware, each stage at the fewest recomputed blocks its best placement allows at
+  its pipeline position (the first stage holds the most micro-batches in flight and the embedding, the last
+  the head), with the split shape the runtime allows (Megatron's equal middle stages); one stage is the
+  whole model m times (the configurations the cheap bound keeps, once an incumbent exists);
 * `sum_floor`: the least sum of stage times (the pipeline's bubble term).
 """
 
@@ -29,6 +31,7 @@ from planner.strategy import Strategy, strategy_key
 WORK_READS = reads(Reader.WORK)  # cheapest block's busy seconds
 LOWER_READS = reads(Reader.LOWER)  # lower_bound
 PROFILE_READS = reads(Reader.PROFILE)  # _slot_profile (placements: variants)
+PROFILED_STAGE_BLOCKS = 8  # one pool: stage profiles by position only where an even stage holds at most this many
 
 
 def last_stage_view(strategy: Strategy) -> Strategy:
@@ -161,14 +164,14 @@ class Floors:
             quick = (m - 1 / v) * self._stage_floor(strategy, pools[0], m, p - 1, -(-blocks // p), variants) + sum_term
             if quick >= enough:
                 return quick
+        else:
+            quick = 0.0
         if split == "ends" and p > 2 and v == 1 and len(pools) == 1:
-            return self._ends_bound(strategy, pools[0], m, cap, variants, sum_term, enough)
-        bound = self._positional_bound(strategy, pools, m, cap, variants, position_classes(p), sum_term, enough)
-        if bound < enough and len(pools) == 1 and p > len(position_classes(p)):
-            # not settled by the classes: every stage at its own position (the first stages hold the most)
-            bound = max(bound, self._positional_bound(strategy, pools, m, cap, variants,
-                                                      [(s, 1) for s in range(p)], sum_term, enough))
-        return bound
+            return max(quick, self._ends_bound(strategy, pools[0], m, cap, variants, sum_term, enough))
+        if len(pools) == 1 and -(-blocks // p) > PROFILED_STAGE_BLOCKS:
+            return quick  # long stages: the profiles would cost more than the tables they spare
+        return max(quick, self._positional_bound(strategy, pools, m, cap, variants, position_classes(p), sum_term,
+                                                 enough))
 
     def _positional_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int, cap: float,
                           variants: tuple[dict, ...], classes: list[tuple[int, int]], sum_term: float,
