@@ -31,6 +31,7 @@ from planner.strategy import Strategy, strategy_key
 WORK_READS = reads(Reader.WORK)  # cheapest block's busy seconds
 LOWER_READS = reads(Reader.LOWER)  # lower_bound
 PROFILE_READS = reads(Reader.PROFILE)  # _slot_profile (placements: variants)
+BALANCED_READS = reads(Reader.PROFILE, Reader.LOWER)  # balanced_bound: a stage's floor and sum_floor
 PROFILED_STAGE_BLOCKS = 8  # one pool: stage profiles by position only where an even stage holds at most this many
 
 
@@ -159,13 +160,9 @@ class Floors:
         if p == 1:  # one stage holds everything: m x its floor
             return max(sum_term, m * min(self._stage_floor(strategy, pool, m, 0, blocks, variants, with_fixed=True)
                                          for pool in pools))
-        if len(pools) == 1:
-            # first the cheap test: some stage holds ceil(B / pp) blocks, no faster than at the last position
-            quick = (m - 1 / v) * self._stage_floor(strategy, pools[0], m, p - 1, -(-blocks // p), variants) + sum_term
-            if quick >= enough:
-                return quick
-        else:
-            quick = 0.0
+        quick = self.balanced_bound(strategy, pools, m, variants) if len(pools) == 1 else 0.0
+        if quick >= enough:
+            return quick
         if split == "ends" and p > 2 and v == 1 and len(pools) == 1:
             return max(quick, self._ends_bound(strategy, pools[0], m, cap, variants, sum_term, enough))
         if len(pools) == 1 and -(-blocks // p) > PROFILED_STAGE_BLOCKS:
@@ -244,6 +241,19 @@ class Floors:
         if best == float("inf"):
             return enough if cap < float("inf") else best
         return best
+
+    def balanced_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
+                       variants: tuple[dict, ...] = ({},)) -> float:
+        """The cheap memory-aware test on one pool: some stage holds ceil(B / pp) blocks, no faster than at the
+        last position (without embedding and head).  Weaker than refined_bound, but never capped at an
+        incumbent: it orders the runners-up the incumbent closed."""
+        p, v, m = strategy.pp, strategy.vpp, micro_batches
+        blocks = sum(seg.size for seg in self.segments)
+        key = ("balanced", strategy_key(strategy, BALANCED_READS), variants_key(variants), m, pools[0].name)
+        if key not in self._work_cache:
+            fastest = self._stage_floor(strategy, pools[0], m, p - 1, -(-blocks // p), variants) if blocks else 0.0
+            self._work_cache[key] = (m - 1 / v) * fastest + self.sum_floor(strategy, pools) / v
+        return self._work_cache[key]
 
     def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, position: int, blocks: int,
                      variants: tuple[dict, ...], with_fixed: bool = False) -> float:
