@@ -189,10 +189,12 @@ RUNNER_UP_SOLVES = 4  # at most this many runner-up programs per runner-up repor
 
 
 def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: float,
-                  variants: tuple[dict, ...], runner_up: bool = False) -> None:
+                  variants: tuple[dict, ...], runner_up: bool = False, order: float | None = None) -> None:
     """Solve one configuration: (1) cap the stage times, (2) build and check its tables, (3) build its
     program, (4) solve it, (5) record the value.  runner_up: only to learn its value for the report (no
-    incumbent cap, a short limit, the certificate untouched)."""
+    incumbent cap, a short limit, the certificate untouched).  `order`: the key that orders it among the
+    runner-up candidates (default its bound)."""
+    order = bound if order is None else order
     pools = _pools(search.job, config)
     floor = _rate_floor(search, config, pools)
     cap = _stage_cap(search, config, micro_batches, pools, floor, runner_up)
@@ -201,7 +203,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
                           every_recompute=ties_recompute(search.options.space, config))
     if tables is None:
         if cap < float("inf") and not runner_up:  # nothing within the incumbent's cap: a runner-up candidate
-            search.near.append((bound, config.spec(), config, micro_batches, variants))
+            search.near.append((order, config.spec(), config, micro_batches, variants))
         return
     table_bound = tables.bottleneck_bound() * floor
     if table_bound >= search.incumbent * (1 - 1e-9) and not runner_up:
@@ -220,7 +222,7 @@ def _solve_config(search: _Search, config: Strategy, micro_batches: int, bound: 
         if status == cp_model.UNKNOWN and not runner_up:
             search.open_bounds.append(bound)
         elif status == cp_model.INFEASIBLE and cutoff is not None:
-            search.near.append((bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate
+            search.near.append((order, config.spec(), config, micro_batches, variants))  # a runner-up candidate
         return
     _record(search, program, solver, status, bound, runner_up)
 
@@ -533,14 +535,27 @@ def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]
             pools = _pools(search.job, config)
             floor = _rate_floor(search, config, pools)
             refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor,
-                                                   variants=variants) * floor
+                                                   variants=variants, split=search.options.space.split_shape) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
                 if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
-                    search.near.append((refined, config.spec(), config, m, variants))
+                    search.near.append((_order(search, config, pools, m, variants, bound, refined), config.spec(),
+                                        config, m, variants))
                 continue
+            order = _order(search, config, pools, m, variants, bound, refined)
             bound = max(bound, refined)
-        _solve_config(search, config, m, bound, variants)
+        else:
+            order = bound
+        _solve_config(search, config, m, bound, variants, order=order)
+
+
+def _order(search: _Search, config: Strategy, pools: list, m: int, variants: tuple[dict, ...], cheap: float,
+           refined: float) -> float:
+    """The key that orders a runner-up candidate: on one pool the balanced bound (the refined one stops at the
+    incumbent, where every closed configuration would tie), elsewhere the refined bound."""
+    if len(pools) > 1:
+        return refined
+    return max(cheap, search.builder.balanced_bound(config, pools, m, variants) * _rate_floor(search, config, pools))
 
 
 def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, ...]) -> str:

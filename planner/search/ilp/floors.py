@@ -4,8 +4,10 @@
 busy time, transfers, stage sums), keyed by what each computation reads (planner.fields):
 
 * `lower_bound`: balanced stages, nothing recomputed, no stage-level terms (every configuration);
-* `refined_bound`: memory-aware, each stage at the fewest recomputed blocks its best placement allows
-  (the configurations the cheap bound keeps, once an incumbent exists);
+* `refined_bound`: memory-aware, each stage at the fewest recomputed blocks its best placement allows at
+  its pipeline position (the first stage holds the most micro-batches in flight and the embedding, the last
+  the head), with the split shape the runtime allows (Megatron's equal middle stages); one stage is the
+  whole model m times (the configurations the cheap bound keeps, once an incumbent exists);
 * `sum_floor`: the least sum of stage times (the pipeline's bubble term).
 """
 
@@ -31,6 +33,8 @@ from planner.strategy import Strategy, strategy_key
 WORK_READS = reads(Reader.WORK)  # cheapest block's busy seconds
 LOWER_READS = reads(Reader.LOWER)  # lower_bound
 PROFILE_READS = reads(Reader.PROFILE)  # _slot_profile (placements: variants)
+BALANCED_READS = reads(Reader.PROFILE, Reader.LOWER)  # balanced_bound: a stage's floor and sum_floor
+PROFILED_STAGE_BLOCKS = 8  # one pool: stage profiles by position only where an even stage holds at most this many
 
 
 def last_stage_view(strategy: Strategy) -> Strategy:
@@ -41,6 +45,25 @@ def last_stage_view(strategy: Strategy) -> Strategy:
     if strategy.pp <= 2 or strategy.vpp > 1:
         return strategy
     return strategy.model_copy(update={"pp": 2})
+
+
+def contents_at(segment_bounds: tuple[tuple[int, int], ...], length: int, starts) -> tuple[tuple[int, ...], ...]:
+    """Distinct per-segment counts of a run of `length` blocks starting at each of `starts`."""
+    seen: dict[tuple[int, ...], None] = {}
+    for start in starts:
+        end = start + length
+        seen.setdefault(tuple(max(0, min(end, hi) - max(start, lo)) for lo, hi in segment_bounds), None)
+    return tuple(seen)
+
+
+def position_classes(pp: int) -> list[tuple[int, int]]:
+    """(pipeline position, stages it bounds) covering the pp stages: the first alone (it holds the most
+    micro-batches in flight and the embedding), then positions pp-1-(2^j - 1) (pp-1, pp-2, pp-4, ...) each
+    standing for the stages after the previous one up to it.  A later position holds no more in flight and
+    the same receive buffers (the middle stages) or fewer (the last), so its floor bounds the earlier stages
+    of its class: about log2(pp) profiles bound every stage by a position at most twice as close to the end."""
+    positions = sorted({0} | {max(0, pp - 1 - (2 ** j - 1)) for j in range(pp.bit_length() + 1)})
+    return [(q, q - previous) for previous, q in zip([-1, *positions], positions)]
 
 
 class Floors:
@@ -112,32 +135,60 @@ class Floors:
         return pipeline_floor(lo, self.sum_floor(strategy, pools), m, v)
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
-                      enough: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> float:
+                      enough: float = float("inf"), variants: tuple[dict, ...] = ({},), split: str = "any") -> float:
         """A memory-aware bound (inf when the blocks cannot be placed at all).
 
-        For each pool, time[n] is the fastest a stage of n blocks can run there:
-        the fewest recomputed blocks its HBM allows (under its best placement),
-        at the pipeline position with the least in flight, without embedding or
-        head (each only makes a stage slower).  The bottleneck is at least the smallest T at which the
-        pp best stage slots hold all B blocks within T each.
+        A stage's time profile, time[n-1], is the fastest a stage of n blocks can run at its pipeline position
+        on a pool: the fewest recomputed blocks its HBM allows there (under its best placement), with the
+        embedding on the first stage and the head on the last (planner.search.ilp.floors.position_classes
+        groups the middle stages, each bounded by a later position: fewer micro-batches in flight need no
+        more memory).  The bottleneck is at least the smallest T at which the stages, each on a slot of a
+        pool and within T, hold all B blocks; the sum of stage times at least their fill
+        (bounds.pipeline_fill_bound).  For one stage this is the stage itself: m x its time.
 
         `enough`: a value that settles the question (the incumbent).  Profiles
         then stop at the stage time that step would allow, and when the blocks
         do not fit within it the bound returned is `enough` itself (the true
-        bound is no smaller).
+        bound is no smaller).  `split`: the space's split shape (SpaceOptions.split_shape); under "ends" (Megatron's
+        uneven first and last stages) the middle stages hold equal blocks (_ends_bound).
         """
+        p, v, m = strategy.pp, strategy.vpp, micro_batches
+        blocks = sum(seg.size for seg in self.segments)
+        sum_term = self.sum_floor(strategy, pools) / v
+        if not blocks:
+            return sum_term  # recsys: one stage of fixed layers (its time is in the sum)
+        # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
+        cap = (enough - sum_term) / (m - 1 / v) if enough < float("inf") and m * v > 1 else float("inf")
+        if p == 1:  # one stage holds everything: m x its floor
+            return max(sum_term, m * min(self._stage_floor(strategy, pool, m, 0, blocks, variants, with_fixed=True)
+                                         for pool in pools))
+        quick = self.balanced_bound(strategy, pools, m, variants) if len(pools) == 1 else 0.0
+        if quick >= enough:
+            return quick
+        if strategy.v_shape:
+            # a V's fills are not its stage times and its head sits on the first stage (planner.cost.pipeline):
+            # the position profiles and the fill bounds do not hold, the balanced bound and lower_bound do
+            return max(quick, self.lower_bound(strategy, pools, m))
+        if split == "ends" and p > 2 and v == 1 and len(pools) == 1:
+            return max(quick, self._ends_bound(strategy, pools[0], m, cap, variants, sum_term, enough))
+        if len(pools) == 1 and -(-blocks // p) > PROFILED_STAGE_BLOCKS:
+            return quick  # long stages: the profiles would cost more than the tables they spare
+        return max(quick, self._positional_bound(strategy, pools, m, cap, variants, position_classes(p), sum_term,
+                                                 enough))
+
+    def _positional_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int, cap: float,
+                          variants: tuple[dict, ...], classes: list[tuple[int, int]], sum_term: float,
+                          enough: float) -> float:
+        """refined_bound over stage profiles at the positions of `classes` ((position, stages it bounds))."""
         p, v, m = strategy.pp, strategy.vpp, micro_batches
         ranks = strategy.tp * strategy.cp * strategy.data_parallel
         blocks = sum(seg.size for seg in self.segments)
-        if len(pools) == 1:
-            # one pool: some stage holds at least ceil(B / pp) blocks
-            fastest = self._stage_floor(strategy, pools[0], m, -(-blocks // p), variants) if blocks else 0.0
-            return pipeline_floor(fastest, self.sum_floor(strategy, pools), m, v)
-        sum_term = self.sum_floor(strategy, pools) / v
-        steady = m - 1 / v
-        # the slowest stage a step under `enough` allows: (m - 1/v) T + sum / v < enough
-        cap = (enough - sum_term) / steady if enough < float("inf") and m * v > 1 else float("inf")
-        profiles = [(self._slot_profile(strategy, pool, m, cap, variants), pool.gpus // ranks) for pool in pools]
+        profiles = []
+        for pool in pools:
+            pool_slots = pool.gpus // ranks if len(pools) > 1 else p
+            profiles += [(self._slot_profile(strategy, pool, m, cap, variants, position, most=blocks - p + 1,
+                                             after=position - stages + 1), min(pool_slots, stages))
+                         for position, stages in classes]
 
         def held(limit: float) -> int:
             fits = sorted(((bisect.bisect_right(times, limit), slots) for times, slots in profiles), reverse=True)
@@ -148,54 +199,116 @@ class Floors:
                     return -1  # every stage holds a block: pp stages do not all run within the limit
                 total += take * most
                 left -= take
-            return total
+            return total if left == 0 else -1
 
         limit = smallest_sufficient(sorted({t for times, _ in profiles for t in times}), held, blocks)
         if limit > cap:
             # profiles are complete only up to the cap: all we know is that no placement fits within it,
             # so the bound is at least `enough`
             return enough
-        bound = steady * limit + sum_term
-        if strategy.v_shape:  # the fills of a V are not the stage times the profiles bound
-            return bound
-        if blocks and v > 1:  # interleaved chunks: every stage holds blocks / pp
+        if limit == float("inf"):
+            return limit  # complete profiles and no split fits
+        bound = (m - 1 / v) * limit + sum_term
+        if v > 1:  # interleaved chunks: every stage holds blocks / pp
             return max(bound, even_pipeline_bound(profiles, p, blocks // p, m, v, enough))
-        if blocks:  # the stages fill the slots they take: their sum bounds the bubble
-            bound = max(bound, pipeline_fill_bound(profiles, p, blocks, m, v, limit, enough))
-        return bound
+        # the stages fill the slots they take: their sum bounds the bubble
+        return max(bound, pipeline_fill_bound(profiles, p, blocks, m, v, limit, enough))
 
-    def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, blocks: int,
-                     variants: tuple[dict, ...]) -> float:
-        """Fastest seconds per micro-batch of any stage of `blocks` blocks on `pool` (inf if none fits)."""
-        site = self.site(strategy.pp - 1, (pool,))
+    def _ends_bound(self, strategy: Strategy, pool: Pool, micro_batches: int, cap: float,
+                    variants: tuple[dict, ...], sum_term: float, enough: float) -> float:
+        """refined_bound when the pp - 2 middle stages hold n blocks each and the first and last a and b, a + b =
+        B - (pp - 2) n (SpaceOptions.split_shape "ends").  For each n the bottleneck is at least the second
+        stage's time for n blocks (the middle stage with the most in flight; also a later one past the first
+        segment, which starts after that many blocks) and the better of the ends' splits;
+        the sum at least the ends' cheapest pair plus pp - 2 times the last middle position's time.  The least
+        over n; `enough` when no n runs within the cap (the profiles stop there)."""
+        p, m = strategy.pp, micro_batches
+        blocks = sum(seg.size for seg in self.segments)
+        most = blocks - p + 1
+
+        def profile(position: int) -> list[float]:
+            return self._slot_profile(strategy, pool, m, cap, variants, position, most=most, after=position)
+
+        # the middle stage with the most in flight, and the first past the first segment (on DeepSeek-V3 the
+        # first middle stage that holds only MoE blocks)
+        deep = min(p - 2, self.segments[0].size) if len(self.segments) > 1 else 1
+        first, second, third, middle, last = profile(0), profile(1), profile(deep), profile(p - 2), profile(p - 1)
+        best = float("inf")
+        for n in range(1, min(len(second), len(third), (blocks - 2) // (p - 2)) + 1):
+            rest = blocks - (p - 2) * n  # the ends' blocks, at least one each
+            pairs = [(first[a - 1], last[rest - a - 1])
+                     for a in range(max(1, rest - len(last)), min(len(first), rest - 1) + 1)]
+            if not pairs:
+                continue
+            bottleneck = max(second[n - 1], third[n - 1], min(max(pair) for pair in pairs))
+            ends = min(sum(pair) for pair in pairs)
+            total = max(sum_term, ends + (p - 2) * (middle[n - 1] if n <= len(middle) else 0.0))
+            best = min(best, (m - 1) * bottleneck + total)
+        if best == float("inf"):
+            return enough if cap < float("inf") else best
+        return best
+
+    def balanced_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
+                       variants: tuple[dict, ...] = ({},)) -> float:
+        """The cheap memory-aware test on one pool: some stage holds ceil(B / pp) blocks, no faster than at the
+        last position (without embedding and head).  Weaker than refined_bound, but never capped at an
+        incumbent: it orders the runners-up the incumbent closed."""
+        p, v, m = strategy.pp, strategy.vpp, micro_batches
+        blocks = sum(seg.size for seg in self.segments)
+        key = ("balanced", strategy_key(strategy, BALANCED_READS), variants_key(variants), m, pools[0].name)
+        if key not in self._work_cache:
+            fastest = self._stage_floor(strategy, pools[0], m, p - 1, -(-blocks // p), variants) if blocks else 0.0
+            self._work_cache[key] = (m - 1 / v) * fastest + self.sum_floor(strategy, pools) / v
+        return self._work_cache[key]
+
+    def _stage_floor(self, strategy: Strategy, pool: Pool, micro_batches: int, position: int, blocks: int,
+                     variants: tuple[dict, ...], with_fixed: bool = False) -> float:
+        """Fastest seconds per micro-batch of any stage of `blocks` blocks at `position` on `pool` (inf if none
+        fits)."""
+        site = self.site(position, (pool,))
         bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
                        for seg in self.segments)
-        floors = [self.floor_time(strategy.pp - 1, counts, strategy, variants, site, micro_batches)
+        floors = [self.floor_time(position, counts, strategy, variants, site, micro_batches, with_fixed=with_fixed)
                   for counts in stage_contents(bounds, blocks)]
         return min((f[0] for f in floors if f is not None), default=float("inf"))
 
     def _slot_profile(self, strategy: Strategy, pool: Pool, micro_batches: int,
-                      cap: float = float("inf"), variants: tuple[dict, ...] = ({},)) -> list[float]:
-        """time[n-1]: fastest seconds per micro-batch of a stage of n blocks on `pool` (see refined_bound),
-        for every n whose time is at most `cap`."""
-        strategy = last_stage_view(strategy)
-        key = ("profile", strategy_key(strategy, PROFILE_READS), variants_key(variants), micro_batches, pool.name)
+                      cap: float = float("inf"), variants: tuple[dict, ...] = ({},),
+                      position: int | None = None, most: int | None = None, after: int = 0) -> list[float]:
+        """time[n-1]: fastest seconds per micro-batch of a stage of n blocks at pipeline `position` (default the
+        last) on `pool` (see refined_bound), for every n whose time is at most `cap`.  The first stage starts at
+        the first block and carries the embedding, the last ends at the last block and carries the head; a
+        middle one starts at block `after` or later (the stages before it hold a block each) and leaves a block
+        to each stage after `position`.  `most`: the longest stage asked for."""
+        p = strategy.pp
+        position = p - 1 if position is None else position
+        blocks = sum(seg.size for seg in self.segments)
+        last = position == p - 1
+        # the blocks a stage of this position may start at and end by
+        first, end = (0, blocks) if position == 0 else (after, blocks - (p - 1 - position))
+        if last:
+            strategy = last_stage_view(strategy)
+            position, first = strategy.pp - 1, -1  # -1: it ends at the last block
+        with_fixed = position == 0 or last
+        key = ("profile", strategy_key(strategy, PROFILE_READS), variants_key(variants), micro_batches, pool.name,
+               position, last, most, first, end)
         cached = self._profile_cache.get(key)
         if cached is not None and cached[1] >= cap:
             return cached[0]
-        site = self.site(strategy.pp - 1, (pool,))
+        site = self.site(position, (pool,))
         bounds = tuple((seg.start - self.segments[0].start, seg.end - self.segments[0].start)
                        for seg in self.segments)
         times: list[float] = []
         # one kind of block: a stage of n blocks recomputes at least what one of n - 1 needed
         floor = 0
         complete = float("inf")  # the profile holds every n (it stopped where nothing fits)
-        for n in range(1, bounds[-1][1] + 1):
-            fits = [f for counts in stage_contents(bounds, n)
-                    if (f := self.floor_time(strategy.pp - 1, counts, strategy, variants, site, micro_batches,
-                                             min_recompute=floor)) is not None]
+        for n in range(1, min(blocks, most or blocks) + 1):
+            starts = [blocks - n] if first < 0 else [0] if position == 0 else range(first, end - n + 1)
+            fits = [f for counts in contents_at(bounds, n, starts)
+                    if (f := self.floor_time(position, counts, strategy, variants, site, micro_batches,
+                                             min_recompute=floor, with_fixed=with_fixed)) is not None]
             if not fits:
-                break  # n blocks do not fit even fully recomputed; more never will
+                break  # n blocks do not fit even fully recomputed (or leave no block to a later stage)
             if len(bounds) == 1:
                 floor = min(r for _, r in fits)  # the least any placement needs
             times.append(max(min(t for t, _ in fits), times[-1] if times else 0.0))
@@ -289,14 +402,16 @@ class Floors:
         return self._work_cache[key]
 
     def floor_time(self, stage: int, counts: tuple[int, ...], config: Strategy, variants: tuple[dict, ...],
-                   site: StageSite, micro_batches: int, min_recompute: int = 0) -> tuple[float, int] | None:
+                   site: StageSite, micro_batches: int, min_recompute: int = 0,
+                   with_fixed: bool = False) -> tuple[float, int] | None:
         """(seconds per micro-batch no placement of this content beats, the fewest recomputed blocks any of them
-        needs), without the embedding and head; None when none fits.  The placement that keeps the least in HBM
+        needs), with the embedding and head only where `with_fixed` (at the first and last position); None when
+        none fits.  The placement that keeps the least in HBM
         needs the fewest recomputed blocks (offload and the host cache move states, not activations, so their
         order does not change with recomputation), and at that count a placement without offload is the fastest
         (offload only adds time; _offload_pays): one bisection and a few compositions instead of each
         placement's own (the bounds' floors; placed_options builds the tables)."""
-        least = self.stage_sums(stage, counts, min_recompute, config, site, False)  # placements share the sums
+        least = self.stage_sums(stage, counts, min_recompute, config, site, with_fixed)  # placements share the sums
         placed = [(v, stage_memory(self.job, config.model_copy(update=v) if v else config, site, least,
                                    micro_batches, self.catalog)) for v in variants]
         placed = [(v, memory) for v, memory in placed if memory.fits_host]
@@ -304,11 +419,11 @@ class Floors:
             return None
         lightest = min(placed, key=lambda item: item[1].total)[0]
         strategy = config.model_copy(update=lightest) if lightest else config
-        recompute = self.fewest_recompute(stage, counts, strategy, site, micro_batches, False, min_recompute)
+        recompute = self.fewest_recompute(stage, counts, strategy, site, micro_batches, with_fixed, min_recompute)
         if recompute is None:
             return None
         fastest = [v for v, _ in placed if not offloads(v)] or [v for v, _ in placed]
-        sums = self.stage_sums(stage, counts, recompute, config, site, False)
+        sums = self.stage_sums(stage, counts, recompute, config, site, with_fixed)
         times = [compose_stage(self.job, config.model_copy(update=v) if v else config, site,
                                self.groups(config, site), sums, micro_batches, self.catalog,
                                cheapest_transfers=True).microbatch for v in fastest]

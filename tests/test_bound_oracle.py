@@ -1,0 +1,97 @@
+"""The search's configuration bounds are lower bounds of `evaluate`, checked against the certificate's oracle.
+
+Branch and bound prunes a configuration (tp, pp, dp, cp, ep, micro-batch, vpp, ZeRO, scope, base recompute)
+when its bound is not below the incumbent, so each bound must be at most the step time `evaluate` gives every
+strategy of that configuration: any split, any per-stage recompute counts, any placement.  Here
+`planner.search.oracle` (which shares nothing with the bounds) spells out every strategy a runtime can run on
+small jobs (dense and mixture-of-experts, one and two nodes, margins 0 and 0.1, under the runtimes whose spaces
+differ most: planner's, Megatron's, DeepSpeed's and torchtitan's), and every one that fits is scored by `evaluate`
+and held against the cheap bound (`lower_bound`) and the memory-aware one (`refined_bound`, with the pipeline
+position's micro-batches in flight) of its configuration.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hardware import Cluster, Pool, load_catalog
+from hardware.catalog import NodeSpec
+from models import MoEConfig, build_transformer
+from models.transformer import llama
+from planner.cost import evaluate
+from planner.job import Job
+from planner.profile import load_runtime
+from planner.search.ilp.tables import TableBuilder
+from planner.search.oracle import runtime_strategies
+from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
+from planner.strategy import Strategy
+
+
+def _cluster(preset: str, gpus_per_node: int, nodes: int) -> Cluster:
+    node = load_catalog().nodes[preset].model_dump()
+    return Cluster(name=f"{preset}-{gpus_per_node}x{nodes}", pools=[
+        Pool(name="pool", count=nodes, node=NodeSpec.model_validate({**node, "gpus_per_node": gpus_per_node}))])
+
+
+def _config_key(strategy: Strategy) -> tuple:
+    """What a configuration fixes; a strategy's full recompute of chosen blocks belongs to the base 'none'."""
+    base = "none" if strategy.recompute == "full" else strategy.recompute
+    return (strategy.tp, strategy.pp, strategy.data_parallel, strategy.cp, strategy.ep, strategy.expert_tp,
+            strategy.mbs, strategy.vpp, strategy.pipeline_schedule, strategy.zero, strategy.shard,
+            strategy.sequence_parallel, bool(strategy.ep_overlap), bool(strategy.tp_overlap), base)
+
+
+def _job(runtime: str, preset: str, shape: tuple[int, int], moe: bool, seq: int, batch: int, margin: float,
+         layers: int) -> Job:
+    hidden = 2048
+    model = build_transformer(llama(name="small", num_layers=layers, hidden=hidden, heads=4, kv_heads=2,
+                                    ffn=3 * hidden, vocab=32000,
+                                    moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=hidden) if moe else None))
+    return Job(model=model, cluster=_cluster(preset, *shape), global_batch=batch, seq_len=seq,
+               runtime=load_runtime(runtime), memory_margin=margin)
+
+
+def assert_bounds_hold(job: Job) -> int:
+    """Every fitting strategy's step time is at least its configuration's bounds; the strategies checked."""
+    catalog = load_catalog()
+    space = narrow_to_runtime(SpaceOptions(), job.runtime, job)
+    configs = {_config_key(c): c for c in global_configs(job, space)}
+    builder = TableBuilder(job, catalog)
+    bounds: dict[tuple, float] = {}
+    checked = 0
+    for strategy in runtime_strategies(job):
+        key = _config_key(strategy)
+        if key not in configs:
+            continue  # outside the search's configurations (a dominated schedule or sp setting)
+        estimate = evaluate(job, strategy, catalog=catalog)
+        if not estimate.memory.fits:
+            continue
+        if key not in bounds:
+            config = configs[key]
+            m = job.global_batch // (config.data_parallel * config.mbs)
+            pools = list(job.cluster.pools)
+            variants = placement_variants(job, config, space, offload=True)
+            bounds[key] = max(builder.lower_bound(config, pools, m),
+                              builder.refined_bound(config, pools, m, variants=variants,
+                                                                   split=space.split_shape))
+        assert bounds[key] <= estimate.step_time_s * (1 + 1e-9), (
+            f"{job.runtime.name}: bound {bounds[key]!r} s of its configuration above {strategy.spec()} "
+            f"at {estimate.step_time_s!r} s")
+        checked += 1
+    return checked
+
+
+CASES = list(itertools.product(
+    ["planner", "megatron", "deepspeed", "torchtitan"],
+    [("dgx-a100-40g", (2, 2), False, 8192, 8, 0.1, 3), ("pcie-t4", (4, 1), True, 8192, 8, 0.0, 3),
+     ("dgx-a100-40g", (4, 1), True, 16384, 4, 0.1, 4)]))
+
+
+@pytest.mark.parametrize(("runtime", "case"), CASES, ids=[f"{r}-{c[0]}-{'moe' if c[2] else 'dense'}-{c[3]}"
+                                                          for r, c in CASES])
+def test_configuration_bounds_never_exceed_evaluate(runtime, case):
+    preset, shape, moe, seq, batch, margin, layers = case
+    job = _job(runtime, preset, shape, moe and load_runtime(runtime).space.moe, seq, batch, margin, layers)
+    assert assert_bounds_hold(job) > 0  # something fits: the check ran
