@@ -278,8 +278,9 @@ def test_megatron_spreads_experts_and_keeps_to_the_fastest_pool():
 def test_published_recipes_keep_their_layout_and_name_their_source():
     job = Job(model=load_model("llama3-70b"), cluster=load_cluster("dgx-h100:8"), global_batch=256, seq_len=8192)
     nemo, titan = compare(job, ("nemo-recipe", "torchtitan-recipe"), time_limit=5)
-    # Megatron-Bridge's H100 BF16 preset for Llama 3 70B: tp 4, pp 4, vp 5, cp 2 (dp 2 on 64 GPUs)
-    assert nemo.runtime == "megatron" and "Megatron-Bridge" in nemo.source and "LLAMA3_70B" in nemo.source
+    # Megatron-Bridge's H100 BF16 preset for Llama 3 70B: tp 4, pp 4, vp 5, cp 2 (dp 2 on 64 GPUs), costed as
+    # Bridge runs it (bf16 gradient buffers: the megatron-bridge profile)
+    assert nemo.runtime == "megatron-bridge" and "Megatron-Bridge" in nemo.source and "LLAMA3_70B" in nemo.source
     assert nemo.step_time_s is not None and nemo.gpus_used == 64
     s = parse_strategy(nemo.spec)  # costed whether or not it fits the memory margin
     assert (s.tp, s.pp, s.vpp, s.cp, s.dp, s.mbs, s.zero, s.recompute) == (4, 4, 5, 2, 2, 1, 1, "none")
@@ -314,6 +315,6 @@ def test_compare_lists_every_published_recipe_of_the_model_those_for_its_gpus_fi
     rows = compare(job, tuple(names), time_limit=5)
     assert [r.same_hardware for r in rows] == [True, True, False]
     # every row keeps its recipe's model parallelism; dp takes the 64 GPUs left: 64 / (4 x 4 x 2), 64 / (4 x 8)
-    assert [(parse_strategy(r.spec).dp, r.runtime) for r in rows] == [(2, "megatron"), (2, "megatron"),
-                                                                     (8, "torchtitan")]
+    assert [(parse_strategy(r.spec).dp, r.runtime) for r in rows] == [(2, "megatron-bridge"),
+                                                                     (2, "megatron-bridge"), (8, "torchtitan")]
     assert all("written for 64 x dgx-h100" in r.source for r in rows[:2])

@@ -185,3 +185,40 @@ def test_the_planner_runtime_saves_autocasts_copies_only_where_it_runs_autocast(
 def load_model_params(name: str) -> float:
     from models import load_model
     return float(load_model(name).params)
+
+
+# Llama 3 8B's parameters from its published config.json (hidden 4096, 32 layers, 32 heads / 8 KV heads of 128,
+# intermediate 14336, vocab 128256, untied embedding and output layer): 8,030,261,248, Meta's "8.03B"
+_H, _KV, _FFN, _LAYERS = 4096, 8 * 128, 14336, 32
+LLAMA3_8B_PARAMS = (2 * LLAMA3_8B_VOCAB * _H                                            # embedding + output layer
+                    + _LAYERS * (2 * _H * _H + 2 * _H * _KV + 3 * _H * _FFN + 2 * _H)  # q, o; k, v; MLP; 2 norms
+                    + _H)                                                                # final norm
+
+
+@pytest.mark.parametrize("runtime, grad_bytes", [("megatron", 4), ("megatron-bridge", 2)])
+def test_main_gradients_are_fp32_in_megatron_lm_and_bf16_in_megatron_bridge(runtime, grad_bytes):
+    # Megatron-LM with --bf16 accumulates and reduces gradients in fp32 (arguments.py forces
+    # accumulate_allreduce_grads_in_fp32): 4 B per parameter; Megatron-Bridge's performance recipes set
+    # ddp.grad_reduce_in_fp32 = False, so megatron-core's grad buffer takes the parameters' bf16: 2 B.  The
+    # distributed optimizer (zero 1) shards the optimizer, not the gradient buffer: whole on each of the 8 ranks.
+    assert LLAMA3_8B_PARAMS == 8_030_261_248
+    job = make_job("llama3-8b", "dgx-h100:1", 8, 8192).on(load_runtime(runtime))
+    stage = evaluate(job, Strategy(dp=8, zero=1)).memory.per_stage[0]
+    assert stage.grads_bytes == pytest.approx(LLAMA3_8B_PARAMS * grad_bytes, rel=1e-9)
+    # weights stay bf16 (2 B) and the optimizer 12 B sharded over 8 under both
+    assert stage.weights_bytes == pytest.approx(LLAMA3_8B_PARAMS * 2, rel=1e-9)
+    assert stage.optimizer_bytes == pytest.approx(LLAMA3_8B_PARAMS * 12 / 8, rel=1e-9)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_megatron_bridge_reduces_gradients_in_bf16(precision):
+    from planner.cost.comm import grad_reduce_bytes
+
+    # the bytes each gradient element puts on the wire: the grad buffer's dtype, fp32 (4) in Megatron-LM with
+    # bf16 or fp8 compute, bf16 (2) in Bridge's recipes (FP8 keeps bf16 parameters and gradients)
+    job = make_job("llama3-8b", "dgx-h100:1", 8, 8192, precision=precision)
+    assert grad_reduce_bytes(job.on(load_runtime("megatron"))) == 4
+    assert grad_reduce_bytes(job.on(load_runtime("megatron-bridge"))) == 2
+    # Megatron FSDP (zero 3) under Bridge shards the bf16 gradient buffer over the 8 data-parallel ranks
+    sharded = evaluate(job.on(load_runtime("megatron-bridge")), Strategy(dp=8, zero=3)).memory.per_stage[0]
+    assert sharded.grads_bytes == pytest.approx(LLAMA3_8B_PARAMS * 2 / 8, rel=1e-9)

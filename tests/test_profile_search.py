@@ -185,3 +185,21 @@ def test_torch_pipelining_runtimes_keep_at_least_pp_micro_batches_megatron_need_
         assert micro >= 2 or not refused
     assert load_runtime("planner").cannot_express(few, micro_batches=1) == [
         "1F1B over 1 micro-batches on 2 stages (needs >= pp)"]
+
+
+def test_megatron_bridge_is_megatron_with_bf16_gradients():
+    # Megatron-Bridge runs megatron-core as Megatron-LM does (same kernels, space, loss, savings), except that its
+    # recipes keep and reduce gradients in bf16: every section but the gradient bytes is megatron.yaml's, so
+    # megatron-core's TransformerConfig checks of the megatron profile (test_profile_checks.py) cover it too
+    bridge, megatron = load_runtime("megatron-bridge"), load_runtime("megatron")
+    skip = {"name", "description", "version", "states", "gathering", "overlap"}
+    assert bridge.model_dump(exclude=skip) == megatron.model_dump(exclude=skip)
+    assert bridge.gathering.model_dump(exclude={"grad_bytes_per_param", "source"}) == \
+        megatron.gathering.model_dump(exclude={"grad_bytes_per_param", "source"})
+    assert bridge.overlap.model_dump(exclude={"grad_reduce_bytes", "source"}) == \
+        megatron.overlap.model_dump(exclude={"grad_reduce_bytes", "source"})
+    assert [(t.kind, t.bytes_per_param, t.sharded_from_zero) for t in bridge.states] == [
+        ("weights", 2, 3), ("grads", 2, 2), ("optimizer", 4, 1), ("optimizer", 8, 1)]
+    assert [(t.kind, t.bytes_per_param, t.sharded_from_zero) for t in megatron.states] == [
+        ("weights", 2, 3), ("grads", 4, 2), ("optimizer", 4, 1), ("optimizer", 8, 1)]
+    assert (bridge.gathering.grad_bytes_per_param, megatron.gathering.grad_bytes_per_param) == (2, 4)

@@ -144,6 +144,11 @@ def test_megatron_lm_reads_back_the_recipe(mlm, tmp_path, monkeypatch, name):
     assert (args.tp_comm_overlap, args.overlap_moe_expert_parallel_comm) == (layout.tp_comm_overlap,
                                                                            layout.moe_a2a_overlap)
     assert (args.fp8 is not None) == (recipe.precision == "fp8")
+    # The recipe row is costed under megatron-bridge: the Bridge recipe's own ddp.grad_reduce_in_fp32 = False (bf16
+    # main gradients, 2 B per parameter).  The args.txt is Megatron-LM's pretrain_gpt.py, which with --bf16 keeps
+    # fp32 main gradients (validate_args sets accumulate_allreduce_grads_in_fp32): the megatron target writes that
+    # and re-checks it under the megatron profile (4 B), so on its own the written run differs from the recipe here
+    assert (recipe.runtime, args.bf16, args.accumulate_allreduce_grads_in_fp32) == ("megatron-bridge", True, True)
     # the blocks on each stage, as megatron-core builds them from what was written, against megatron-core's own
     # split of the recipe's flags (the embedding and the loss counted as layers where the recipe says so)
     # (megatron-core's config asserts Transformer Engine >= 2.8 for delayed wgrad under the all-to-all overlap:
