@@ -555,6 +555,11 @@ def _order(search: _Search, config: Strategy, pools: list, m: int, variants: tup
     incumbent, where every closed configuration would tie), elsewhere the refined bound."""
     if len(pools) > 1:
         return refined
+    if config.v_shape:
+        # a V's bound counts only forward compute in its fill, which would sort every V ahead of the nearest
+        # configurations: it is ordered by the interleaved pipeline over the same chunks, whose work it runs
+        interleaved = config.model_copy(update={"schedule": "interleaved"})
+        return search.builder.balanced_bound(interleaved, pools, m, variants) * _rate_floor(search, config, pools)
     return max(cheap, search.builder.balanced_bound(config, pools, m, variants) * _rate_floor(search, config, pools))
 
 
