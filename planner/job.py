@@ -75,7 +75,7 @@ class Job(BaseModel):
     )
     runtime: RuntimeProfile = Field(
         default_factory=load_runtime,
-        description="The framework that runs the job (planner/profile.py): its memory layout, overlap, kernels "
+        description="The framework that runs the job (planner/profile/): its memory layout, overlap, kernels "
         "and the strategies it can express.  Default: the reference runtime (every strategy expressible; the "
         "command line defaults to planner's own torch runtime).",
     )
