@@ -73,7 +73,8 @@ class Floors:
         raise NotImplementedError
 
     def lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
-        """Seconds no split of this configuration beats.
+        """Seconds no split of this configuration beats (with every k-th block recomputed over pp > 1 stages: no
+        split that recomputes a block; the others are its configuration without recomputation's plans).
 
         The objective is (m - 1/v) max_s t_s + sum_s t_s / v.  A stage on pool
         p holding n blocks takes at least n * w_p + c_p: w_p the cheapest
