@@ -86,7 +86,9 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     "shard": FieldRole(reads=_as("shard", Reader.GROUPS, Reader.COMPOSE), layout=True, fixable=True),
     "recompute": FieldRole(reads=_as("recompute", Reader.COMPOSE, Reader.WORK, Reader.STAGE_SUMS)),
     "recompute_layers": FieldRole(),  # the tables choose each stage's count themselves
-    "recompute_every": FieldRole(),  # the search never sets it: the tables recompute each stage's first blocks
+    # a configuration family of the search (every k-th block recomputed): it decides which blocks a stage's
+    # sums recompute and which blocks the work floor may count as not recomputed
+    "recompute_every": FieldRole(reads=_as("recompute_every", Reader.WORK, Reader.STAGE_SUMS), fixable=True),
     "regather": FieldRole(reads=_as("regather", Reader.COMPOSE)),
     "offload": FieldRole(reads=_as("offload", Reader.COMPOSE)),
     "offload_device": FieldRole(reads=_as("offload_device", Reader.COMPOSE)),

@@ -114,8 +114,10 @@ class StageSums:
 
     @property
     def recompute_peak(self) -> float:
-        """Saved bytes of one micro-batch while its last recomputed block is re-materialised."""
-        return self.recomputed_kept - self.recompute_resaved + self.recompute_attention + self.recompute_ffn
+        """Saved bytes of one micro-batch while its last recomputed block is re-materialised: with every k-th block
+        recomputed, the blocks before it that kept their saves still hold them."""
+        return (self.recomputed_kept - self.recompute_resaved + self.recompute_attention + self.recompute_ffn
+                + self.kept_before_recompute)
 
 
 def roles() -> dict[str, Role]:

@@ -43,6 +43,7 @@ certificate.  A group plan that fits counts as "something fits" for offload.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time as clock
 from dataclasses import dataclass, field
@@ -63,8 +64,8 @@ from planner.cost.replica_groups import ReplicaGroup, evaluate_groups, group_job
 from planner.search.result import Certificate, CompileOptions, CompileResult, RunnerUp
 from planner.job import Job
 from planner.search.replica_groups import GroupSearch, cluster_floor, search_groups, share_grid
-from planner.search.space import (SpaceOptions, global_configs, limits_note, narrow_to_runtime, placement_variants,
-                                  ties_recompute)
+from planner.search.space import (SpaceOptions, every_kth_families, global_configs, limits_note, narrow_to_runtime,
+                                  placement_variants, ties_recompute)
 from planner.search.warm import routed_share, state_share, warm_start
 from planner.strategy import Strategy
 
@@ -474,8 +475,8 @@ def _best_runners_up(search: _Search, exclude: str | None) -> list[RunnerUp]:
 
 def _legal_configs(job: Job, space: SpaceOptions) -> list[tuple[int, Strategy]]:
     """(micro-batches, configuration) of every legal configuration some pool can hold, in space order."""
-    return [(job.global_batch // (config.data_parallel * config.mbs), config) for config in global_configs(job, space)
-            if _pools(job, config)]
+    return [(job.global_batch // (config.data_parallel * config.mbs), config)
+            for config in global_configs(job, space, families=False) if _pools(job, config)]
 
 
 def _bounded_configs(search: _Search, legal: list[tuple[int, Strategy]]) -> list[tuple[float, int, Strategy]]:
@@ -518,17 +519,26 @@ def _rate_floor(search: _Search, config: Strategy, pools: list) -> float:
 
 
 def _branch_and_bound(search: _Search, configs: list[tuple[float, int, Strategy]], offload: bool) -> None:
-    for index, (bound, m, config) in enumerate(configs):
+    """The configurations in bound order, each pruned by its bounds or solved; a configuration's every-k-th-block
+    families join the queue when it is reached (their bounds are at least its: space.every_kth_families)."""
+    queue = _BoundQueue(configs)
+    while queue:
+        bound, m, config = queue.pop()
         if bound >= search.incumbent * (1 - 1e-9):
-            search.pruned += len(configs) - index
+            rest = [(bound, m, config), *queue.drain()]
+            search.pruned += len(rest)
             # the closest of the rest are runner-up candidates (their programs are solved for the report only)
             search.near += [(b, c.spec(), c, n, placement_variants(search.job, c, search.options.space, offload))
-                            for b, n, c in configs[index:index + search.options.runners_up]]
+                            for b, n, c in rest[:search.options.runners_up]]
             return
         if search.spent():
-            search.open_bounds.extend(b for b, _, _ in configs[index:])
+            search.open_bounds.extend([bound, *(b for b, _, _ in queue.drain())])
             search.stopped = True
             return
+        pools = _pools(search.job, config)
+        for family in every_kth_families(search.job, config, search.options.space,
+                                         identical=len(search.builder.segments) == 1):
+            queue.push((search.builder.lower_bound(family, pools, m) * _rate_floor(search, family, pools), m, family))
         variants = placement_variants(search.job, config, search.options.space, offload)
         if search.incumbent < float("inf"):
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps
@@ -561,6 +571,38 @@ def _order(search: _Search, config: Strategy, pools: list, m: int, variants: tup
         interleaved = config.model_copy(update={"schedule": "interleaved"})
         return search.builder.balanced_bound(interleaved, pools, m, variants) * _rate_floor(search, config, pools)
     return max(cheap, search.builder.balanced_bound(config, pools, m, variants) * _rate_floor(search, config, pools))
+
+
+class _BoundQueue:
+    """Configurations in bound order: a sorted list, and a heap of those added while it is walked (ties: the
+    list's first, then the order they were added)."""
+
+    def __init__(self, configs: list[tuple[float, int, Strategy]]):
+        self.configs, self.index = configs, 0
+        self.added: list[tuple[float, int, int, Strategy]] = []  # (bound, arrival, micro-batches, configuration)
+        self.arrivals = 0
+
+    def __bool__(self) -> bool:
+        return self.index < len(self.configs) or bool(self.added)
+
+    def push(self, item: tuple[float, int, Strategy]) -> None:
+        bound, m, config = item
+        self.arrivals += 1
+        heapq.heappush(self.added, (bound, self.arrivals, m, config))
+
+    def pop(self) -> tuple[float, int, Strategy]:
+        if self.added and (self.index == len(self.configs) or self.added[0][0] < self.configs[self.index][0]):
+            bound, _, m, config = heapq.heappop(self.added)
+            return bound, m, config
+        self.index += 1
+        return self.configs[self.index - 1]
+
+    def drain(self) -> list[tuple[float, int, Strategy]]:
+        """Everything left, in bound order."""
+        out = []
+        while self:
+            out.append(self.pop())
+        return out
 
 
 def _explain_infeasible(job: Job, catalog: Catalog, offload_devices: tuple[str, ...]) -> str:

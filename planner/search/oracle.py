@@ -104,7 +104,8 @@ def _offloads(zero: int) -> Iterator[dict]:
 
 
 def _recomputes(job: Job, pp: int, vpp: int, split: tuple[int, ...] | None) -> Iterator[dict]:
-    """none, selective, or full recompute of the first k blocks of each stage's chunks (per stage)."""
+    """none, selective, full recompute of the first k blocks of each stage's chunks (per stage), or of every k-th
+    block of each stage (k from 2 to the most blocks a stage holds: k = 1 is every block, a larger k none)."""
     yield {"recompute": "none"}
     yield {"recompute": "selective"}
     blocks = max(1, job.model.num_blocks)
@@ -112,6 +113,9 @@ def _recomputes(job: Job, pp: int, vpp: int, split: tuple[int, ...] | None) -> I
     for counts in itertools.product(*(range(n // vpp + 1) for n in per_stage)):
         if any(counts):
             yield {"recompute": "full", "recompute_layers": counts}
+    if job.model.num_blocks:
+        for every in range(2, max(per_stage) + 1):
+            yield {"recompute": "full", "recompute_every": every}
 
 
 def runtime_strategies(job: Job) -> Iterator[Strategy]:

@@ -12,6 +12,9 @@ model are left out and say so where they are skipped:
 * Megatron-style selective recompute only pays when attention scores are
   materialised (no flash attention); otherwise it costs time and saves
   nothing (a runtime's own per-op policy, torchtitan's, is tried always);
+* every k-th block recomputed (recompute_every=k, where the runtime runs it) is a configuration family of
+  its own; on one stage of identical blocks only the smallest k of each recomputed count (the others cost
+  the same seconds and hold more);
 * offload only adds time, so it is tried only when the configuration does
   not fit without it (the solver asks for it then);
 * where state lives (offload, its device and ratio, and the FCDP host cache)
@@ -30,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.job import Job
 from planner.cost.layout import split_blocks
 from planner.profile import RecomputeCounts, RuntimeProfile, Space, recompute_counts_allowed
+from planner.search.ilp.segments import block_segments
 from planner.strategy import V_SCHEDULES, Recompute, Schedule, Strategy
 
 OffloadSearch = Literal["fallback", "always"]
@@ -99,6 +103,10 @@ class SpaceOptions(BaseModel):
     v_schedules: tuple[Schedule, ...] = Field(
         V_SCHEDULES, description="Zero-bubble V schedules tried beside 1F1B and interleaving (two chunks per stage: "
         "torch.distributed.pipelining ScheduleZBVZeroBubble, ScheduleDualPipeV), where the runtime runs them.")
+    recompute_every: bool = Field(
+        True, description="Also try every k-th block of each stage fully recomputed (recompute_every=k, k from 2 to "
+        "the most blocks a stage holds: an FSDP check_fn, torchtitan's layer SAC), each k a configuration family "
+        "of its own, where the runtime runs it.")
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
     ep_overlap: bool = Field(True, description="Also try hiding the expert all-to-alls behind another micro-batch "
                              "(Strategy.ep_overlap: with ep > 1, no full recompute, and interleaving when pp > 1).")
@@ -135,9 +143,13 @@ def stages_fit_pools(job: Job, ranks_per_stage: int, pp: int) -> bool:
     return sum(pool.gpus // ranks_per_stage for pool in job.cluster.pools) >= pp
 
 
-def global_configs(job: Job, options: SpaceOptions | None = None) -> Iterator[Strategy]:
-    """Every legal global configuration (split and per-stage choices left open)."""
+def global_configs(job: Job, options: SpaceOptions | None = None, families: bool = True) -> Iterator[Strategy]:
+    """Every legal global configuration (split and per-stage choices left open).  `families=False` leaves out
+    the every-k-th-block configurations (unless --fix names a k): the compiler expands them from their
+    configuration without recomputation when it reaches it (`every_kth_families`)."""
     options = options or SpaceOptions()
+    if not families and "recompute_every" not in options.fixed:
+        options = options.model_copy(update={"recompute_every": False})
     model, cluster = job.model, job.cluster
     homogeneous = len(cluster.pools) == 1
     gpus = cluster.num_gpus
@@ -180,7 +192,9 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     # base recompute; the solver adds full recompute of chosen blocks on top of "none"; selective pays where
     # scores are materialised or the runtime's own policy keeps less than a block saves (torchtitan's op SAC)
     pays = not job.flash or job.runtime.selective is not None
-    recomputes: list[Recompute] = ["none", "selective"] if options.selective_recompute and pays else ["none"]
+    bases: list[Recompute] = ["none", "selective"] if options.selective_recompute and pays else ["none"]
+    recomputes = _recomputes(options, bases, pp, blocks, job.model.num_blocks > 0,
+                             identical=len(block_segments(job.model)) == 1)
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in _divisors(job.global_batch // dp) if b <= (options.max_mbs or b)
             and job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
@@ -213,13 +227,53 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                         # carries the plain re-gather unless the space forces the cache
                         regathers = _allowed(options, "regather", ["network"] + _fcdp(job, options, tp, cp, dp,
                                                                                       zero, shard))
-                        for recompute in recomputes if regathers else []:
-                            for overlap in _ep_overlaps(options, ep, pp, vpp, schedule):
+                        for recompute, every in recomputes if regathers else []:
+                            # full recompute leaves no all-to-all to hide (Strategy's ep_overlap rule)
+                            overlaps = _ep_overlaps(options, ep, pp, vpp, schedule) if every is None else [False]
+                            for overlap in overlaps:
                                 yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, mbs=mbs, vpp=vpp,
                                                schedule=schedule if schedule in V_SCHEDULES else None,
                                                zero=zero, shard=shard, sp=tp > 1,
                                                tp_overlap=options.tp_overlap and tp > 1, recompute=recompute,
-                                               regather=regathers[0], ep_overlap=overlap)
+                                               recompute_every=every, regather=regathers[0], ep_overlap=overlap)
+
+
+def _recomputes(options: SpaceOptions, bases: list[Recompute], pp: int, blocks: int, has_blocks: bool,
+                identical: bool) -> list[tuple[Recompute, int | None]]:
+    """(base recompute, recompute_every) of the configurations: the bases (the tables add full recompute of a
+    stage's first blocks on top of none), then every k-th block recomputed (`_everies`)."""
+    everies = _everies(pp, blocks, identical) if options.recompute_every and has_blocks else []
+    out: list[tuple[Recompute, int | None]] = [(base, None) for base in bases] + [("full", k) for k in everies]
+    if "recompute_every" in options.fixed:
+        out = [(base, every) for base, every in out if every == options.fixed["recompute_every"]]
+    return out
+
+
+def _everies(pp: int, blocks: int, identical: bool) -> list[int]:
+    """The ks of every k-th block recomputed: from 2 to the most blocks a stage can hold (k = 1 is every block:
+    the tables' full count; a larger k recomputes nothing).
+
+    One stage of identical blocks: the ks that recompute as many blocks (blocks // k) cost the same seconds,
+    and the smallest holds the fewest kept blocks before its last recomputed one (StageSums.recompute_peak), so
+    only it is tried."""
+    most = blocks if pp == 1 else blocks - pp + 1  # interleaved or even stages hold fewer: k past them is none
+    everies = list(range(2, most + 1))
+    if pp == 1 and identical:
+        everies = [k for k in everies if blocks // k != blocks // (k - 1)]  # the smallest k of each count
+    return everies
+
+
+def every_kth_families(job: Job, config: Strategy, options: SpaceOptions, identical: bool) -> list[Strategy]:
+    """The every-k-th-block configurations that agree with `config` (one without recomputation nor all-to-all
+    overlap) in everything else, where the space has them and --fix leaves them out of `global_configs`
+    (`identical`: the model's blocks are one segment, planner.search.ilp.segments).  The
+    compiler expands them when it reaches `config`: their lower bound is at least its (the same blocks, some
+    recomputed), so one it prunes prunes them."""
+    if (not options.recompute_every or "recompute_every" in options.fixed or config.recompute != "none"
+            or config.recompute_every is not None or config.ep_overlap or not job.model.num_blocks):
+        return []
+    ks = _everies(config.pp, job.model.num_blocks, identical)
+    return [config.model_copy(update={"recompute": "full", "recompute_every": k}) for k in ks]
 
 
 def _v_schedules(options: SpaceOptions, pp: int, micro: int, blocks: int) -> list[Schedule]:
@@ -292,6 +346,7 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
         "regathers": keep(options.regathers, ("network", "host") if space.host_regather else ("network",)),
         "stage_placement": options.stage_placement and space.per_stage_placement,
         "selective_recompute": options.selective_recompute and space.selective_recompute,
+        "recompute_every": options.recompute_every and space.recompute_every,
         "tp_overlap": options.tp_overlap and space.tp_overlap,
         "micro_batches_cover_stages": options.micro_batches_cover_stages or space.one_f_one_b_needs_stages,
         "recompute_counts": _stricter(options.recompute_counts, space.recompute_layers,

@@ -96,7 +96,8 @@ class Floors:
         raise NotImplementedError
 
     def lower_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int) -> float:
-        """Seconds no split of this configuration beats.
+        """Seconds no split of this configuration beats (with every k-th block recomputed over pp > 1 stages: no
+        split that recomputes a block; the others are its configuration without recomputation's plans).
 
         The objective is (m - 1/v) max_s t_s + sum_s t_s / v.  A stage on pool
         p holding n blocks takes at least n * w_p + c_p: w_p the cheapest
@@ -127,12 +128,49 @@ class Floors:
             return m * fixed  # one stage of fixed layers (recsys)
         need = blocks + min(fixed / block for block, _, fixed, _ in per_pool)
 
+        extra = 0.0  # seconds the stages recompute at the least, all together
         if len(per_pool) == 1:
             w, c, _, _ = per_pool[0]
-            lo = need * w / p + c  # balanced stages
+            extra = self._every_kth_floor(strategy, pools[0], blocks)
+            lo = max((need * w + extra) / p + c,  # balanced stages
+                     self._every_kth_stage_floor(strategy, pools[0], blocks, w, c))
         else:
             lo = slots_limit([(w, c, k) for w, c, _, k in per_pool], p, need)
-        return pipeline_floor(lo, self.sum_floor(strategy, pools), m, v)
+        stage_sum = self.sum_floor(strategy, pools) + (0.0 if strategy.v_shape else extra)
+        return pipeline_floor(lo, stage_sum, m, v)
+
+    def _every_kth_floor(self, strategy: Strategy, pool: Pool, blocks: int) -> float:
+        """With every k-th block recomputed: seconds the recomputed blocks add over all stages at the least.  A
+        stage of n blocks recomputes n // k >= (n - k + 1) / k of them, so the pp stages recompute at least
+        ceil((B - pp (k - 1)) / k), each costing at least the cheapest full block's busy time less the cheapest
+        plain block's (a block's full busy time is at least its own plain one)."""
+        every = strategy.recompute_every
+        if every is None or not self.segments:
+            return 0.0
+        recomputed = max(0, -(-(blocks - strategy.pp * (every - 1)) // every))
+        return recomputed * self._recompute_floor(strategy, pool) if recomputed else 0.0
+
+    def _every_kth_stage_floor(self, strategy: Strategy, pool: Pool, blocks: int, work: float,
+                               transfer: float) -> float:
+        """With every k-th block recomputed over pp > 1 stages: a split whose stages all hold fewer than k blocks
+        recomputes nothing and is a plan of the configuration without recomputation (the compiler reaches it
+        first: search.space.every_kth_families), so some stage holds n >= max(k, ceil(B / pp)) blocks, n // k of
+        them recomputed (inf when no stage can hold n)."""
+        every = strategy.recompute_every
+        if every is None or strategy.pp == 1 or not self.segments:
+            return 0.0
+        n = max(every, -(-blocks // strategy.pp))
+        if n > (blocks // strategy.pp if strategy.vpp > 1 else blocks - strategy.pp + 1):
+            return float("inf")
+        return n * work + n // every * self._recompute_floor(strategy, pool) + transfer
+
+    def _recompute_floor(self, strategy: Strategy, pool: Pool) -> float:
+        """Seconds a fully recomputed block adds at the least: the cheapest full block's busy time less the
+        cheapest plain block's (a block's full busy time is at least its own plain one)."""
+        site = self.site(0, (pool,))
+        plain = min(self._busy(f"seg{k}", seg.layers, "none", strategy, site) for k, seg in enumerate(self.segments))
+        full = min(self._busy(f"seg{k}", seg.layers, "full", strategy, site) for k, seg in enumerate(self.segments))
+        return max(0.0, full - plain)
 
     def refined_bound(self, strategy: Strategy, pools: list[Pool], micro_batches: int,
                       enough: float = float("inf"), variants: tuple[dict, ...] = ({},), split: str = "any") -> float:
@@ -371,7 +409,9 @@ class Floors:
         if key not in self._pair_cache:
             site = self.site(0, (pool,))
             fixed = self._busy("fixed", self.before + self.after, "none", strategy, site)  # on one stage or two
-            blocks = [self._busy(f"seg{k}", seg.layers, strategy.recompute, strategy, site)
+            # with every k-th block recomputed, some blocks are not: the cheapest block recomputes nothing
+            mode: RecomputeMode = "none" if strategy.recompute_every is not None else strategy.recompute
+            blocks = [self._busy(f"seg{k}", seg.layers, mode, strategy, site)
                       for k, seg in enumerate(self.segments)]
             self._pair_cache[key] = (fixed, min(blocks, default=0.0))
         return self._pair_cache[key]

@@ -24,7 +24,7 @@ from typing import Callable
 from hardware import Catalog, Pool
 from models.graph import Layer, RecomputeMode
 from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
-from planner.cost.memory import RankMemory, stage_memory
+from planner.cost.memory import RankMemory, saved_bytes, stage_memory
 from planner.cost.pipeline import fill_seconds
 from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
 from planner.cost.sums import StageSums
@@ -116,6 +116,7 @@ class TableBuilder(Floors):
         self._profile_cache: dict[tuple, tuple[list[float], float]] = {}
         self._site_cache: dict[tuple, StageSite] = {}
         self._stage_sums_cache: dict[tuple, StageSums] = {}
+        self._saves_cache: dict[tuple, float] = {}  # a plain block's saved bytes, per segment
 
     def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
         """The site of `stage` on `pools`, cached."""
@@ -175,6 +176,8 @@ class TableBuilder(Floors):
     def _stage_sums(self, first: bool, last: bool, counts: tuple[int, ...], recompute: int, strategy: Strategy,
                     site: StageSite) -> StageSums:
         total = self.fixed_sums(first, last, strategy, site)
+        if strategy.recompute_every is not None:
+            return total + self._every_kth_sums(counts, strategy, site)
         # the positions Strategy.layer_recompute recomputes: the first `recompute` of each chunk
         chunk = max(1, sum(counts) // strategy.vpp)
         position = 0
@@ -186,6 +189,37 @@ class TableBuilder(Floors):
             if count - full:
                 total = total + self.block_sums(k, strategy.recompute, strategy, site).times(count - full)
         return total
+
+    def _every_kth_sums(self, counts: tuple[int, ...], strategy: Strategy, site: StageSite) -> StageSums:
+        """Sums of a stage's blocks with every k-th of them fully recomputed (Strategy.recompute_every: positions
+        k, 2k, ... over the stage's blocks in order), with the bytes that the blocks kept before the last
+        recomputed one still hold when its backward recomputes it (planner.cost.stage.kept_before_last_recompute,
+        block by block)."""
+        every = strategy.recompute_every or 1
+        last = sum(counts) // every * every  # position of the last recomputed block (0: none)
+        total = StageSums()
+        kept_before = 0.0
+        position = 0  # blocks of the stage before this segment's
+        for k, count in enumerate(counts):
+            full = (position + count) // every - position // every  # multiples of k among its positions
+            if full:
+                total = total + self.block_sums(k, "full", strategy, site).times(full)
+            if count - full:
+                total = total + self.block_sums(k, "none", strategy, site).times(count - full)
+            ahead = max(0, min(position + count, last - 1) - position)  # its positions before the last recomputed
+            plain = ahead - ((position + ahead) // every - position // every)
+            if plain:
+                kept_before += plain * self.block_saves(k, strategy)
+            position += count
+        return replace(total, kept_before_recompute=kept_before)
+
+    def block_saves(self, segment: int, strategy: Strategy) -> float:
+        """Saved bytes of one block of `segment` that keeps its activations (planner.cost.memory.saved_bytes)."""
+        key = (segment, strategy_key(strategy, LAYER_SUMS_READS))
+        if key not in self._saves_cache:
+            self._saves_cache[key] = sum(saved_bytes(layer, self.job, strategy, "none")
+                                         for layer in self.segments[segment].layers if layer.block is not None)
+        return self._saves_cache[key]
 
     def placed_options(self, stage: int, counts: tuple[int, ...], config: Strategy, variants: tuple[dict, ...],
                        site: StageSite, micro_batches: int, time_cap: float, with_fixed: bool = True,
