@@ -36,11 +36,13 @@ def _cluster(preset: str, gpus_per_node: int, nodes: int) -> Cluster:
 
 
 def _config_key(strategy: Strategy) -> tuple:
-    """What a configuration fixes; a strategy's full recompute of chosen blocks belongs to the base 'none'."""
-    base = "none" if strategy.recompute == "full" else strategy.recompute
+    """What a configuration fixes; a strategy's full recompute of chosen blocks belongs to the base 'none', and one
+    of every k-th block to its own family (space.every_kth_families)."""
+    every = strategy.recompute_every
+    base = "none" if strategy.recompute == "full" and every is None else strategy.recompute
     return (strategy.tp, strategy.pp, strategy.data_parallel, strategy.cp, strategy.ep, strategy.expert_tp,
             strategy.mbs, strategy.vpp, strategy.pipeline_schedule, strategy.zero, strategy.shard,
-            strategy.sequence_parallel, bool(strategy.ep_overlap), bool(strategy.tp_overlap), base)
+            strategy.sequence_parallel, bool(strategy.ep_overlap), bool(strategy.tp_overlap), base, every)
 
 
 def _job(runtime: str, preset: str, shape: tuple[int, int], moe: bool, seq: int, batch: int, margin: float,
