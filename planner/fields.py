@@ -20,7 +20,7 @@ from typing import Mapping
 class Reader(str, Enum):
     """A cached computation (its cache key is what it reads: `reads`)."""
 
-    GROUPS = "groups"  # planner.cost.layout.stage_groups: every communicator's shape
+    COMMS = "comms"  # planner.cost.layout.stage_comms: every communicator's shape
     LAYER_SUMS = "layer_sums"  # planner.cost.stage.sum_layers, with the communicators it is handed
     LAYER_TIMES = "layer_times"  # planner.cost.stage.layer_busy of a layer without experts: the sums' time terms
     EXPERT_TIMES = "expert_times"  # planner.cost.stage.layer_busy of a mixture-of-experts layer
@@ -66,16 +66,16 @@ LAYER = (Reader.LAYER_SUMS, Reader.LAYER_TIMES)
 EXPERT = (Reader.LAYER_SUMS, Reader.EXPERT_TIMES)
 
 FIELD_ROLES: Mapping[str, FieldRole] = {
-    "tp": FieldRole(reads=_as("tp", Reader.GROUPS, *LAYER, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
+    "tp": FieldRole(reads=_as("tp", Reader.COMMS, *LAYER, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
                     fixable=True),
-    "pp": FieldRole(reads={**_as("pipelined", Reader.GROUPS, *LAYER, Reader.P2P),
+    "pp": FieldRole(reads={**_as("pipelined", Reader.COMMS, *LAYER, Reader.P2P),
                            **_as("pp", Reader.COMPOSE, Reader.LOWER, Reader.PROFILE)}, layout=True, fixable=True),
-    "dp": FieldRole(reads=_as("dp", Reader.GROUPS, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
+    "dp": FieldRole(reads=_as("dp", Reader.COMMS, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
                     fixable=True),
-    "cp": FieldRole(reads=_as("cp", Reader.GROUPS, *LAYER, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
+    "cp": FieldRole(reads=_as("cp", Reader.COMMS, *LAYER, Reader.P2P, Reader.COMPOSE, Reader.LOWER), layout=True,
                     fixable=True),
-    "ep": FieldRole(reads=_as("ep", Reader.GROUPS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
-    "etp": FieldRole(reads=_as("expert_tp", Reader.GROUPS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
+    "ep": FieldRole(reads=_as("ep", Reader.COMMS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
+    "etp": FieldRole(reads=_as("expert_tp", Reader.COMMS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
     "ep_overlap": FieldRole(reads=_as("ep_overlap", *EXPERT)),
     "mbs": FieldRole(reads=_as("mbs", *LAYER, Reader.P2P, Reader.COMPOSE), fixable=True),
     "vpp": FieldRole(reads=_as("vpp", Reader.P2P, Reader.COMPOSE, Reader.LOWER, Reader.STAGE_SUMS),
@@ -83,7 +83,7 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     "sp": FieldRole(reads=_as("sequence_parallel", *LAYER, Reader.P2P, Reader.COMPOSE)),
     # the runtime's autocast saves at low ZeRO stages (planner.cost.memory.saved_bytes) make activations read it
     "zero": FieldRole(reads=_as("zero", Reader.LAYER_SUMS, Reader.COMPOSE), layout=True, fixable=True),
-    "shard": FieldRole(reads=_as("shard", Reader.GROUPS, Reader.COMPOSE), layout=True, fixable=True),
+    "shard": FieldRole(reads=_as("shard", Reader.COMMS, Reader.COMPOSE), layout=True, fixable=True),
     "recompute": FieldRole(reads=_as("recompute", Reader.COMPOSE, Reader.WORK, Reader.STAGE_SUMS)),
     "recompute_layers": FieldRole(),  # the tables choose each stage's count themselves
     # a configuration family of the search (every k-th block recomputed): it decides which blocks a stage's

@@ -4,7 +4,7 @@
 every declared view (a property planner.fields names, such as `pipelined`) that code asks it for is
 noted; any other property is transparent (the fields it reads are noted instead).  A copy made with
 `model_copy(update=...)` records too, except the fields the update set (the code chose their values, as
-planner.search.ilp.floors.last_stage_view does).  `RecordingGroups` stands for a stage's communicators
+planner.search.ilp.floors.last_stage_view does).  `RecordingComms` stands for a stage's communicators
 and notes, for each one the computation uses, what its shape reads (planner.cost.layout.GROUP_SHAPES).
 """
 
@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 from dataclasses import dataclass, field
 
-from planner.cost.layout import GROUP_SHAPES, StageGroups
+from planner.cost.layout import GROUP_SHAPES, StageComms
 from planner.fields import FIELD_ROLES
 from planner.strategy import Strategy
 
@@ -81,10 +81,10 @@ def paused():
         _LOG.reset(token)
 
 
-class RecordingGroups:
+class RecordingComms:
     """A stage's communicators; using one notes what its shape reads of the strategy."""
 
-    def __init__(self, groups: StageGroups, strategy: Strategy, gpus_per_node: int):
+    def __init__(self, groups: StageComms, strategy: Strategy, gpus_per_node: int):
         self._groups, self._strategy, self._gpn = groups, strategy, gpus_per_node
 
     def __getattr__(self, name: str):

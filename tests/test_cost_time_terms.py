@@ -12,7 +12,7 @@ from conftest import make_job
 from hardware import load_catalog, load_cluster
 from planner.cost import evaluate
 from planner.cost.comm import data_parallel_comm
-from planner.cost.layout import place_stages, stage_groups
+from planner.cost.layout import place_stages, stage_comms
 from planner.cost.sums import StageSums
 from planner.profile import load_runtime
 from planner.strategy import Strategy
@@ -51,7 +51,7 @@ def test_each_gather_call_pays_its_ring_latency():
     job = make_job("gpt3-175b", cluster, batch=384, seq=2048, runtime=load_runtime("reference"))
     strategy = check_strategy(job, Strategy(tp=1, pp=1, dp=384, zero=3, recompute="full"))
     stage = place_stages(job, strategy, load_catalog())[0]
-    groups = stage_groups(job, strategy, stage.site)
+    groups = stage_comms(job, strategy, stage.site)
     params = 1e9
     one, many = (data_parallel_comm(params, params / 10, job, strategy, groups, 1, load_catalog(),
                                     sums=StageSums(params=params, gather_calls=k, reduce_calls=1.0))
@@ -83,7 +83,7 @@ def test_list_based_collectives_cost_a_copy_per_rank():
         strategy = check_strategy(job, Strategy(dp=8 * nodes, zero=3, recompute="full"))
         stage = place_stages(job, strategy, load_catalog())[0]
         sums = StageSums(params=1e9, gather_calls=10.0, reduce_calls=10.0)
-        dp = data_parallel_comm(1e9, 1e8, job, strategy, stage_groups(job, strategy, stage.site), 1, load_catalog(),
+        dp = data_parallel_comm(1e9, 1e8, job, strategy, stage_comms(job, strategy, stage.site), 1, load_catalog(),
                                 sums=sums)
         hosts[nodes] = dp.host
         assert dp.host == pytest.approx((2 * 10 + 10) * 8 * nodes * per_rank)
@@ -121,7 +121,7 @@ def _layer_ms(case):
     catalog = load_catalog()
     strategy = check_strategy(case.job, case.strategy)
     stage = place_stages(case.job, strategy, catalog)[0]
-    groups = stage_groups(case.job, strategy, stage.site)
+    groups = stage_comms(case.job, strategy, stage.site)
     forward = backward = 0.0
     for layer in (layer for layer in stage.layers if layer.block == 0):
         time = layer_time(layer, case.job, strategy, stage.device, catalog, "none")

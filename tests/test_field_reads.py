@@ -20,7 +20,7 @@ from models import MoEConfig, build_transformer
 from models.transformer import llama
 from planner.cost import micro_batches
 from planner.cost.comm import p2p_seconds
-from planner.cost.layout import stage_groups
+from planner.cost.layout import stage_comms
 from planner.cost.stage import compose_stage, layer_busy, sum_layers
 from planner.fields import FIELD_ROLES, Reader, fields_with, reads
 from planner.job import Job
@@ -31,7 +31,7 @@ from planner.search.ilp.tables import TableBuilder
 from planner.search.space import SpaceOptions, placement_variants
 from planner.strategy import Strategy, parse_strategy
 from planner.validation import check_strategy
-from reads import RecordingGroups, paused, record, recording
+from reads import RecordingComms, paused, record, recording
 
 RUNTIMES = sorted(p.stem for p in (Path(__file__).parents[1] / "hardware" / "data" / "runtimes").glob("*.yaml"))
 DENSE = build_transformer(llama(name="dense", num_layers=4, hidden=256, heads=8, kv_heads=2, ffn=768, vocab=1024))
@@ -58,12 +58,12 @@ def _builder(job: Job) -> TableBuilder:
     """A builder with empty caches whose communicators note what their shapes read."""
     builder = TableBuilder(job, load_catalog())
 
-    def groups(strategy, site):
+    def comms(strategy, site):
         with paused():
-            shapes = stage_groups(job, strategy, site)
-        return RecordingGroups(shapes, strategy, min(p.node.gpus_per_node for p in site.pools))
+            shapes = stage_comms(job, strategy, site)
+        return RecordingComms(shapes, strategy, min(p.node.gpus_per_node for p in site.pools))
 
-    builder.groups = groups
+    builder.comms = comms
     return builder
 
 
@@ -78,7 +78,7 @@ def _computations(job: Job, strategy: Strategy):
 
     def groups_of(r, stage):
         builder = _builder(job)
-        return builder.groups(r, builder.site(stage, tuple(pools)))
+        return builder.comms(r, builder.site(stage, tuple(pools)))
 
     last = strategy.pp - 1  # the test's own reads go to the plain strategy
     per_stage = (len(job.model.blocks()) // strategy.pp,)
@@ -106,7 +106,7 @@ def _computations(job: Job, strategy: Strategy):
                 compose_stage(job, r, site, groups_of(r, stage), sums, m, catalog, cheapest_transfers=cheapest)
 
     return {
-        Reader.GROUPS: lambda r: stage_groups(job, r, _builder(job).site(0, tuple(pools))),
+        Reader.COMMS: lambda r: stage_comms(job, r, _builder(job).site(0, tuple(pools))),
         Reader.LAYER_SUMS: layer_sums,
         Reader.LAYER_TIMES: lambda r: layer_times(r, experts=False),
         Reader.EXPERT_TIMES: lambda r: layer_times(r, experts=True),
@@ -168,7 +168,7 @@ def test_the_recorder_sees_a_read_the_declaration_leaves_out():
     with record() as names:
         _ = strategy.pipelined, strategy.zero, strategy.sequence_parallel
     assert names == {"pipelined", "zero", "sequence_parallel"}
-    assert "zero" not in reads(Reader.GROUPS)
+    assert "zero" not in reads(Reader.COMMS)
     with record(views=frozenset()) as names:
         _ = strategy.pipelined
         copy = strategy.model_copy(update={"pp": 2})

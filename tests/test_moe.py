@@ -14,7 +14,7 @@ from models.transformer import build_transformer
 from models.zoo import get_entry
 from planner.cost import evaluate
 from planner.cost.compute import moe_gemm_seconds
-from planner.cost.layout import place_stages, stage_groups
+from planner.cost.layout import place_stages, stage_comms
 from planner.errors import PlannerInputError
 from planner.profile import load_runtime
 from planner.strategy import Strategy, parse_strategy
@@ -94,7 +94,7 @@ def test_expert_groups_fold_over_consecutive_ranks():
     for etp in (1, 2):
         strategy = check_strategy(job, Strategy(tp=2, pp=16, ep=8, etp=etp, zero=1))
         site = place_stages(job, strategy, catalog)[1].site
-        sites[etp] = stage_groups(job, strategy, site).ep
+        sites[etp] = stage_comms(job, strategy, site).ep
     assert (sites[1].ranks_per_node, sites[1].spans_nodes) == (8, False)
     assert (sites[2].ranks_per_node, sites[2].spans_nodes) == (4, True)
 

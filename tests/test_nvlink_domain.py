@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hardware import collectives as coll
 from hardware import load_catalog, load_cluster
 from planner.cli import cli
-from planner.cost.layout import place_stages, stage_groups
+from planner.cost.layout import place_stages, stage_comms
 from planner.strategy import parse_strategy
 from planner.validation import check_strategy
 from tests.conftest import make_job
@@ -30,7 +30,7 @@ GB = 1e9
 def _groups(cluster, spec: str, model: str = "llama3-70b", batch: int = 576):
     job = make_job(model, cluster, batch=batch, seq=4096)
     strategy = check_strategy(job, parse_strategy(spec))
-    return [stage_groups(job, strategy, stage.site) for stage in place_stages(job, strategy, load_catalog())]
+    return [stage_comms(job, strategy, stage.site) for stage in place_stages(job, strategy, load_catalog())]
 
 
 def _trays_without_domain(tmp_path, trays: int):

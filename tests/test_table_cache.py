@@ -76,7 +76,7 @@ def _quantities(builder: TableBuilder, job: Job, strategy: Strategy) -> dict:
     m = micro_batches(job, strategy)
     site = builder.site(strategy.pp - 1, (pools[0],))
     out = {
-        "groups": builder.groups(strategy, site),
+        "groups": builder.comms(strategy, site),
         "block_sums": [builder.block_sums(0, mode, strategy, site) for mode in ("none", "selective", "full")],
         "fixed_sums": builder.fixed_sums(strategy.pp == 1, True, strategy, site),
         "lower_bound": builder.lower_bound(strategy, pools, m),

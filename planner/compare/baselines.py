@@ -55,7 +55,7 @@ from models.graph import Layer, ModelGraph
 from planner.cost import evaluate
 from planner.cost.estimate import Estimate
 from planner.cost.evaluate import has_shared_experts, micro_batches
-from planner.cost.layout import place_stages, stage_groups
+from planner.cost.layout import place_stages, stage_comms
 from planner.cost.stage import compose_stage, sum_layers
 from planner.cost.sums import StageSums
 from planner.errors import InfeasibleError, PlannerInputError
@@ -279,7 +279,7 @@ class _Probe:
         for stage in self.stages:
             pool = stage.site.pools[0].name
             if pool not in self.per_pool:
-                groups = stage_groups(job, strategy, stage.site)
+                groups = stage_comms(job, strategy, stage.site)
                 self.per_pool[pool] = (groups, sum_layers([(layer, strategy.recompute) for layer in block], job,
                                                           strategy, stage.site, groups, catalog))
 

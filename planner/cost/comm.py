@@ -33,7 +33,7 @@ from hardware import collectives as coll
 from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.compute import LayerTime, expert_load_ratio
-from planner.cost.layout import StageGroups, is_block_layer
+from planner.cost.layout import StageComms, is_block_layer
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
@@ -61,7 +61,7 @@ class LayerComm:
 
 
 def layer_comm(
-    layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime, catalog: Catalog,
+    layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime, catalog: Catalog,
     recompute: RecomputeMode,
 ) -> LayerComm:
     """TP, CP and EP seconds of `layer` per micro-batch (forward + backward + recompute)."""
@@ -98,7 +98,7 @@ def layer_comm(
     return LayerComm(tp=tp_s, cp=cp_s, ep=ep_s)
 
 
-def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageGroups, catalog: Catalog) -> float:
+def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageComms, catalog: Catalog) -> float:
     """One all-reduce-equivalent of a MoE layer's tensor-parallel traffic (`volume`: the layer's b*s*h bytes on
     a rank): shared experts are a tensor-parallel MLP; experts split over etp > 1 ranks all-gather the routed
     tokens (top_k per token) before their GEMMs and reduce-scatter the outputs (Megatron-Core's all-to-all
@@ -107,7 +107,7 @@ def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageGroups
     return seconds + coll.all_reduce(volume * layer.moe_shape.top_k, groups.etp, catalog)
 
 
-def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime,
+def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime,
                               catalog: Catalog, recompute: RecomputeMode) -> float:
     """Exposed expert-parallel seconds of one MoE layer per micro-batch: dispatch and combine forward, their
     gradients backward, the forward pair again under full recompute.  Each rank sends its top_k copies of
@@ -128,7 +128,7 @@ def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups
     return seconds
 
 
-def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageGroups, time: LayerTime,
+def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime,
                            catalog: Catalog, backward: bool = True) -> float:
     """Exposed context-parallel seconds of one attention layer per micro-batch (forward, and backward unless
     `backward` is False).
@@ -156,7 +156,7 @@ def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: S
 P2P_READS = reads(Reader.P2P)
 
 
-def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageGroups, catalog: Catalog,
+def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageComms, catalog: Catalog,
                 crossings: tuple[bool, bool] | None = None) -> float:
     """Exposed pipeline send/receive seconds per micro-batch of a stage whose boundary is `hidden` wide.
 
@@ -217,7 +217,7 @@ class DataParallelComm:
     regather_copies: float = 0.0  # of `regather`: the copies of the recomputed forward's gathers
 
 
-def gathered_policy(job: Job, strategy: Strategy, groups: StageGroups) -> Gather | None:
+def gathered_policy(job: Job, strategy: Strategy, groups: StageComms) -> Gather | None:
     """What stays gathered of this stage's sharded weights (`Gathering.policy`), None when its weights are
     whole at rest (ZeRO-0/1/2 under a runtime that does not shard them, or no sharding group)."""
     if groups.dp.size == 1 or groups.dp_shard.size == 1:
@@ -231,7 +231,7 @@ def _in_calls(collective, size_bytes: float, calls: float, group: CommGroup, cat
     return calls * collective(size_bytes / calls, group, catalog)
 
 
-def replica_sync_seconds(replica_params: float, job: Job, groups: StageGroups, catalog: Catalog) -> float:
+def replica_sync_seconds(replica_params: float, job: Job, groups: StageComms, catalog: Catalog) -> float:
     """Seconds per step to sum the gradients of replicated experts among their replicas: an all-reduce of the
     rank's replicated slots over the expert-parallel group (an upper bound: a replica's own group is the ranks
     holding its expert, at most ep of them)."""
@@ -241,7 +241,7 @@ def replica_sync_seconds(replica_params: float, job: Job, groups: StageGroups, c
 
 
 def data_parallel_comm(params: float, largest_layer_params: float, job: Job, strategy: Strategy,
-                       groups: StageGroups, micro_batches: int, catalog: Catalog,
+                       groups: StageComms, micro_batches: int, catalog: Catalog,
                        host_rate: float = 0.0, sums: StageSums | None = None) -> DataParallelComm:
     """Seconds of data-parallel communication for a stage holding `params` per rank.
 

@@ -23,7 +23,7 @@ from hardware import Catalog, load_catalog
 from planner.cost.confidence import assess
 from planner.cost.interval import interval, regime
 from planner.cost.estimate import Breakdown, Estimate, HostMemory, MemoryReport, StageReport
-from planner.cost.layout import StagePlacement, place_stages, split_blocks, stage_groups
+from planner.cost.layout import StagePlacement, place_stages, split_blocks, stage_comms
 from planner.cost.pipeline import bubble_seconds, fill_seconds
 from planner.cost.stage import StageCost, compose_stage, kept_before_last_recompute, sum_layers
 from planner.job import Job
@@ -53,7 +53,7 @@ def has_shared_experts(job: Job) -> bool:
 def stage_cost(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Catalog) -> StageCost:
     """Everything one stage costs under a resolved strategy (with the stage's own placement)."""
     strategy = strategy.for_stage(stage.index)
-    groups = stage_groups(job, strategy, stage.site)
+    groups = stage_comms(job, strategy, stage.site)
     modes = [(layer, strategy.layer_recompute(layer.block, stage.index, stage.blocks)) for layer in stage.layers]
     sums = sum_layers(modes, job, strategy, stage.site, groups, catalog)
     if strategy.recompute_every is not None:  # recomputed blocks spread over the stage, not first

@@ -144,7 +144,7 @@ def comm_group(cluster: Cluster, pools: tuple[Pool, ...], size: int, stride: int
 
 
 @dataclass(frozen=True)
-class StageGroups:
+class StageComms:
     """The communicators a rank of one stage belongs to."""
 
     tp: CommGroup
@@ -165,8 +165,8 @@ def shard_degree(strategy: Strategy, gpus_per_node: int) -> int:
     return max(1, min(strategy.data_parallel, in_node)) * strategy.cp
 
 
-# what `stage_groups` reads of the strategy (with the site's pools): its cache key (strategy_key)
-GROUPS_READS = reads(Reader.GROUPS)
+# what `stage_comms` reads of the strategy (with the site's pools): its cache key (strategy_key)
+COMMS_READS = reads(Reader.COMMS)
 
 # each communicator's (size, stride in rank order) from a stage's strategy and its GPUs per node
 GROUP_SHAPES: dict[str, Callable[[Strategy, int], tuple[int, int]]] = {
@@ -183,10 +183,10 @@ GROUP_SHAPES: dict[str, Callable[[Strategy, int], tuple[int, int]]] = {
 }
 
 
-def stage_groups(job: Job, strategy: Strategy, site: StageSite) -> StageGroups:
+def stage_comms(job: Job, strategy: Strategy, site: StageSite) -> StageComms:
     """Communicator shapes for one stage under a resolved strategy."""
     gpn = min(p.node.gpus_per_node for p in site.pools)
-    return StageGroups(**{name: comm_group(job.cluster, site.pools, *shape(strategy, gpn))
+    return StageComms(**{name: comm_group(job.cluster, site.pools, *shape(strategy, gpn))
                           for name, shape in GROUP_SHAPES.items()})
 
 

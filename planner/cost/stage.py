@@ -16,7 +16,7 @@ from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.comm import (boundary_crossings, data_parallel_comm, grad_reduce_bytes, layer_comm, p2p_seconds,
                                replica_sync_seconds)
 from planner.cost.compute import layer_time
-from planner.cost.layout import StageGroups, StageSite, nvlink_domain_gpus
+from planner.cost.layout import StageComms, StageSite, nvlink_domain_gpus
 from planner.cost.memory import (WEIGHT_BYTES, RankMemory, expert_params_per_rank, layer_params_per_rank,
                                  replica_params_per_rank,
                                  backward_transient_bytes, pipeline_output_bytes, resaved_checkpoint_bytes,
@@ -27,7 +27,7 @@ from planner.job import Job
 from planner.strategy import Strategy
 
 
-def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups,
+def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageComms,
                catalog: Catalog, mode: RecomputeMode) -> StageSums:
     """The sums of a single layer under recompute `mode`."""
     time = layer_time(layer, job, strategy, site.device, catalog, mode)
@@ -72,7 +72,7 @@ def layer_sums(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
     )
 
 
-def layer_busy(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageGroups, catalog: Catalog,
+def layer_busy(layer: Layer, job: Job, strategy: Strategy, site: StageSite, groups: StageComms, catalog: Catalog,
                mode: RecomputeMode) -> float:
     """Seconds a layer keeps its stage busy per micro-batch: compute, recomputation and the TP, CP and EP
     collectives on the critical path (the additive time of `layer_sums`, without its bytes, which read more of
@@ -97,7 +97,7 @@ COMPOSE_READS = reads(Reader.COMPOSE)
 
 
 def sum_layers(layers_modes: list[tuple[Layer, RecomputeMode]], job: Job, strategy: Strategy, site: StageSite,
-               groups: StageGroups, catalog: Catalog) -> StageSums:
+               groups: StageComms, catalog: Catalog) -> StageSums:
     """Sums over layers, each distinct (layer, mode) evaluated once."""
     counts: dict[tuple, int] = {}
     sample: dict[tuple, tuple[Layer, RecomputeMode]] = {}
@@ -184,7 +184,7 @@ def param_fetch_seconds(job: Job, memory: RankMemory, site: StageSite, strategy:
     return 2.0 * shard_bytes / rate
 
 
-def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageGroups, sums: StageSums,
+def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageComms, sums: StageSums,
                   micro_batches: int, catalog: Catalog, cheapest_transfers: bool = False) -> StageCost:
     """Stage cost from its layer sums: the only non-additive part of the cost model.
 

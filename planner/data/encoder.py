@@ -27,7 +27,7 @@ from typing import Literal
 
 from hardware import Catalog, collectives as coll
 from models import ModelInputError, load_model
-from planner.cost.layout import place_stages, stage_groups
+from planner.cost.layout import place_stages, stage_comms
 from planner.data.cost import MicroCoster
 from planner.data.profile import DataProfile, Modality, step_items
 from planner.errors import PlannerInputError
@@ -72,7 +72,7 @@ class Encoders:
     def spread(self, ranks: int) -> float:
         """Seconds every data rank adds when the step's items are encoded evenly and their embeddings moved."""
         site = place_stages(self.job, self.strategy, self.catalog)[0].site
-        group = stage_groups(self.job, self.strategy, site).dp
+        group = stage_comms(self.job, self.strategy, site).dp
         total = 0.0
         for e in self.encoders:
             share = math.ceil(sum(e.items) / ranks)

@@ -28,7 +28,7 @@ from hardware import Catalog
 from models.graph import Layer, RecomputeMode
 from planner.cost.comm import DataParallelComm, data_parallel_comm, gathered_policy
 from planner.cost.evaluate import micro_batches, stage_cost
-from planner.cost.layout import StageGroups, StagePlacement, is_block_layer, place_stages, stage_groups
+from planner.cost.layout import StageComms, StagePlacement, is_block_layer, place_stages, stage_comms
 from planner.cost.sums import StageSums
 # the stage's pricing helpers: reused, not re-derived, so the prices stay identical
 from planner.cost.stage import StageCost, host_rate, layer_sums, param_fetch_seconds
@@ -122,7 +122,7 @@ def _forward_share(collectives_forward: int, collectives_backward: int, recomput
 
 
 def layer_work(layer: Layer, mode: RecomputeMode, job: Job, strategy: Strategy, stage: StagePlacement,
-               groups: StageGroups, catalog: Catalog) -> LayerWork:
+               groups: StageComms, catalog: Catalog) -> LayerWork:
     """A layer's work from `layer_sums` (what `stage_cost` adds up), its exposed collectives split by direction."""
     sums = layer_sums(layer, job, strategy, stage.site, groups, catalog, mode)
     full = 1 if mode == "full" else 0
@@ -184,7 +184,7 @@ def _own_comm(dp: DataParallelComm) -> UnitComm:
     )
 
 
-def price_units(units: list[LayerWork], job: Job, strategy: Strategy, stage: StagePlacement, groups: StageGroups,
+def price_units(units: list[LayerWork], job: Job, strategy: Strategy, stage: StagePlacement, groups: StageComms,
                 cost: StageCost, catalog: Catalog) -> list[LayerWork]:
     """Each unit with its data-parallel work: weights gathered per layer or per micro-batch are priced by
     `data_parallel_comm` on the unit's own layers (its collectives, with their latency steps and host copies);
@@ -240,7 +240,7 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
     cost = stage_cost(job, strategy, stage, catalog)
     strategy = strategy.for_stage(stage.index)  # the stage's own offload / regather, as stage_cost prices it
     modes = [strategy.layer_recompute(layer.block, stage.index, stage.blocks) for layer in stage.layers]
-    groups = stage_groups(job, strategy, stage.site)
+    groups = stage_comms(job, strategy, stage.site)
     layers = [layer_work(layer, mode, job, strategy, stage, groups, catalog)
               for layer, mode in zip(stage.layers, modes)]
     units, blocks_of = merge_units(layers, [layer.block for layer in stage.layers])

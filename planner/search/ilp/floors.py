@@ -18,7 +18,7 @@ import bisect
 from hardware import Catalog, Pool
 from models.graph import Layer, RecomputeMode
 from planner.cost.comm import P2P_READS, p2p_seconds
-from planner.cost.layout import StageGroups, StageSite
+from planner.cost.layout import StageComms, StageSite
 from planner.cost.compute import layer_time
 from planner.cost.memory import stage_memory
 from planner.cost.stage import EXPERT_TIMES_READS, LAYER_TIMES_READS, compose_stage, layer_busy
@@ -84,7 +84,7 @@ class Floors:
     def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
         raise NotImplementedError
 
-    def groups(self, strategy: Strategy, site: StageSite) -> StageGroups:
+    def comms(self, strategy: Strategy, site: StageSite) -> StageComms:
         raise NotImplementedError
 
     def stage_sums(self, stage: int, counts: tuple[int, ...], recompute: int, strategy: Strategy,
@@ -427,7 +427,7 @@ class Floors:
             reads = EXPERT_TIMES_READS if layer.moe is not None else LAYER_TIMES_READS
             key = ("busy", name, index, mode, strategy_key(strategy, reads), pools)
             if key not in self._work_cache:
-                groups = self.groups(strategy, site)
+                groups = self.comms(strategy, site)
                 self._work_cache[key] = layer_busy(layer, self.job, strategy, site, groups, self.catalog, mode)
             total += self._work_cache[key]
         return total
@@ -437,7 +437,7 @@ class Floors:
         key = ("p2p", strategy_key(strategy, P2P_READS), pool.name)
         if key not in self._work_cache:
             site = self.site(0, (pool,))
-            groups = self.groups(strategy, site)
+            groups = self.comms(strategy, site)
             self._work_cache[key] = p2p_seconds(float(self.job.model.hidden), self.job, strategy, groups, self.catalog)
         return self._work_cache[key]
 
@@ -465,6 +465,6 @@ class Floors:
         fastest = [v for v, _ in placed if not offloads(v)] or [v for v, _ in placed]
         sums = self.stage_sums(stage, counts, recompute, config, site, with_fixed)
         times = [compose_stage(self.job, config.model_copy(update=v) if v else config, site,
-                               self.groups(config, site), sums, micro_batches, self.catalog,
+                               self.comms(config, site), sums, micro_batches, self.catalog,
                                cheapest_transfers=True).microbatch for v in fastest]
         return min(times), recompute

@@ -23,7 +23,7 @@ from typing import Callable
 
 from hardware import Catalog, Pool
 from models.graph import Layer, RecomputeMode
-from planner.cost.layout import GROUPS_READS, StageGroups, StageSite, make_site, stage_groups
+from planner.cost.layout import COMMS_READS, StageComms, StageSite, make_site, stage_comms
 from planner.cost.memory import RankMemory, saved_bytes, stage_memory
 from planner.cost.pipeline import fill_seconds
 from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
@@ -109,7 +109,7 @@ class TableBuilder(Floors):
         self.segments = block_segments(job.model)
         self.before, self.after = fixed_layers(job.model)
         self._sums_cache: dict[tuple, StageSums] = {}
-        self._groups_cache: dict[tuple, StageGroups] = {}
+        self._comms_cache: dict[tuple, StageComms] = {}
         # bound ingredients (planner.search.ilp.floors), by the fields they depend on
         self._work_cache: dict[tuple, float] = {}
         self._pair_cache: dict[tuple, tuple[float, float]] = {}
@@ -125,12 +125,12 @@ class TableBuilder(Floors):
             self._site_cache[key] = make_site(stage, pools, self.catalog)
         return self._site_cache[key]
 
-    def groups(self, strategy: Strategy, site: StageSite) -> StageGroups:
+    def comms(self, strategy: Strategy, site: StageSite) -> StageComms:
         """Communicator shapes, cached: they depend on degrees and pools only."""
-        key = (strategy_key(strategy, GROUPS_READS), tuple(p.name for p in site.pools))
-        if key not in self._groups_cache:
-            self._groups_cache[key] = stage_groups(self.job, strategy, site)
-        return self._groups_cache[key]
+        key = (strategy_key(strategy, COMMS_READS), tuple(p.name for p in site.pools))
+        if key not in self._comms_cache:
+            self._comms_cache[key] = stage_comms(self.job, strategy, site)
+        return self._comms_cache[key]
 
     # ------------------------------------------------------------------ sums
 
@@ -138,7 +138,7 @@ class TableBuilder(Floors):
               key: str) -> StageSums:
         cache_key = (key, mode, strategy_key(strategy, LAYER_SUMS_READS), tuple(p.name for p in site.pools))
         if cache_key not in self._sums_cache:
-            groups = self.groups(strategy, site)
+            groups = self.comms(strategy, site)
             self._sums_cache[cache_key] = sum_layers([(layer, mode) for layer in layers], self.job, strategy, site,
                                                      groups, self.catalog)
         return self._sums_cache[cache_key]
@@ -347,7 +347,7 @@ class TableBuilder(Floors):
                 micro_batches: int, with_fixed: bool = True) -> StageCost:
         """The cost of a stage holding `counts` with `recompute` blocks recomputed (planner.cost.compose_stage)."""
         sums = self.stage_sums(stage, counts, recompute, strategy, site, with_fixed)
-        return compose_stage(self.job, strategy, site, self.groups(strategy, site), sums, micro_batches,
+        return compose_stage(self.job, strategy, site, self.comms(strategy, site), sums, micro_batches,
                              self.catalog, cheapest_transfers=not with_fixed)
 
 

@@ -38,7 +38,7 @@ from models import load_model  # noqa: E402
 from models.graph import LayerKind  # noqa: E402
 from planner.cost.compute import LayerTime  # noqa: E402
 from planner.cost.comm import ACT_BYTES, expert_all_to_all_seconds  # noqa: E402
-from planner.cost.layout import comm_group, place_stages, stage_groups  # noqa: E402
+from planner.cost.layout import comm_group, place_stages, stage_comms  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
@@ -83,7 +83,7 @@ def model_call_seconds(row: dict[str, str]) -> float:
               runtime=load_runtime("reference"))
     strategy = Strategy(ep=ep, dp=ep, mbs=1)
     catalog = load_catalog()
-    groups = stage_groups(job, strategy, place_stages(job, strategy, catalog)[0].site)
+    groups = stage_comms(job, strategy, place_stages(job, strategy, catalog)[0].site)
     layer = next(layer for layer in graph.layers if layer.kind == LayerKind.MOE)
     idle = LayerTime(forward=0.0, backward=0.0, recompute=0.0, attention_forward=0.0)
     return expert_all_to_all_seconds(layer, job, strategy, groups, idle, catalog, "none") / ALL_TO_ALLS
