@@ -71,7 +71,8 @@ def _pipeline(job: Job, pp: int, dp: int) -> Iterator[dict]:
         if pp == 1:
             yield {"mbs": mbs}
             continue
-        for vpp in (v for v in divisors(blocks // pp) if blocks % (pp * v) == 0):
+        # interleaved chunks need blocks that fill pp x vpp evenly; one chunk per stage takes any split
+        for vpp in (v for v in divisors(blocks // pp) if v == 1 or blocks % (pp * v) == 0):
             if vpp > 1:
                 yield {"mbs": mbs, "vpp": vpp, "schedule": "interleaved"}
                 if vpp == 2:  # the zero-bubble V schedules: two chunks per stage
