@@ -12,7 +12,6 @@ position's micro-batches in flight) of its configuration.
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 
@@ -85,14 +84,17 @@ def assert_bounds_hold(job: Job) -> int:
     return checked
 
 
-CASES = list(itertools.product(
-    ["planner", "megatron", "deepspeed", "torchtitan"],
-    [("dgx-a100-40g", (2, 2), False, 8192, 8, 0.1, 3), ("pcie-t4", (4, 1), True, 8192, 8, 0.0, 3),
-     ("dgx-a100-40g", (4, 1), True, 16384, 4, 0.1, 4)]))
+SHAPES = [("dgx-a100-40g", (2, 2), False, 8192, 8, 0.1, 3), ("pcie-t4", (4, 1), True, 8192, 8, 0.0, 3),
+          ("dgx-a100-40g", (4, 1), True, 16384, 4, 0.1, 4)]
+# the default run checks each runtime on one job and each job under at least one runtime (the 2-node dense job,
+# the MoE job on T4s and the long-sequence MoE job); `-m long` checks every runtime on every job
+DEFAULT = {("planner", 2), ("megatron", 0), ("deepspeed", 1), ("torchtitan", 1)}
+CASES = [pytest.param(runtime, case, marks=() if (runtime, index) in DEFAULT else pytest.mark.long,
+                      id=f"{runtime}-{case[0]}-{'moe' if case[2] else 'dense'}-{case[3]}")
+         for runtime in ["planner", "megatron", "deepspeed", "torchtitan"] for index, case in enumerate(SHAPES)]
 
 
-@pytest.mark.parametrize(("runtime", "case"), CASES, ids=[f"{r}-{c[0]}-{'moe' if c[2] else 'dense'}-{c[3]}"
-                                                          for r, c in CASES])
+@pytest.mark.parametrize(("runtime", "case"), CASES)
 def test_configuration_bounds_never_exceed_evaluate(runtime, case):
     preset, shape, moe, seq, batch, margin, layers = case
     job = _job(runtime, preset, shape, moe and load_runtime(runtime).space.moe, seq, batch, margin, layers)

@@ -170,7 +170,8 @@ def test_certificate_holds_over_nvlink_domains_wider_than_a_node(runtime, precis
                                   precision=precision))
 
 
-@pytest.mark.parametrize("runtime", ["planner", "torchtitan-eager"])
+# torchtitan-eager's space differs from planner's in its other fields, not in the V schedules: `-m long`
+@pytest.mark.parametrize("runtime", ["planner", pytest.param("torchtitan-eager", marks=pytest.mark.long)])
 def test_zero_bubble_v_schedules_are_certified(runtime):
     """4 blocks on pp=2 with 4 micro-batches per replica: the oracle enumerates zbv and dualpipev beside 1F1B,
     GPipe and interleaving, and nothing it finds beats the certificate (the V's bounds: planner.search.ilp)."""

@@ -25,7 +25,6 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.routing.stats import RoutingStats
@@ -208,6 +207,10 @@ def _solve_ranks(current: list[list[int]], weight: list[int], budget: float) -> 
     keeping its slot count), minimising the busiest of them; None when no solution is found in `budget`.
 
     Sections as OR-Tools' samples: data, variables, constraints, objective, hint, solve, read."""
+    # imported here: the training runtime reads this module's schemas through plan.json, and CP-SAT (with the
+    # pandas it loads) would add about 0.45 s of start-up to every rank of every launch
+    from ortools.sat.python import cp_model
+
     # data: how many replicas of each expert these ranks hold, and each rank's slots
     held: dict[int, int] = {}
     for slots in current:
