@@ -94,6 +94,12 @@ def test_published_runs_every_row_renders_with_runtime_summaries(published_runs)
     published_runs.print_table(results, out=out)
     text = out.getvalue()
     assert "tokens/s per GPU error by runtime" in text and "peak HBM per GPU error by runtime" in text
+    # the interval line counts the rows whose published step time lies inside their estimate's interval
+    scored = [r for r in results if r.case.published is not None]
+    inside = sum(r.estimate.interval.low_s <= r.estimate.step_time_s * r.estimate.tokens_per_s_per_gpu
+                 / r.case.published <= r.estimate.interval.high_s for r in scored)
+    assert f"80% prediction interval holds {inside} of {len(scored)} published throughputs" in text
+    assert 0 < inside < len(scored)
     summary = text[text.index("tokens/s per GPU error by runtime"):]
     for runtime in {r.case.runtime for r in results if r.error is not None}:
         assert f"\n{runtime} " in summary, runtime

@@ -413,6 +413,15 @@ class Result:
         return self.estimate.tokens_per_s_per_gpu / self.case.published - 1.0
 
     @property
+    def inside_interval(self) -> bool | None:
+        """Whether the published throughput lies inside the estimate's prediction interval (None: nothing
+        published): the published step time, step_time_s x predicted / published tokens/s, within [low_s, high_s]."""
+        if self.case.published is None:
+            return None
+        step = self.estimate.step_time_s * self.estimate.tokens_per_s_per_gpu / self.case.published
+        return self.estimate.interval.low_s <= step <= self.estimate.interval.high_s
+
+    @property
     def peak_gib(self) -> float:
         """Predicted peak HBM per GPU (the fullest stage), GiB."""
         return self.estimate.memory.peak_bytes / GIB
@@ -594,6 +603,11 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
     scored = sum(r.error is not None for r in results)
     print(f"\nrows {len(results)} ({scored} with a published throughput)  median |error| {median:.1%}  "
           f"max |error| {worst:.1%}", file=out)
+    inside = [r.inside_interval for r in results if r.inside_interval is not None]
+    if inside:
+        coverage = results[0].estimate.interval.coverage
+        print(f"{coverage:.0%} prediction interval holds {sum(inside)} of {len(inside)} published throughputs",
+              file=out)
     with_memory = sum(r.memory_error is not None for r in results)
     if with_memory:
         median, worst = memory_summary(results)
