@@ -94,6 +94,12 @@ def test_published_runs_every_row_renders_with_runtime_summaries(published_runs)
     published_runs.print_table(results, out=out)
     text = out.getvalue()
     assert "tokens/s per GPU error by runtime" in text and "peak HBM per GPU error by runtime" in text
+    # the interval line counts the rows whose published step time lies inside their estimate's interval
+    scored = [r for r in results if r.case.published is not None]
+    inside = sum(r.estimate.interval.low_s <= r.estimate.step_time_s * r.estimate.tokens_per_s_per_gpu
+                 / r.case.published <= r.estimate.interval.high_s for r in scored)
+    assert f"80% prediction interval holds {inside} of {len(scored)} published throughputs" in text
+    assert 0 < inside < len(scored)
     summary = text[text.index("tokens/s per GPU error by runtime"):]
     for runtime in {r.case.runtime for r in results if r.error is not None}:
         assert f"\n{runtime} " in summary, runtime
@@ -118,6 +124,28 @@ def test_published_runs_pipelined_fsdp_row(published_runs):
     estimate = published_runs.evaluate(case.job, s)
     assert estimate.memory.fits and estimate.tokens_per_s_per_gpu > 0
     assert case.job.runtime.gathering.policy(s.zero, s.pipelined) == "step"
+
+
+def test_unpublished_optimizer_sharding_takes_the_framework_default(published_runs):
+    """A zero_fsdp that states nothing takes the default of the framework that ran the row: the distributed
+    optimizer for NeMo / Megatron-Bridge recipes (their Adam factory sets use_distributed_optimizer=True), none
+    for Megatron-LM's scripts (--use-distributed-optimizer is off unless passed) and everything else; a stated
+    scheme is read as stated."""
+    base = next(row for row in published_runs.read_rows("all") if row["id"] == "54")  # a NeMo dgxc H100 row
+    nemo = dict(base, zero_fsdp="not stated in the README", model="Llama 3.1 70B (NeMo 24.09 dgxc benchmark)")
+    assert published_runs._zero(nemo) == 1
+    assert published_runs._zero(dict(nemo, zero_fsdp="")) == 1
+    bridge = dict(nemo, model="Llama 3 70B", source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md")
+    assert published_runs._zero(bridge) == 1
+    # 'Nemotron' names a model, not the framework; Megatron-LM's own example keeps its default
+    megatron_lm = dict(nemo, model="Nemotron-4 15B (Megatron-LM run)", source="NVIDIA/Megatron-LM examples/x.md")
+    assert published_runs.framework(megatron_lm) == "megatron" and published_runs._zero(megatron_lm) == 0
+    # stated schemes win, even beside a 'not stated' remark; a stated 'none' stays none under NeMo
+    assert published_runs._zero(dict(nemo, zero_fsdp="FSDP (sharding strategy not stated)")) == 3
+    assert published_runs._zero(dict(nemo, zero_fsdp="none (torch DDP)")) == 0
+    # only Megatron-Core rows: a DeepSpeed row that names NeMo somewhere keeps DeepSpeed's stage-0 default
+    deepspeed = dict(nemo, runtime="deepspeed-2021")
+    assert published_runs._zero(deepspeed) == 0
 
 
 def test_recompute_labels_normalise(published_runs, published_compile):

@@ -14,14 +14,15 @@ torchtitan runs that publish their peak memory).
     python tests/bench/published_runs.py --csv F    # also write the rows
     python tests/bench/published_runs.py --compile  # also compile every row (up to 60 s each)
     python tests/bench/published_runs.py --compile --ids 63,72   # only these rows
-    python tests/bench/published_runs.py --groups   # also errors per source, device and parallelism family
+    python tests/bench/published_runs.py --groups   # also errors per source, device, parallel family, sequence
     python tests/bench/published_runs.py --constants backward_gemm_ratio=2.2   # trial constant values
     python tests/bench/published_runs.py --runs tests/data/holdout_runs.csv --check   # build every row, print no error
 
---runs reads another file of the same columns (default tests/data/published_runs.csv).  The frozen holdout
-(tests/data/holdout_runs.csv, docs/benchmarks.md "Frozen holdout") is scored only at the end of a modelling
-change; until then `--check` is the only way to read it: it builds every row into a job and a strategy and
-lists the rows that do not build, without a prediction, an error or a memory verdict.
+--runs reads another file of the same columns (default tests/data/published_runs.csv).  A frozen holdout
+(tests/data/holdout_runs.csv and tests/data/holdout2_runs.csv, docs/benchmarks.md "Frozen holdout" and "Second
+holdout") is scored only at the end of a modelling change; until then `--check` is the only way to read it:
+it builds every row into a job and a strategy and lists the rows that do not build, without a prediction, an
+error or a memory verdict.
 
 How a row becomes a job (one rule for every row, never a per-row constant):
 
@@ -51,6 +52,9 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   torchtitan, llm-foundry and lit-gpt rows train without (the Megatron-Core
   README rows 20-28 publish no config; they are costed as the NeMo rows);
 * "HSDP" / "HYBRID_SHARD" in zero_fsdp: FSDP sharded within a node, replicated across nodes (shard=node);
+* a zero_fsdp that states nothing (empty, "not stated ...") takes the default of the framework that ran the
+  row (`framework`, `UNPUBLISHED_ZERO`): NeMo and Megatron-Bridge recipes, named in the row's model title or
+  source, run the distributed optimizer (zero 1); Megatron-LM's scripts and every other framework shard nothing;
 * the published strategy; unpublished fields take the documented defaults:
   mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the cheapest
   setting that fits memory, as recipes are tuned to: none, selective, then
@@ -112,7 +116,7 @@ from models.transformer import gpt, llama  # noqa: E402
 from models.yamlio import as_name  # noqa: E402
 from models.zoo import get_entry  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
-from planner.cost.interval import PARALLEL_FAMILIES, parallel_family  # noqa: E402,F401 (the regimes intervals use)
+from planner.cost.interval import PARALLEL_FAMILIES, parallel_family, seq_range  # noqa: E402,F401 (the regimes intervals use)
 from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
@@ -248,6 +252,36 @@ def _cluster(row: dict) -> Cluster:
     return Cluster(name=name, pools=[Pool(name=preset, node=NodeSpec.model_validate(fields), count=gpus // size)])
 
 
+# NeMo (its 1.x launcher and its 2.0 recipes) and Megatron-Bridge run Megatron-Core, costed under the same runtime
+# profiles as Megatron-LM's own scripts, but with their own defaults: the row's model title or source names them
+_NEMO = re.compile(r"(?<![a-z])nemo(?![a-z])|megatron-bridge")
+
+# ZeRO stage of a row whose zero_fsdp publishes none, by the framework that ran it (its documented default):
+#   nemo: the distributed optimizer.  NeMo 2.0 nemo/collections/llm/recipes/optim/adam.py
+#     distributed_fused_adam_with_cosine_annealing builds OptimizerConfig(use_distributed_optimizer=True), the
+#     optimizer every pre-training recipe uses; Megatron-Bridge's recipes set use_distributed_optimizer = True
+#     (hardware/data/runtimes/megatron-bridge.yaml); the NeMo 1.x launcher configs read for holdout row 1024
+#     (dgxc-benchmarking grok1/grok1_314b.yaml) use optim mcore_distributed_optim
+#   any other framework: none.  Megatron-LM megatron/training/arguments.py --use-distributed-optimizer is
+#     action='store_true' (off unless passed); DeepSpeed's zero_optimization.stage defaults to 0
+UNPUBLISHED_ZERO = {"nemo": 1}
+
+
+def framework(row: dict) -> str:
+    """The framework that ran a row where it differs from its runtime profile: 'nemo' for a Megatron-Core row a
+    NeMo or Megatron-Bridge recipe ran (named in its model title or source; 'Nemotron' is a model, not NeMo),
+    otherwise the row's runtime."""
+    text = (row["model"] + " " + row["source"]).lower()
+    return "nemo" if row["runtime"].startswith("megatron") and _NEMO.search(text) else row["runtime"]
+
+
+def _zero_published(row: dict) -> bool:
+    """Whether a row's zero_fsdp says anything about its sharding: empty or 'not stated ...' says nothing
+    (a stated scheme is read first by `_zero`, so 'FSDP (strategy not stated)' is still FSDP)."""
+    text = row["zero_fsdp"].strip().lower()
+    return bool(text) and "not stated" not in text
+
+
 def _zero(row: dict) -> int:
     text = row["zero_fsdp"].lower()
     if "fsdp" in text or "zero-3" in text or _hybrid_shard(row):
@@ -256,7 +290,9 @@ def _zero(row: dict) -> int:
         return 2
     if "dist. optimizer" in text or "distributed optimizer" in text or "zero-1" in text:
         return 1
-    return 0
+    if _zero_published(row):  # 'none', 'torch DDP', ...: no sharding, as stated
+        return 0
+    return UNPUBLISHED_ZERO.get(framework(row), 0)
 
 
 def _hybrid_shard(row: dict) -> bool:
@@ -378,6 +414,15 @@ class Result:
         return self.estimate.tokens_per_s_per_gpu / self.case.published - 1.0
 
     @property
+    def inside_interval(self) -> bool | None:
+        """Whether the published throughput lies inside the estimate's prediction interval (None: nothing
+        published): the published step time, step_time_s x predicted / published tokens/s, within [low_s, high_s]."""
+        if self.case.published is None:
+            return None
+        step = self.estimate.step_time_s * self.estimate.tokens_per_s_per_gpu / self.case.published
+        return self.estimate.interval.low_s <= step <= self.estimate.interval.high_s
+
+    @property
     def peak_gib(self) -> float:
         """Predicted peak HBM per GPU (the fullest stage), GiB."""
         return self.estimate.memory.peak_bytes / GIB
@@ -470,6 +515,7 @@ GROUPINGS = {
     "device": lambda case: device_family(case.row),
     "family": lambda case: parallel_family(case.strategy),
     "runtime": lambda case: case.runtime,
+    "sequence": lambda case: seq_range(case.job.seq_len),
 }
 
 
@@ -558,6 +604,11 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
     scored = sum(r.error is not None for r in results)
     print(f"\nrows {len(results)} ({scored} with a published throughput)  median |error| {median:.1%}  "
           f"max |error| {worst:.1%}", file=out)
+    inside = [r.inside_interval for r in results if r.inside_interval is not None]
+    if inside:
+        coverage = results[0].estimate.interval.coverage
+        print(f"{coverage:.0%} prediction interval holds {sum(inside)} of {len(inside)} published throughputs",
+              file=out)
     with_memory = sum(r.memory_error is not None for r in results)
     if with_memory:
         median, worst = memory_summary(results)
@@ -602,7 +653,7 @@ def main() -> None:
         results = [r for r in results if r.case.row["id"] in wanted]
     print_table(results)
     if args.groups:
-        for by in ("source", "device", "family"):
+        for by in ("source", "device", "family", "sequence"):
             print_grouped(results, by)
     if args.compile:
         print()
