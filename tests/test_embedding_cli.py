@@ -120,6 +120,9 @@ def test_runtime_applies_sharding_plan_with_reference_losses(tmp_path):
     assert reference["table_bytes"] == [sum(e["rows"] * e["dim"] * 4 for e in plan["tables"].values())]
 
 
+# the compiled plan's own launch also runs by default through Slurm's script (tests/test_emit_slurm.py: srun,
+# torchrun and the same trainer); this one, the torch target's launch.sh, under -m long
+@pytest.mark.long
 @MULTIPROCESS
 def test_emitted_launch_script_runs_the_compiled_plan(tmp_path):
     pytest.importorskip("torch")
