@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ torch = pytest.importorskip("torch")
 from planner.plan.schema import Plan  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
 from trainer_runs import run_planner  # noqa: E402
+from warm_torchrun import command  # noqa: E402
 
 RANKS = 4
 CLUSTER = f"name: cpu-4\npools:\n  - {{name: cpu, preset: cpu, nodes: 1, overrides: {{gpus_per_node: {RANKS}}}}}\n"
@@ -52,7 +52,7 @@ def test_moe_plan_trains_with_deepspeeds_expert_parallel_groups(tmp_path, datase
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     report = tmp_path / "r.json"
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(RANKS), "--master_port",
+        [*command(), "--nproc_per_node", str(RANKS), "--master_port",
          str(free_port()), "-m", "planner.runtime.deepspeed_train", "--ds-config", str(ds / "ds_config.json"),
          "--pipeline", str(ds / "pipeline.json"), "--plan", str(tmp_path / "plan" / "plan.json"),
          "--data", str(dataset), "--tokenizer", "bytes", "--train-steps", "6", "--lr", "1e-2",

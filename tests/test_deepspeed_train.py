@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from models.zoo import get_model  # noqa: E402
 from planner.plan.schema import Plan  # noqa: E402
 from ports import MULTIPROCESS, free_port  # noqa: E402
 from trainer_runs import run_planner  # noqa: E402
+from warm_torchrun import command  # noqa: E402
 
 CLUSTER = "name: cpu-2\npools:\n  - {name: cpu, preset: cpu, nodes: 1, overrides: {gpus_per_node: 2}}\n"
 
@@ -46,7 +46,7 @@ def _train(folder: Path, dataset: Path, checkpoints: Path, report: Path, *extra:
         "stages"] > 1 else []
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        [*command(), "--nproc_per_node", "2", "--master_port", str(free_port()),
          "-m", "planner.runtime.deepspeed_train", "--ds-config", str(ds / "ds_config.json"), *pipeline,
          "--plan", str(folder / "plan" / "plan.json"), "--data", str(dataset), "--tokenizer", "bytes",
          "--checkpoint-dir", str(checkpoints), "--save-every", "2", "--lr", "1e-2", "--report", str(report),

@@ -22,6 +22,7 @@ from planner.embedding.options import ShardingType
 from planner.embedding.sharding_plan import sharding_plan
 from planner.embedding.sites import JobSites
 from ports import MULTIPROCESS, free_port
+from warm_torchrun import command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +110,7 @@ def test_runtime_applies_sharding_plan_with_reference_losses(tmp_path):
     path.write_text(json.dumps(plan))
     report = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(free_port()),
+    cmd = [*command(), "--nproc_per_node", "4", "--master_port", str(free_port()),
            "-m", "planner.runtime.dlrm", "--plan", str(path), "--batch", "64", "--steps", "4", "--report", str(report)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -120,9 +121,6 @@ def test_runtime_applies_sharding_plan_with_reference_losses(tmp_path):
     assert reference["table_bytes"] == [sum(e["rows"] * e["dim"] * 4 for e in plan["tables"].values())]
 
 
-# the compiled plan's own launch also runs by default through Slurm's script (tests/test_emit_slurm.py: srun,
-# torchrun and the same trainer); this one, the torch target's launch.sh, under -m long
-@pytest.mark.long
 @MULTIPROCESS
 def test_emitted_launch_script_runs_the_compiled_plan(tmp_path):
     pytest.importorskip("torch")

@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 
 from ports import MULTIPROCESS  # noqa: E402
 from benches import load_bench  # noqa: E402
+from warm_torchrun import command  # noqa: E402
 
 BAR = 0.03  # the issue's bar: each component within 3%
 
@@ -65,7 +66,7 @@ def test_measured_memory_matches_the_cost_model_within_3_percent(tmp_path, spec)
     bench = _bench()
     job, plan = bench.build_plan("tiny-llama", 8, 64, spec)
     assert plan.job.num_gpus == 4 and plan.strategy.pipeline_schedule == "1f1b"
-    measured = bench.run_plan(plan, tmp_path, steps=2, timeout=180)
+    measured = bench.run_plan(plan, tmp_path, steps=2, timeout=180, torchrun=command())
     assert sorted(measured) == [0, 1, 2, 3]
     predicted = bench.predict(job, plan)
     config = bench.transformer_config("tiny-llama")
@@ -117,7 +118,7 @@ def test_bf16_mixed_precision_memory_matches_the_profile_within_3_percent(tmp_pa
     `activations.autocast`, fp32 residual stream, per-op casts and weight copies)."""
     bench = _bench()
     job, plan = bench.build_plan("tiny-llama", 8, 64, spec, precision="bf16")
-    report = bench.run_report(plan, tmp_path, steps=2, timeout=180, precision="bf16")
+    report = bench.run_report(plan, tmp_path, steps=2, timeout=180, precision="bf16", torchrun=command())
     measured = {int(rank): mem for rank, mem in report["memory"].items()}
     assert sorted(measured) == [0, 1, 2, 3]
     # bf16 matmuls on every rank: FSDP2's MixedPrecisionPolicy (zero >= 1) or torch.autocast (zero 0)

@@ -8,7 +8,7 @@ shares with the runtime's and the trainer's tests), trains on under the new layo
   DCP's load planner) are the state migration.json says the rank holds.
 
 Two re-plans of the same checkpoint: onto 2 processes (a 2-GPU cluster file: dp=2, the pipeline gone),
-and, under -m long, onto 4 processes with another shape (tp=2 x dp=2, asked for with --fix).  fp32 runs (--precision
+and onto 4 processes with another shape (tp=2 x dp=2, asked for with --fix).  fp32 runs (--precision
 fp32): bf16 kernels round differently for other micro-batch shapes, which is not what is tested here.
 """
 
@@ -34,7 +34,7 @@ PROBE = Path(__file__).resolve().parent / "replan_probe"
 @MULTIPROCESS
 @pytest.mark.parametrize(("name", "fix", "shape"), [
     ("two", "dp=2", (1, 1, 2)),  # onto 2 processes: the pipeline gone
-    pytest.param("tp2", "tp=2,dp=2", (2, 1, 2), marks=pytest.mark.long),  # onto 4 in another shape: -m long
+    ("tp2", "tp=2,dp=2", (2, 1, 2)),  # onto 4 processes in another shape
 ])
 def test_a_replanned_run_resumes_the_checkpoint_under_a_new_layout(tmp_path, pipeline_run, name, fix, shape):
     # the old run (tests/conftest.py pipeline_run): 4 steps uninterrupted, checkpoints after 2 and 4; the one

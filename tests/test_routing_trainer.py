@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from planner.routing.placement import placement_summary
 from planner.routing.stats import RoutingStats
 from planner.runtime.moe import check_placement
 from ports import MULTIPROCESS, free_port
+from warm_torchrun import command
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "moe_placement_run.py"
@@ -24,7 +24,7 @@ SCRIPT = ROOT / "tests" / "moe_placement_run.py"
 def _train(ranks: list[list[int]], out: Path) -> dict:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "4",
+    run = subprocess.run([*command(), "--nnodes", "1", "--nproc_per_node", "4",
                           "--master_addr", "127.0.0.1", "--master_port", str(port), str(SCRIPT), json.dumps(ranks),
                           str(out)], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -179,14 +179,13 @@ def _rope_bytes(plan: Plan) -> int:
 
 # Each layout trains 4 steps in fp32 from the same data, as the shared pipeline run (tests/conftest.py
 # pipeline_run: pp=2 x dp=2, ZeRO-3), which is the first case here.
-# pp x tp repeats two paths the default run covers one at a time, DualPipeV the V layout and split backward
-# of ZB-V, and interleaving two chunks per rank under FSDP2 (ZB-V's too; its order against torch's:
-# tests/test_schedules_zero_bubble.py): they run under `-m long` (README).
+# pp x tp repeats two paths the default run covers one at a time, and DualPipeV the V layout and split
+# backward of ZB-V: they run under `-m long` (README).
 LAYOUTS = [
     (PIPELINE_FIX, 3, "1f1b"),               # pipeline + FSDP2 (ZeRO-3)
     ("tp=2,dp=2,zero=2", 2, "1f1b"),         # 2D: tensor parallel + FSDP2's strided shards, no reshard after forward
     pytest.param("pp=2,tp=2,vpp=1,zero=0", 0, "1f1b", marks=pytest.mark.long),  # pipeline + tp, no data parallelism
-    pytest.param("pp=2,vpp=2,dp=2,zero=2", 2, "interleaved", marks=pytest.mark.long),  # two chunks per rank
+    ("pp=2,vpp=2,dp=2,zero=2", 2, "interleaved"),  # interleaved pipeline: two chunks per rank
     ("cp=2,dp=2,zero=2", 2, "1f1b"),         # context parallel: FSDP2 over dp x cp
     # zero-bubble V schedules (torch ScheduleZBVZeroBubble / ScheduleDualPipeV): chunks 0 and 3 on the first
     # stage (embedding and head), 1 and 2 on the second; split backwards, 4 micro-batches per replica

@@ -40,13 +40,19 @@ def compile_tiny(out: Path, fix: str, *extra: str, cluster: str = "cpu:1") -> Pa
 
 
 def launch(folder: Path, report: Path, *args: str, env: dict[str, str] | None = None,
-           timeout: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
-    """folder/torch/launch.sh on a free port with TRAIN, `--report REPORT` and `args`; (the report, the run)."""
+           timeout: float = 240, warm: bool = True) -> tuple[dict, subprocess.CompletedProcess]:
+    """folder/torch/launch.sh on a free port with TRAIN, `--report REPORT` and `args`; (the report, the run).
+
+    `warm`: the script's torchrun is tests/warm_torchrun.py (ranks forked from an interpreter that has
+    imported torch; see there why), else the torchrun executable itself."""
     from ports import free_port
+    from warm_torchrun import shim_dir
 
     port = free_port()
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "RUN_ID": f"test-{port}", **(env or {})}
+    if warm:
+        environ["PATH"] = f"{shim_dir(report.parent / 'warm-bin')}{os.pathsep}{environ['PATH']}"
     run = subprocess.run(["bash", str(folder / "torch" / "launch.sh"), *TRAIN, "--report", str(report), *args],
                          env=environ, capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -69,5 +75,6 @@ class PipelineRun:
 def pipeline_run(root: Path, dataset: Path) -> PipelineRun:
     inputs = ("--data", str(dataset), "--tokenizer", "bytes", "--train-steps", "4", "--save-every", "2")
     plan = compile_tiny(root / "plan", PIPELINE_FIX, *inputs, "--checkpoint-dir", "../checkpoints")
-    report, run = launch(plan, root / "report.json", "--precision", "fp32")
+    # the real torchrun executable: the one default launch whose ranks start as fresh interpreters
+    report, run = launch(plan, root / "report.json", "--precision", "fp32", warm=False)
     return PipelineRun(plan=plan, checkpoints=root / "checkpoints", inputs=inputs, report=report, stdout=run.stdout)

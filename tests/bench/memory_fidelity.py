@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,21 +255,26 @@ def measured_components(mem: dict) -> dict:
 # ---------------------------------------------------------------- running
 
 
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+
+
 def run_plan(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps: int = 2,
-             timeout: float = 300, precision: str = "fp32") -> dict[int, dict]:
-    """Train `plan` for `steps` steps under torchrun with --measure-memory; each rank's `memory` report."""
-    data = run_report(plan, workdir, model_spec=model_spec, steps=steps, timeout=timeout, precision=precision)
+             timeout: float = 300, precision: str = "fp32", torchrun: Sequence[str] = TORCHRUN) -> dict[int, dict]:
+    """Train `plan` for `steps` steps under torchrun with --measure-memory; each rank's `memory` report.
+    `torchrun`: the launcher's argv before torchrun's arguments (the suite passes tests/warm_torchrun.py)."""
+    data = run_report(plan, workdir, model_spec=model_spec, steps=steps, timeout=timeout, precision=precision,
+                      torchrun=torchrun)
     return {int(rank): mem for rank, mem in data["memory"].items()}
 
 
 def run_report(plan: Plan, workdir: Path, *, model_spec: Path | None = None, steps: int = 2,
-               timeout: float = 300, precision: str = "fp32") -> dict:
+               timeout: float = 300, precision: str = "fp32", torchrun: Sequence[str] = TORCHRUN) -> dict:
     """run_plan's launch; the trainer's whole JSON report (`memory` per rank, `compute_dtype`, losses, ...)."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan_path, report = workdir / "plan.json", workdir / "report.json"
     plan_path.write_text(plan_json(plan))
     port = free_port()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+    cmd = [*torchrun, "--nnodes", "1",
            "--nproc_per_node", str(plan.job.num_gpus), "--rdzv_backend", "c10d",
            "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"memory-{port}",
            "-m", "planner.runtime.train", "--plan", str(plan_path), "--steps", str(steps),
