@@ -1,6 +1,6 @@
 """torchrun with its ranks forked from a warm interpreter: the suite's launcher for the end-to-end runs that
-test the trainers, not the process start (tests/trainer_runs.py `launch`, the memory-fidelity bench, the
-MoE placement, DLRM and DeepSpeed runs).
+test the trainers, not how processes start (tests/trainer_runs.py `launch`, the memory-fidelity bench, the
+MoE placement, DLRM and DeepSpeed trainer runs).
 
 Why.  A rank started by torchrun is a fresh interpreter that imports torch, torch.distributed's FSDP2 and
 DTensor, and torch._dynamo (DTensor's constructor imports it on first use): about 4.5 CPU-seconds before
@@ -17,8 +17,9 @@ to the agent's wrapper, which reports the rank's result and then leaves through 
 `os._exit`; so `_leave` here flushes and raises SystemExit with the same status (0 is a normal return
 for torch's `record`).  Everything before it, the barrier and the groups' destruction, runs unchanged.
 
-At least one launch in the default run still starts its ranks with the real `torchrun` executable
-(tests/conftest.py `pipeline_run`), and Slurm's and DeepSpeed's launchers keep their own.
+Three launches of the default run still start their ranks with the `torchrun` executable: the shared
+pipeline run (tests/conftest.py `pipeline_run`), DLRM's torch/launch.sh (tests/test_embedding_cli.py) and
+Slurm's job script (tests/test_emit_slurm.py).
 
 Used as a program (`python tests/warm_torchrun.py TORCHRUN-ARGS`), or as `torchrun` itself on PATH
 (`shim_dir`).
