@@ -216,3 +216,26 @@ def test_nvlink_domain_bench_prices_the_rack_below_the_trays():
     assert racks.precision == trays.precision == "bf16"
     assert racks.dp_s < trays.dp_s and racks.tp_s < trays.tp_s  # tp=8 spans two trays: NVLink in the rack
     assert "tok/s/GPU" in bench.render(rows)
+
+
+def test_families_bench_groups_rows_by_the_issue_families():
+    """tests/bench/families.py: expert groups of ep x etp ranks beyond a node's 8 GPUs are 'across nodes'
+    (DeepSeek-V3 row 402: ep 64, ETP=1 -> 64 ranks; Grok-1 row 403: ep 8, ETP=1 -> 8 ranks, one node), and the
+    table prints every family with the pooled and per-file columns."""
+    families = load_bench("families")
+    published = families.RUNS[0]
+    results = {r.case.row["id"]: r for r in families.run("all", path=published)}
+    assert families._ep_span_nodes(results["402"]) and not families._ep_span_nodes(results["403"])
+    named = dict(families.families())
+    assert named["EP across nodes"](results["402"]) is not None and named["EP within a node"](results["402"]) is None
+    assert named["EP within a node"](results["403"]) is not None
+    # a dense BF16 Megatron row is in no EP or FP8 family; its sequence range is its row's seq_len (4096: <=4K)
+    assert results["58"].case.row["seq_len"] == "4096"
+    assert named["attention seq <=4K"](results["58"]) is not None and named["Megatron FP8"](results["58"]) is None
+    out = io.StringIO()
+    over = families.print_families({published: list(results.values())}, out=out)
+    text = out.getvalue()
+    for name, _ in families.families():
+        assert name in text
+    runtimes = {f"runtime {r.case.runtime}" for r in results.values()}
+    assert set(over) <= {name for name, _ in families.families()} | runtimes
