@@ -87,7 +87,7 @@ def print_families(results: dict[Path, list[Result]], out=sys.stdout) -> list[st
     """One line per family: pooled n, median |error|, median signed error, then the same per file; the
     families above TARGET are returned (and flagged with '*')."""
     names = [path.stem for path in results]
-    header = f"{'family':<24} {'all files: n |err| signed':>26}" + "".join(f" {n[:24]:>24}" for n in names)
+    header = f"{'family':<30} {'all files: n |err| signed':>26}" + "".join(f" {n[:24]:>24}" for n in names)
     print("Error families of issue #28 (all three files are in-sample: both holdouts have been scored)", file=out)
     print("per column: n, median |error|, median signed error (+: predicted faster / larger)", file=out)
     print(header, file=out)
@@ -101,7 +101,7 @@ def print_families(results: dict[Path, list[Result]], out=sys.stdout) -> list[st
         if flag == "*":
             over.append(name)
         cells = "".join(f" {_cell(errors):>24}" for errors in per_file)
-        print(f"{name:<24}{flag}{_cell(pooled):>26}{cells}", file=out)
+        print(f"{name:<30}{flag}{_cell(pooled):>26}{cells}", file=out)
     print(f"\n* median |error| above {TARGET:.0%} (issue #28's bar): {', '.join(over) or 'none'}", file=out)
     return over
 
