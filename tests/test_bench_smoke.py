@@ -216,3 +216,51 @@ def test_nvlink_domain_bench_prices_the_rack_below_the_trays():
     assert racks.precision == trays.precision == "bf16"
     assert racks.dp_s < trays.dp_s and racks.tp_s < trays.tp_s  # tp=8 spans two trays: NVLink in the rack
     assert "tok/s/GPU" in bench.render(rows)
+
+
+def test_unpublished_recompute_takes_the_framework_default(published_runs):
+    """An act_recompute that states nothing takes the framework's default where it has one: NeMo 2.0 (a 25.xx
+    container) and Megatron-Bridge recipes recompute nothing (Megatron-Core recompute_granularity None; NeMo's H100
+    performance configs recompute_layers 0), NeMo 1.x launcher yamls recompute selectively; the default is kept
+    even where the model says it does not fit, as a stated setting is; other frameworks keep the cheapest
+    setting that fits."""
+    base = next(row for row in published_runs.read_rows("all") if row["id"] == "58")  # NeMo dgxc Nemotron-4 340B
+    assert base["act_recompute"].strip() == "" and published_runs.framework(base) == "nemo"
+    assert published_runs._recompute_options(base, 2) == [dict(recompute="selective")]
+    assert published_runs.build_case(base).strategy.recompute == "selective"
+    nemo2 = dict(base, model="Nemotron-4 340B (NeMo 25.04.00 dgxc benchmark, BF16)")
+    assert published_runs._recompute_options(nemo2, 2) == [dict(recompute="none")]
+    bridge = dict(base, model="Nemotron-4 340B", source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md")
+    assert published_runs.unpublished_recompute(bridge) == "none"
+    # 'Nemotron' is a model: the same row run by Megatron-LM's own scripts tries none, selective, full of 1
+    # block, full (the first that fits wins)
+    megatron_lm = dict(base, model="Nemotron-4 340B (Megatron-LM run)", source="NVIDIA/Megatron-LM examples/x.md")
+    assert published_runs.unpublished_recompute(megatron_lm) is None
+    options = published_runs._recompute_options(megatron_lm, 2)
+    assert [o["recompute"] for o in options] == ["none", "selective", "full", "full"]
+    assert options[2]["recompute_layers"] == (1,)
+    # a stated setting wins under NeMo 2.0
+    assert published_runs._recompute_options(dict(nemo2, act_recompute="full"), 2) == [dict(recompute="full")]
+
+
+def test_families_bench_groups_rows_by_the_issue_families():
+    """tests/bench/families.py: expert groups of ep x etp ranks beyond a node's 8 GPUs are 'across nodes'
+    (DeepSeek-V3 row 402: ep 64, ETP=1 -> 64 ranks; Grok-1 row 403: ep 8, ETP=1 -> 8 ranks, one node), and the
+    table prints every family with the pooled and per-file columns."""
+    families = load_bench("families")
+    published = families.RUNS[0]
+    results = {r.case.row["id"]: r for r in families.run("all", path=published)}
+    assert families._ep_span_nodes(results["402"]) and not families._ep_span_nodes(results["403"])
+    named = dict(families.families())
+    assert named["EP across nodes"](results["402"]) is not None and named["EP within a node"](results["402"]) is None
+    assert named["EP within a node"](results["403"]) is not None
+    # a dense BF16 Megatron row is in no EP or FP8 family; its sequence range is its row's seq_len (4096: <=4K)
+    assert results["58"].case.row["seq_len"] == "4096"
+    assert named["attention seq <=4K"](results["58"]) is not None and named["Megatron FP8"](results["58"]) is None
+    out = io.StringIO()
+    over = families.print_families({published: list(results.values())}, out=out)
+    text = out.getvalue()
+    for name, _ in families.families():
+        assert name in text
+    runtimes = {f"runtime {r.case.runtime}" for r in results.values()}
+    assert set(over) <= {name for name, _ in families.families()} | runtimes

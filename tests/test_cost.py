@@ -77,11 +77,15 @@ def test_every_published_row_names_a_runtime_profile(published_results):
 
 # Published runs the cost model says do not fit, each with why; the test fails when a row joins or leaves
 # the list, so a fix (or a regression) has to update it.
-# None today.  Row 58 (Nemotron-4 340B, tp8 pp8 dp2 vpp12 under the megatron profile) needed 76.5 GiB of 74.5 on
-# its last stage while the head's logits were counted once per micro-batch in flight (4.5 stage-equivalents of
-# the interleaved schedule); the last virtual stage runs each micro-batch's backward right after its forward, so
-# the loss holds one micro-batch's logits (planner.cost.memory.head_in_flight) and the stage needs 73.0 GiB.
-KNOWN_MISFITS: set[str] = set()
+# Row 58 (Nemotron-4 340B, NeMo 1.x dgxc benchmark, tp8 pp8 dp2 vpp12): its act_recompute is unpublished, so the
+# bench runs the framework's default (published_runs.unpublished_recompute: the dgxc yaml
+# nemotron/nemotron4-340b-synth.yaml sets activations_checkpoint_granularity selective), which the model puts at
+# 96.5 GiB of 74.5 on stage 0 (weights 10.8, grads 21.5, optimizer 32.3, activations 25.6, reserve 6.4).  The same
+# yaml runs NeMo's distributed_fused_adam with grad_sync_dtype bf16 and dtype bf16 (16-bit gradient buffer and
+# optimizer state), which the megatron profile does not model (fp32 gradients, 12 B of Adam state per parameter):
+# with them the stage would need about 27 GiB less.  Until a runtime profile models that optimizer, the row is a
+# known misfit.  (It fitted before only because the bench fell back to full recompute, 23% slower than published.)
+KNOWN_MISFITS: set[str] = {"58"}
 
 
 def test_every_published_configuration_fits(published_results):

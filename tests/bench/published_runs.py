@@ -56,9 +56,11 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   row (`framework`, `UNPUBLISHED_ZERO`): NeMo and Megatron-Bridge recipes, named in the row's model title or
   source, run the distributed optimizer (zero 1); Megatron-LM's scripts and every other framework shard nothing;
 * the published strategy; unpublished fields take the documented defaults:
-  mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the cheapest
-  setting that fits memory, as recipes are tuned to: none, selective, then
-  full recompute of 1, 2, ... blocks per stage (Megatron --recompute-num-layers);
+  mbs 1, vpp 1, cp 1, sp on with tp > 1, and for recompute the default of the framework that ran the row
+  (`unpublished_recompute`: NeMo 2.0 and Megatron-Bridge recipes recompute nothing, NeMo 1.x launcher
+  configs recompute selectively, used whether or not the model says it fits, as a stated setting is),
+  otherwise the cheapest setting that fits memory, as a user tunes a script: none, selective, then full
+  recompute of 1, 2, ... blocks per stage (Megatron --recompute-num-layers);
 * torchtitan's "selective (SAC)" rows run its per-op SAC (selective_ac_option
   "op", every row's notes or its config say so): recompute=selective, which
   the torchtitan profiles cost with their `selective` section (the op outputs
@@ -343,6 +345,33 @@ def _megatron_split(row: dict, blocks: int, pp: int) -> tuple[int, ...] | None:
     return (first, *([middle] * (pp - 2)), last)
 
 
+# Activation recompute of a row whose act_recompute publishes none, by the framework that ran it (its documented
+# default), used whether or not the model says it fits (a stated setting is used so too):
+#   NeMo 2.0 (a NeMo 25.xx container named in the row) and Megatron-Bridge: none.  Megatron-Core
+#     TransformerConfig.recompute_granularity defaults to None; NeMo 2.0's pre-training recipes set none
+#     (nemo/collections/llm/recipes/llama31_405b.py: no recompute field in model() or
+#     pretrain_performance_optimizations; NVIDIA/dgxc-benchmarking llama3.1/pretrain_llama31.py @ 741c886, the
+#     NeMo 25.02 benchmark, runs those recipes and sets none either), and the performance scripts' configs for
+#     every H100 pre-training run (scripts/performance/recommended_model_configs/model_configs_h100.csv,
+#     NVIDIA/NeMo commit 000e8c17: recompute_layers 0 and activation_offload_layers 0 on every row,
+#     recompute_modules only for DeepSeek-V3,
+#     including Llama 3.1 405B tp8 pp8 cp2 vp8 and Nemotron-4 340B tp8 pp8 vp12)
+#   NeMo 1.x (the earlier dgxc-benchmarking READMEs ran megatron_gpt_pretraining.py on a launcher-style yaml,
+#     llama3.1/configure.sh @ 143b90dd): selective (NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml
+#     @ 8f5cbb37: activations_checkpoint_granularity selective, method null; the NeMo 24.07 performance rows'
+#     launcher yamls likewise, published_runs 229-232)
+#   any other framework: the cheapest setting that fits memory, as a user tunes a script (`_recompute_options`)
+_NEMO2 = re.compile(r"(?<![a-z])nemo 2[5-9]\.|megatron-bridge")
+
+
+def unpublished_recompute(row: dict) -> str | None:
+    """The recompute a row's framework runs when its act_recompute states none: 'none' for NeMo 2.0 and
+    Megatron-Bridge, 'selective' for NeMo 1.x, None (no default: the cheapest that fits) otherwise."""
+    if framework(row) != "nemo":
+        return None
+    return "none" if _NEMO2.search((row["model"] + " " + row["source"]).lower()) else "selective"
+
+
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
@@ -351,6 +380,9 @@ def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     for mode in ("selective", "full", "none"):
         if mode in text:
             return [dict(recompute=mode)]
+    default = unpublished_recompute(row)
+    if default is not None:
+        return [dict(recompute=default)]
     partial = [dict(recompute="full", recompute_layers=(k,)) for k in range(1, blocks_per_chunk)]
     return [dict(recompute="none"), dict(recompute="selective"), *partial, dict(recompute="full")]
 
