@@ -2,7 +2,7 @@
 
 docs/design.md principle 2 ("Exact, with a certificate"): on small spaces an exhaustive enumerator over
 the same `evaluate` must find the optimum the CP-SAT compiler certifies.  This is that enumerator.
-It shares only the space with the compiler (`global_configs` and planner/search/compile.py's offload fallback),
+It shares only the space with the compiler (`global_configs` and planner/search/branch.py's offload fallback),
 builds no tables and no program, and scores every complete strategy with `evaluate`:
 
 * every global configuration of `global_configs(job, space)`;
