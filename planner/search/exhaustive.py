@@ -107,6 +107,15 @@ def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], 
                     yield config.with_stage_placements(placement, **update, stage_pools=stage_pools)
 
 
+def configuration_strategies(job: Job, config: Strategy, space: SpaceOptions, offload: bool) -> Iterator[Strategy]:
+    """Every complete strategy of one configuration that the space allows (split, recomputed blocks, pool per
+    stage, placement per stage), as the brute force scores them: the set a configuration's bounds must hold for."""
+    placements = _placements(config, placement_variants(job, config, space, offload), not space.stage_placement)
+    for strategy in _candidates(job, config, placements, space.split_shape == "even"):
+        if shape_allowed(job, strategy, space):
+            yield strategy
+
+
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:
     ranks = strategy.tp * strategy.cp * strategy.data_parallel
     names = strategy.stage_pools or (job.cluster.pools[0].name,) * strategy.pp

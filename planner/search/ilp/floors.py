@@ -56,6 +56,19 @@ def contents_at(segment_bounds: tuple[tuple[int, int], ...], length: int, starts
     return tuple(seen)
 
 
+def capacity(slots: list[tuple[int, int]], stages: int) -> int:
+    """The most blocks `stages` stages hold when a slot kind (n, k) offers k stages of at most n blocks each, the
+    kinds that hold most taken first; -1 when the stages cannot all hold a block (too few slots of n >= 1)."""
+    left, total = stages, 0
+    for most, count in sorted(slots, reverse=True):
+        take = min(left, count)
+        if take and most == 0:
+            return -1  # every stage holds a block: pp stages do not all run within the limit
+        total += take * most
+        left -= take
+    return total if left == 0 else -1
+
+
 def position_classes(pp: int) -> list[tuple[int, int]]:
     """(pipeline position, stages it bounds) covering the pp stages: the first alone (it holds the most
     micro-batches in flight and the embedding), then positions pp-1-(2^j - 1) (pp-1, pp-2, pp-4, ...) each
@@ -222,22 +235,23 @@ class Floors:
         ranks = strategy.tp * strategy.cp * strategy.data_parallel
         blocks = sum(seg.size for seg in self.segments)
         profiles = []
-        for pool in pools:
-            pool_slots = pool.gpus // ranks if len(pools) > 1 else p
+        pool_slots = [pool.gpus // ranks if len(pools) > 1 else p for pool in pools]
+        for pool, slots in zip(pools, pool_slots):
             profiles += [(self._slot_profile(strategy, pool, m, cap, variants, position, most=blocks - p + 1,
-                                             after=position - stages + 1), min(pool_slots, stages))
+                                             after=position - stages + 1), min(slots, stages))
                          for position, stages in classes]
 
         def held(limit: float) -> int:
-            fits = sorted(((bisect.bisect_right(times, limit), slots) for times, slots in profiles), reverse=True)
-            left, total = p, 0
-            for most, slots in fits:
-                take = min(left, slots)
-                if take and most == 0:
-                    return -1  # every stage holds a block: pp stages do not all run within the limit
-                total += take * most
-                left -= take
-            return total if left == 0 else -1
+            most = [bisect.bisect_right(times, limit) for times, _ in profiles]  # [pool x classes + class]
+            per_entry = capacity([(n, slots) for n, (_, slots) in zip(most, profiles)], p)
+            if len(pools) == 1:
+                return per_entry
+            # the stages of a class (on any pool) and the stages on a pool (at any position) are limited too:
+            # each bound drops one of the two limits, so each is at least the true capacity
+            by_pool = [max(most[i * len(classes):(i + 1) * len(classes)]) for i in range(len(pools))]
+            by_class = [max(most[c::len(classes)]) for c in range(len(classes))]
+            return min(per_entry, capacity(list(zip(by_pool, pool_slots)), p),
+                       capacity([(n, stages) for n, (_, stages) in zip(by_class, classes)], p))
 
         limit = smallest_sufficient(sorted({t for times, _ in profiles for t in times}), held, blocks)
         if limit > cap:
