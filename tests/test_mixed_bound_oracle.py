@@ -2,8 +2,9 @@
 than the bounds that prune it.
 
 On a cluster of several pools a stage runs on one pool, at one pipeline position; the memory-aware bound
-(`refined_bound`) stands each stage at the fastest its pool and position allow, and limits how many stages a
-pool hosts and how many stages a position class holds (planner.search.ilp.floors.capacity).  Here the brute force
+(`refined_bound`) and the tables' bottleneck bound (`ConfigTables.bottleneck_bound`) stand each stage at the
+fastest its pool and position allow, and limit how many stages a pool hosts (and the former how many stages a
+position class holds: planner.search.ilp.bounds.capacity).  Here the brute force
 (`planner.search.exhaustive.configuration_strategies`: every split, recomputed blocks, pool per stage and
 placement) scores every strategy of every configuration with `evaluate`, and each one that fits is held against
 its configuration's bounds.  The jobs are chosen so that memory binds on the small pool (a 24 GB L4 or a 40 GB
@@ -17,7 +18,7 @@ import pytest
 from hardware import load_catalog
 from planner.cost import evaluate
 from planner.search.exhaustive import configuration_strategies
-from planner.search.ilp.build import stage_pools_for
+from planner.search.ilp.build import build_tables, stage_pools_for
 from planner.search.ilp.tables import TableBuilder
 from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime
 from test_compile import _cluster, _job, _model
@@ -43,7 +44,10 @@ def assert_mixed_bounds_hold(job, space: SpaceOptions) -> tuple[int, int]:
             if not estimate.memory.fits:
                 continue
             if bound is None:
-                bound = max(builder.lower_bound(config, pools, m),
+                # the tables without a time cap hold every stage's fastest fitting option on every pool
+                tables = build_tables(builder, config, m, float("inf"))
+                assert tables is not None, f"{strategy.spec()} fits, yet a stage of {config.spec()} has no option"
+                bound = max(builder.lower_bound(config, pools, m), tables.bottleneck_bound(),
                             builder.refined_bound(config, pools, m, variants=({},), split=space.split_shape))
             assert bound <= estimate.step_time_s * (1 + 1e-9), (
                 f"bound {bound!r} s of {config.spec()} above {strategy.spec()} at {estimate.step_time_s!r} s")

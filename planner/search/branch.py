@@ -124,8 +124,12 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
                                          identical=len(search.builder.segments) == 1):
             queue.push((search.builder.lower_bound(family, pools, m) * rate_floor(search, family, pools), m, family))
         variants = placement_variants(search.job, config, search.options.space, offload)
-        if search.incumbent < float("inf"):
-            # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps
+        if search.incumbent < float("inf") and len(search.job.cluster.pools) == 1:
+            # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps.  Not on a
+            # mixed cluster: there it needs a profile per pool and position class, which cost more than the tables
+            # they spare (the tables, built within the stage cap, bound the same stage positions and pool slots:
+            # ConfigTables.bottleneck_bound); on hetero-3pool from a 20.78 s incumbent, 60 s walk 4,513
+            # configurations without it against 3,082 with it (tests/bench/search_phases.py --incumbent 20.78)
             pools = pools_of(search.job, config)
             floor = rate_floor(search, config, pools)
             refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor,
@@ -133,22 +137,19 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
                 if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
-                    search.near.append((_order(search, config, pools, m, variants, bound, refined), config.spec(),
+                    search.near.append((_order(search, config, pools, m, variants, bound), config.spec(),
                                         config, m, variants))
                 continue
-            order = _order(search, config, pools, m, variants, bound, refined)
+            order = _order(search, config, pools, m, variants, bound)
             bound = max(bound, refined)
         else:
             order = bound
         solve_config(search, config, m, bound, variants, order=order)
 
 
-def _order(search: Search, config: Strategy, pools: list, m: int, variants: tuple[dict, ...], cheap: float,
-           refined: float) -> float:
-    """The key that orders a runner-up candidate: on one pool the balanced bound (the refined one stops at the
-    incumbent, where every closed configuration would tie), elsewhere the refined bound."""
-    if len(pools) > 1:
-        return refined
+def _order(search: Search, config: Strategy, pools: list, m: int, variants: tuple[dict, ...], cheap: float) -> float:
+    """The key that orders a runner-up candidate (one pool): the balanced bound (the refined one stops at the
+    incumbent, where every closed configuration would tie)."""
     if config.v_shape:
         # a V's bound counts only forward compute in its fill, which would sort every V ahead of the nearest
         # configurations: it is ordered by the interleaved pipeline over the same chunks, whose work it runs

@@ -25,8 +25,8 @@ from planner.cost.stage import EXPERT_TIMES_READS, LAYER_TIMES_READS, compose_st
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
 from planner.job import Job
-from planner.search.ilp.bounds import (even_pipeline_bound, pipeline_fill_bound, pipeline_floor, slots_limit,
-                                       smallest_sufficient)
+from planner.search.ilp.bounds import (capacity, even_pipeline_bound, pipeline_fill_bound, pipeline_floor,
+                                       slots_limit, smallest_sufficient)
 from planner.search.ilp.segments import Segment, offloads, stage_contents, variants_key
 from planner.strategy import Strategy, strategy_key
 
@@ -54,19 +54,6 @@ def contents_at(segment_bounds: tuple[tuple[int, int], ...], length: int, starts
         end = start + length
         seen.setdefault(tuple(max(0, min(end, hi) - max(start, lo)) for lo, hi in segment_bounds), None)
     return tuple(seen)
-
-
-def capacity(slots: list[tuple[int, int]], stages: int) -> int:
-    """The most blocks `stages` stages hold when a slot kind (n, k) offers k stages of at most n blocks each, the
-    kinds that hold most taken first; -1 when the stages cannot all hold a block (too few slots of n >= 1)."""
-    left, total = stages, 0
-    for most, count in sorted(slots, reverse=True):
-        take = min(left, count)
-        if take and most == 0:
-            return -1  # every stage holds a block: pp stages do not all run within the limit
-        total += take * most
-        left -= take
-    return total if left == 0 else -1
 
 
 def position_classes(pp: int) -> list[tuple[int, int]]:
