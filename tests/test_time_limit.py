@@ -261,3 +261,37 @@ def test_past_the_budget_the_first_plan_comes_from_the_configurations_likeliest_
     cert = result.certificate
     assert cert.stopped == "time_limit" and cert.status == "FEASIBLE" and cert.bound <= cert.objective
     assert len(tried) <= 3, tried
+
+
+# ---------------------------------------------------------------- issue #25: a stopped search's bound stays a bound
+
+
+def _cut_job():
+    from planner.search.space import SpaceOptions
+    from test_compile import _model
+
+    job = _job(_model(2, 128, 2, 1, 384, 256), A100_H100, batch=16, seq=512)
+    return job, SpaceOptions(max_mbs=2, max_vpp=1, max_cp=1, zero_stages=(0, 1), recompute_every=False)
+
+
+@pytest.fixture(scope="module")
+def cut_optimum():
+    """The best step time of _cut_job over single strategies and replica groups, by brute force."""
+    from planner.search.exhaustive import exhaustive_groups, exhaustive_optimum
+
+    job, space = _cut_job()
+    return min(exhaustive_optimum(job, space)[1], exhaustive_groups(job, space)[1])
+
+
+@pytest.mark.parametrize("limit", [0.5, 4.5, 8.5])
+def test_a_cut_search_bounds_every_plan_from_below(monkeypatch, cut_optimum, limit):
+    # the replica groups get half of the budget (compile.GROUP_SHARE) and, cut short, bound the splits they never
+    # compiled from what they know (replica_groups.split_floor: at 4.5 and 8.5 s it binds, at 0.5 s the groups have
+    # no plan yet); the configurations' bounds join them.  Each CP-SAT solve ticks the fake clock by 1 s, so these
+    # limits stop the search at different points: the certificate's bound must stay at most the optimum that the
+    # brute force finds over both kinds of plan
+    job, space = _cut_job()
+    install_fake_clock(monkeypatch)
+    cert = compile_job(job, CompileOptions(time_limit=limit, space=space)).certificate
+    assert cert.stopped == "time_limit"
+    assert cert.bound <= cut_optimum * (1 + 1e-9) <= cert.objective * (1 + 2e-9)

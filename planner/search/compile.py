@@ -38,7 +38,8 @@ On a mixed cluster (objective time) replica groups are searched first
 (`planner.search.replica_groups`: a strategy and batch share per pool, each share a
 compile of its pool alone through `_compile_pool`); their best plan is the
 incumbent the configurations must beat, and their bound joins the
-certificate.  A group plan that fits counts as "something fits" for offload.
+certificate.  They spend at most GROUP_SHARE of the time limit (the configurations need the
+rest to be bounded at all).  A group plan that fits counts as "something fits" for offload.
 
 The steps live in their own modules: `planner.search.state` (the search's clock, budget and incumbent),
 `planner.search.branch` (the configurations in bound order, pruning), `planner.search.config_solve` (one
@@ -87,9 +88,13 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
         builders = {pool.name: TableBuilder(group_job(job, pool.name, job.global_batch), catalog)
                     for pool in job.cluster.pools}
         grain = job.global_batch // share_grid(job.global_batch)
+        # the groups spend at most GROUP_SHARE of the budget: the single-strategy configurations need the rest to
+        # be bounded at all (unvisited, each is bounded by the cluster's compute floor)
+        group_limit = options.time_limit * GROUP_SHARE
         grouped = search_groups(
-            job, lambda sub, cap: _compile_pool(search, sub, cap, builders[sub.cluster.pools[0].name], grain),
-            catalog, remaining=search.remaining)
+            job, lambda sub, cap: _compile_pool(search, sub, cap, builders[sub.cluster.pools[0].name], grain,
+                                                group_limit),
+            catalog, remaining=lambda: search.remaining(group_limit))
         search.stopped = search.stopped or grouped.stopped
         if grouped.groups is not None:
             search.incumbent = grouped.objective * (1 + 1e-9)
@@ -114,16 +119,19 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
     return _result(search, search.best, len(configs), grouped.bound if grouped is not None else float("inf"))
 
 
-def _compile_pool(parent: Search, job: Job, cap: float, builder: TableBuilder,
-                  grain: int) -> tuple[float, float, "CompileResult | None"]:
+GROUP_SHARE = 0.5  # of the time limit, what the replica groups' pool compiles may spend
+
+
+def _compile_pool(parent: Search, job: Job, cap: float, builder: TableBuilder, grain: int,
+                  time_limit: float) -> tuple[float, float, "CompileResult | None"]:
     """A replica group's compile: one pool's sub-job under the grain rule, only plans no slower than
-    `cap`, on the parent's clock."""
+    `cap`, on the parent's clock, within `time_limit` of the parent's start."""
     space = parent.options.space.model_copy(update={"batch_grain": grain})
     options = parent.options.model_copy(update={"runners_up": 0, "space": space})
     # past the budget, a compile under a cap stops with or without a plan (there is a plan to beat, or the
     # configurations find the first one); one without a cap, asked while no split has a plan, goes on to one
     search = Search(job=job, options=options, catalog=parent.catalog, builder=builder, progress=None,
-                     start=parent.start, need_plan=parent.need_plan and cap == float("inf"))
+                    start=parent.start, need_plan=parent.need_plan and cap == float("inf"), limit=time_limit)
     if cap < float("inf"):
         search.incumbent = cap * (1 + 1e-9)
     legal = legal_configs(job, space)

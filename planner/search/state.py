@@ -61,15 +61,18 @@ class Search:
     need_plan: bool = True  # go on past the budget until a first plan exists (a replica group's compile does not)
     surcharge: Surcharge | None = None  # a per-step term added to the step time (a re-plan's amortised migration)
     best_step: float = float("inf")  # step time of the best plan (its objective without the surcharge)
+    limit: float | None = None  # wall seconds from `start` this search may spend (None: the options' time limit)
 
     def elapsed(self) -> float:
         return now() - self.start
 
-    def remaining(self) -> float:
-        """Wall seconds left of the budget (<= 0 once it is spent; inf under a deterministic work limit)."""
+    def remaining(self, limit: float | None = None) -> float:
+        """Wall seconds left of the budget, or of `limit` seconds from the start (<= 0 once it is spent; inf
+        under a deterministic work limit)."""
         if self.options.work_limit is not None:
             return float("inf")
-        return self.options.time_limit - self.elapsed()
+        limit = limit if limit is not None else self.limit if self.limit is not None else self.options.time_limit
+        return limit - self.elapsed()
 
     def spent(self) -> bool:
         """Stop searching: the budget is spent and a plan (or a cap) exists.  Without one the search
