@@ -1,6 +1,6 @@
 """The compile time limit (issue #12): a finite budget, honoured, with deterministic per-solve limits.
 
-The budget logic runs on an injected clock (`planner.search.compile._now`) that advances by a fixed step per
+The budget logic runs on an injected clock (`planner.search.state.now`) that advances by a fixed step per
 CP-SAT solve, so what the search does past the limit is checked without timing this (loaded) machine;
 one wall-time check keeps a generous slack.
 """
@@ -14,14 +14,17 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
-import planner.search.compile as solve
+import planner.search.branch as branch
+import planner.search.state as state
 from hardware import load_cluster
 from models import load_model
 from planner.cli import cli
 from planner.plan.assemble import build_plan
 from planner.plan.schema import Plan, plan_json
 from planner.plan.report import render_report
-from planner.search.compile import RUNNER_UP_WORK, compile_job, solve_work
+from planner.search.compile import compile_job
+from planner.search.config_solve import RUNNER_UP_WORK
+from planner.search.state import solve_work
 from planner.search.result import CompileOptions
 from test_compile import _cluster, _job
 
@@ -67,7 +70,7 @@ class FakeClock:
 def install_fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """Put a FakeClock in the search and make every CP-SAT solve tick it (and record its limits)."""
     clock = FakeClock()
-    monkeypatch.setattr(solve, "_now", clock)
+    monkeypatch.setattr(state, "now", clock)
     real = cp_model.CpSolver.solve
 
     def solve_and_tick(self, model, *args, **kwargs):
@@ -154,7 +157,7 @@ def test_replica_group_search_stops_at_the_budget(fake_clock):
     assert len(fake_clock.solves) < 30
     assert fake_clock.now <= options.time_limit + 1.0 + fake_clock.step  # + a first plan's floor
     for s in fake_clock.solves:
-        assert s.wall_cap <= max(options.time_limit - s.start, solve.FIRST_PLAN_SECONDS) + 1e-9
+        assert s.wall_cap <= max(options.time_limit - s.start, state.FIRST_PLAN_SECONDS) + 1e-9
         assert s.work in (solve_work(options), RUNNER_UP_WORK)
 
 
@@ -187,8 +190,8 @@ def test_programs_stopped_by_their_work_limit_are_reproducible(monkeypatch):
     # a work limit so small that programs stop on it (UNKNOWN or FEASIBLE): not a wall-clock stop, so
     # the result is flagged complete and two runs agree (a smaller mixed job than mixed_job's: still a
     # replica-group search, in half the time)
-    monkeypatch.setattr(solve, "MIN_SOLVE_WORK", 1e-3)
-    monkeypatch.setattr(solve, "SOLVE_WORK_SHARE", 0.0)
+    monkeypatch.setattr(state, "MIN_SOLVE_WORK", 1e-3)
+    monkeypatch.setattr(state, "SOLVE_WORK_SHARE", 0.0)
     options = CompileOptions(time_limit=600.0)
     job = _job(load_model("llama3-8b"), A100_H100, batch=16, seq=2048)
     runs = [compile_job(job, options) for _ in range(2)]
@@ -250,11 +253,45 @@ def test_past_the_budget_the_first_plan_comes_from_the_configurations_likeliest_
     from planner.profile import load_runtime
 
     tried = []
-    real = solve._solve_config
-    monkeypatch.setattr(solve, "_solve_config", lambda search, config, *rest, **kw: (
+    real = branch.solve_config
+    monkeypatch.setattr(branch, "solve_config", lambda search, config, *rest, **kw: (
         tried.append(config.spec()), real(search, config, *rest, **kw))[1])
     job = _job(load_model("deepseek-v3"), load_cluster("dgx-h100:32"), batch=1024, seq=4096)
     result = compile_job(job.on(load_runtime("megatron")), CompileOptions(time_limit=1e-6))
     cert = result.certificate
     assert cert.stopped == "time_limit" and cert.status == "FEASIBLE" and cert.bound <= cert.objective
     assert len(tried) <= 3, tried
+
+
+# ---------------------------------------------------------------- issue #25: a stopped search's bound stays a bound
+
+
+def _cut_job():
+    from planner.search.space import SpaceOptions
+    from test_compile import _model
+
+    job = _job(_model(2, 128, 2, 1, 384, 256), A100_H100, batch=16, seq=512)
+    return job, SpaceOptions(max_mbs=2, max_vpp=1, max_cp=1, zero_stages=(0, 1), recompute_every=False)
+
+
+@pytest.fixture(scope="module")
+def cut_optimum():
+    """The best step time of _cut_job over single strategies and replica groups, by brute force."""
+    from planner.search.exhaustive import exhaustive_groups, exhaustive_optimum
+
+    job, space = _cut_job()
+    return min(exhaustive_optimum(job, space)[1], exhaustive_groups(job, space)[1])
+
+
+@pytest.mark.parametrize("limit", [0.5, 4.5, 8.5])
+def test_a_cut_search_bounds_every_plan_from_below(monkeypatch, cut_optimum, limit):
+    # the replica groups get half of the budget (compile.GROUP_SHARE) and, cut short, bound the splits they never
+    # compiled from what they know (replica_groups.split_floor: at 4.5 and 8.5 s it binds, at 0.5 s the groups have
+    # no plan yet); the configurations' bounds join them.  Each CP-SAT solve ticks the fake clock by 1 s, so these
+    # limits stop the search at different points: the certificate's bound must stay at most the optimum that the
+    # brute force finds over both kinds of plan
+    job, space = _cut_job()
+    install_fake_clock(monkeypatch)
+    cert = compile_job(job, CompileOptions(time_limit=limit, space=space)).certificate
+    assert cert.stopped == "time_limit"
+    assert cert.bound <= cut_optimum * (1 + 1e-9) <= cert.objective * (1 + 2e-9)

@@ -2,7 +2,7 @@
 
 docs/design.md principle 2 ("Exact, with a certificate"): on small spaces an exhaustive enumerator over
 the same `evaluate` must find the optimum the CP-SAT compiler certifies.  This is that enumerator.
-It shares only the space with the compiler (`global_configs` and planner/search/compile.py's offload fallback),
+It shares only the space with the compiler (`global_configs` and planner/search/branch.py's offload fallback),
 builds no tables and no program, and scores every complete strategy with `evaluate`:
 
 * every global configuration of `global_configs(job, space)`;
@@ -105,6 +105,15 @@ def _candidates(job: Job, config: Strategy, placements: list[tuple[dict, ...]], 
             for stage_pools in pools:
                 for placement in placements:
                     yield config.with_stage_placements(placement, **update, stage_pools=stage_pools)
+
+
+def configuration_strategies(job: Job, config: Strategy, space: SpaceOptions, offload: bool) -> Iterator[Strategy]:
+    """Every complete strategy of one configuration that the space allows (split, recomputed blocks, pool per
+    stage, placement per stage), as the brute force scores them: the set a configuration's bounds must hold for."""
+    placements = _placements(config, placement_variants(job, config, space, offload), not space.stage_placement)
+    for strategy in _candidates(job, config, placements, space.split_shape == "even"):
+        if shape_allowed(job, strategy, space):
+            yield strategy
 
 
 def _price_per_second(job: Job, strategy: Strategy, catalog: Catalog) -> float:

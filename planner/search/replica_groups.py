@@ -31,6 +31,7 @@ cluster for what it never asked.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 
@@ -225,12 +226,46 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
         result.results = {p: table.entry(p, n).compiled for p, n in chosen}
         result.objective = best
     # what is not known exactly (a compile at its time limit, or never asked) caps the bound: shares never
-    # asked, past the time limit, by the compute floor of the whole cluster (no split beats it)
+    # asked, past the time limit, by the compute floor of the whole cluster (no split beats it); the floor of
+    # the splits over what the table knows (split_floor) is a bound too, and the better one is kept
     inexact = [e.above for e in table.entries.values() if not e.exact]
     if table.stopped:
         inexact.append(cluster_floor(job, catalog))
     result.bound = min([best, *inexact])
+    if inexact:
+        result.bound = max(result.bound, min(best, split_floor(table)))
     return result
+
+
+def share_floors(table: _Shares, pool: str) -> list[float]:
+    """floors[n-1] <= T[pool, n] for n = 1..N: an exact compile's value, else what is known below it (a compile's
+    bound, or the pool's compute floor), raised to the floor of fewer shares (T is nondecreasing in n)."""
+    floors: list[float] = []
+    for n in range(1, table.shares + 1):
+        e = table.entries.get((pool, n))
+        if e is None:
+            known = compute_floor(table.job, pool, n * table.grain, table.catalog)
+        else:
+            known = e.value if e.exact and e.value is not None else e.above
+        floors.append(max(known, floors[-1] if floors else 0.0))
+    return floors
+
+
+def split_floor(table: _Shares) -> float:
+    """Seconds no replica-group split beats, from what the table knows: for each set S of active pools, the least
+    limit L at which every pool of S can take a share and S all N shares with each share's floor within L, plus
+    S's sync (a split's step is its slowest group's T plus the sync, and each T is at least its floor)."""
+    floors = {pool: share_floors(table, pool) for pool in table.pools}
+    best = float("inf")
+    for size in range(1, len(table.pools) + 1):
+        for active in itertools.combinations(table.pools, size):
+            sync = sync_seconds(table.job, list(active), table.catalog)
+            for limit in sorted({f for pool in active for f in floors[pool]}):
+                most = [bisect.bisect_right(floors[pool], limit) for pool in active]
+                if min(most) >= 1 and sum(most) >= table.shares:
+                    best = min(best, limit + sync)
+                    break
+    return best
 
 
 def _trim(most: dict[str, int], total: int) -> dict[str, int]:

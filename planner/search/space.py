@@ -162,6 +162,7 @@ def global_configs(job: Job, options: SpaceOptions | None = None, families: bool
     cps = [c for c in _divisors(min(gpus, options.max_cp or gpus))
            if c == 1 or (is_sequence and job.seq_len % (2 * c) == 0)]
     experts = model.num_experts
+    identical = len(block_segments(model)) == 1  # once per job: comparing the blocks costs milliseconds
     for tp in _allowed(options, "tp", tps):
         for cp in _allowed(options, "cp", cps):
             pps = [p for p in range(1, blocks + 1) if (model.family != "recsys" or p == 1)
@@ -178,11 +179,11 @@ def global_configs(job: Job, options: SpaceOptions | None = None, families: bool
                            if (tp * cp * d) % node == 0 or node % (tp * cp * d) == 0
                            if stages_fit_pools(job, tp * cp * d, pp) and tp * cp * d * pp <= gpus]
                 for dp in _allowed(options, "dp", dps):
-                    yield from _inner(job, options, tp, cp, pp, dp, experts, blocks)
+                    yield from _inner(job, options, tp, cp, pp, dp, experts, blocks, identical)
 
 
 def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, experts: int,
-           blocks: int) -> Iterator[Strategy]:
+           blocks: int, identical: bool) -> Iterator[Strategy]:
     # expert groups (etp x ep ranks) tile the stage's tp x cp x dp ranks; etp=None is etp=tp, and whole
     # experts (etp=1) are only worth trying when they are also spread (ep > 1)
     etps = [None, 1] if experts and tp > 1 and options.expert_folding else [None]
@@ -194,7 +195,7 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     pays = not job.flash or job.runtime.selective is not None
     bases: list[Recompute] = ["none", "selective"] if options.selective_recompute and pays else ["none"]
     recomputes = _recomputes(options, bases, pp, blocks, job.model.num_blocks > 0,
-                             identical=len(block_segments(job.model)) == 1)
+                             identical=identical)
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in _divisors(job.global_batch // dp) if b <= (options.max_mbs or b)
             and job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]

@@ -20,19 +20,43 @@ def pipeline_floor(bottleneck: float, stage_sum: float, micro_batches: int, vpp:
 
 
 def bottleneck_bound(entries: list[list[tuple[int, int]]], blocks: int, micro_batches: int, vpp: int,
-                     fill_floor: int | None = None) -> float:
+                     fill_floor: int | None = None,
+                     pool_entries: list[tuple[list[tuple[int, int]], int]] | None = None) -> float:
     """Seconds no split beats, from each stage's sorted (time in NS, blocks) table entries: the smallest
     T such that the stages, each holding the most blocks it can within T (any pool), hold every block;
     then the pipeline formula with each stage at its fastest entry for the sum (`fill_floor`: the sum of the
-    stages' least fills instead, where fills are not the stage times: zero-bubble V schedules)."""
+    stages' least fills instead, where fills are not the stage times: zero-bubble V schedules).
+
+    `pool_entries` (mixed clusters): per pool, every stage's (time, blocks) entries there and the stages the
+    pool can host.  The stages then also hold no more than the pools' slots do, each slot at the most any stage
+    holds on that pool within T (`capacity`): both counts are at least what any assignment holds."""
     m = micro_batches
+    stages = len(entries)
 
     def held(limit: int) -> int:
-        return sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)
+        by_stage = sum(max((n for t, n in stage if t <= limit), default=-1) for stage in entries)
+        if pool_entries is None:
+            return by_stage
+        by_pool = capacity([(max((n for t, n in pool if t <= limit), default=0), min(slots, stages))
+                            for pool, slots in pool_entries], stages)
+        return min(by_stage, by_pool)
 
     limit = smallest_sufficient(sorted({t for stage in entries for t, _ in stage}), held, blocks)
     fastest = sum(stage[0][0] for stage in entries) if fill_floor is None else fill_floor
     return pipeline_floor(limit, fastest, m, vpp) / NS
+
+
+def capacity(slots: list[tuple[int, int]], stages: int) -> int:
+    """The most blocks `stages` stages hold when a slot kind (n, k) offers k stages of at most n blocks each, the
+    kinds that hold most taken first; -1 when the stages cannot all hold a block (too few slots of n >= 1)."""
+    left, total = stages, 0
+    for most, count in sorted(slots, reverse=True):
+        take = min(left, count)
+        if take and most == 0:
+            return -1  # every stage holds a block: pp stages do not all run within the limit
+        total += take * most
+        left -= take
+    return total if left == 0 else -1
 
 
 def slots_limit(pools: list[tuple[float, float, int]], stages: int, need: float) -> float:

@@ -25,8 +25,8 @@ from planner.cost.stage import EXPERT_TIMES_READS, LAYER_TIMES_READS, compose_st
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
 from planner.job import Job
-from planner.search.ilp.bounds import (even_pipeline_bound, pipeline_fill_bound, pipeline_floor, slots_limit,
-                                       smallest_sufficient)
+from planner.search.ilp.bounds import (capacity, even_pipeline_bound, pipeline_fill_bound, pipeline_floor,
+                                       slots_limit, smallest_sufficient)
 from planner.search.ilp.segments import Segment, offloads, stage_contents, variants_key
 from planner.strategy import Strategy, strategy_key
 
@@ -222,22 +222,23 @@ class Floors:
         ranks = strategy.tp * strategy.cp * strategy.data_parallel
         blocks = sum(seg.size for seg in self.segments)
         profiles = []
-        for pool in pools:
-            pool_slots = pool.gpus // ranks if len(pools) > 1 else p
+        pool_slots = [pool.gpus // ranks if len(pools) > 1 else p for pool in pools]
+        for pool, slots in zip(pools, pool_slots):
             profiles += [(self._slot_profile(strategy, pool, m, cap, variants, position, most=blocks - p + 1,
-                                             after=position - stages + 1), min(pool_slots, stages))
+                                             after=position - stages + 1), min(slots, stages))
                          for position, stages in classes]
 
         def held(limit: float) -> int:
-            fits = sorted(((bisect.bisect_right(times, limit), slots) for times, slots in profiles), reverse=True)
-            left, total = p, 0
-            for most, slots in fits:
-                take = min(left, slots)
-                if take and most == 0:
-                    return -1  # every stage holds a block: pp stages do not all run within the limit
-                total += take * most
-                left -= take
-            return total if left == 0 else -1
+            most = [bisect.bisect_right(times, limit) for times, _ in profiles]  # [pool x classes + class]
+            per_entry = capacity([(n, slots) for n, (_, slots) in zip(most, profiles)], p)
+            if len(pools) == 1:
+                return per_entry
+            # the stages of a class (on any pool) and the stages on a pool (at any position) are limited too:
+            # each bound drops one of the two limits, so each is at least the true capacity
+            by_pool = [max(most[i * len(classes):(i + 1) * len(classes)]) for i in range(len(pools))]
+            by_class = [max(most[c::len(classes)]) for c in range(len(classes))]
+            return min(per_entry, capacity(list(zip(by_pool, pool_slots)), p),
+                       capacity([(n, stages) for n, (_, stages) in zip(by_class, classes)], p))
 
         limit = smallest_sufficient(sorted({t for times, _ in profiles for t in times}), held, blocks)
         if limit > cap:

@@ -97,7 +97,12 @@ class ConfigTables:
         if self.strategy.v_shape:
             fills = sum(min((o.fill for options in per_pool for placed in options.values() for o in placed),
                             default=0) for per_pool in self.options)
-        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp, fills)
+        pool_entries = None
+        if len(self.pools) > 1:  # a pool hosts no more stages than it has slots (the program's add_pool_capacity)
+            ranks = self.strategy.tp * self.strategy.cp * self.strategy.data_parallel
+            pool_entries = [([(o.time, sum(c)) for per_pool in self.options for c, placed in per_pool[i].items()
+                              for o in placed], pool.gpus // ranks) for i, pool in enumerate(self.pools)]
+        return bottleneck_bound(entries, self.blocks, self.micro_batches, self.strategy.vpp, fills, pool_entries)
 
 
 class TableBuilder(Floors):
