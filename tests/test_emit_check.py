@@ -59,7 +59,8 @@ def test_llama3_70b_megatron_report_fits_under_the_megatron_profile(tmp_path):
               seq_len=8192, memory_margin=margin).on(load_runtime("megatron"))
     estimate = evaluate(job, strategy_writer("megatron")(plan, job))
     assert estimate.memory.fits and estimate.runtime == "megatron"
-    assert all(r.peak_bytes <= 80e9 * (1 - margin) for r in estimate.memory.per_stage)
+    # an H100 80GB holds 79.11 GiB as CUDA reports it (PyTorch's out-of-memory message), less the margin
+    assert all(r.peak_bytes <= 79.11 * 2**30 * (1 - margin) for r in estimate.memory.per_stage)
     row = next(line for line in section.splitlines() if line.startswith("| megatron | megatron |"))
     assert f"| {estimate.step_time_s:.4f} |" in row and row.endswith("| yes |")
     assert f"{estimate.tokens_per_s_per_gpu:,.0f}" in row

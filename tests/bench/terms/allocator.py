@@ -6,7 +6,10 @@ allocations.
 Measurements (tests/data/terms/allocator.csv): PyTorch's CUDA OOM messages on a B200 and an H200 (single-GPU
 scripts, no collectives): capacity, memory the process has in use, memory allocated by PyTorch, and memory
 reserved by PyTorch but unallocated.  In use less allocated less reserved-unallocated is what lives outside
-the caching allocator (CUDA context, cuBLAS workspaces); reserved-unallocated is the allocator's slack.
+the caching allocator (CUDA context, cuBLAS workspaces); reserved-unallocated is the allocator's slack.  And one
+row with NCCL: NVIDIA/nccl issue #1685's per-GPU memory outside PyTorch on 8 H100s once the process group is up
+(CUDA context, cuBLAS and the NCCL communicator's buffers), the figure `memory_reserve_bytes` takes; it gives no
+allocation, so it enters the fixed-part comparison only.
 
 Model: planner/cost/memory.py charges every rank `memory_reserve_bytes + memory_fragmentation x allocated`
 (hardware/data/constants.yaml).  No public function takes an allocation total without a whole training job,
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> list[Compared]:
     rows = load_rows("allocator")
     if args.quick:
         rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows] + [fixed_part(row) for row in rows]
+    # rows without an allocation (the NCCL measurement) measure the fixed part only
+    compared = [compare(row) for row in rows if row["allocated_gib"]] + [fixed_part(row) for row in rows]
     print_table("Allocator reserve + fragmentation: measured overhead vs constants.yaml (ratio in bytes)", compared)
     return compared
 
