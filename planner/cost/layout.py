@@ -33,8 +33,8 @@ def make_site(index: int, pools: tuple[Pool, ...], catalog: Catalog) -> StageSit
     """A site on `pools`: slowest device (as its node's limits let it run), smallest usable HBM."""
     devices = [catalog.node_device(p.node) for p in pools]
     slowest = min(range(len(pools)), key=lambda i: devices[i].sustained_peak("bf16"))
-    return StageSite(index=index, pools=pools, device=devices[slowest], hbm_bytes=min(d.capacity_bytes for d in devices),
-                     node=pools[slowest].node)
+    return StageSite(index=index, pools=pools, device=devices[slowest],
+                     hbm_bytes=min(d.capacity_bytes for d in devices), node=pools[slowest].node)
 
 
 @dataclass(frozen=True)
