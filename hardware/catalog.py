@@ -53,7 +53,11 @@ class DeviceSpec(BaseModel):
     scaled_formats: tuple[ScaledFormat, ...] = Field(
         (), description="Block-scaled GEMM formats the tensor cores run natively at the fp8 peak (mxfp8: OCP MX FP8, "
         "32-element blocks with E8M0 scales; Blackwell and later).  Empty: none (Hopper, Ampere, MI300X).")
-    hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes.")
+    hbm_bytes: float = Field(gt=0, description="HBM capacity in bytes, as the datasheet states it (decimal GB).")
+    usable_hbm_bytes: float | None = Field(
+        None, gt=0, description="Device memory the CUDA (or HIP) runtime reports, in bytes: "
+        "torch.cuda.get_device_properties().total_memory, the 'total capacity' of PyTorch's out-of-memory message.  "
+        "What a process can hold, CUDA context included.  None: no published figure, hbm_bytes is used.")
     hbm_bandwidth: float = Field(gt=0, description="HBM bandwidth in bytes/s.")
     matmul_efficiency: list[EfficiencyStep] = Field(
         min_length=1,
@@ -101,6 +105,11 @@ class DeviceSpec(BaseModel):
         if sizes != sorted(sizes):
             raise ValueError("steps must be in ascending min_flops order")
         return steps
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Device memory a training process can hold: the runtime's figure where published, else hbm_bytes."""
+        return self.usable_hbm_bytes if self.usable_hbm_bytes is not None else self.hbm_bytes
 
     def peak(self, dtype: Dtype) -> float:
         """Dense peak FLOP/s for `dtype` (fp8 falls back to bf16 where absent)."""

@@ -119,6 +119,14 @@ def test_zero_stages_shrink_model_states_monotonically():
     assert states[3] == pytest.approx(params * 16 / dp, rel=1e-9)
 
 
+def test_fit_checks_use_the_runtime_capacity():
+    # an H100 80GB holds 79.11 GiB as CUDA reports it (PyTorch's out-of-memory message), not 80e9 bytes = 74.5 GiB
+    j = Job(model=load_model("llama3-8b"), cluster=load_cluster("dgx-h100:1"), global_batch=8, seq_len=2048,
+            memory_margin=0.0)
+    stage = evaluate(j, Strategy(tp=8)).memory.per_stage[0]
+    assert stage.capacity_bytes == pytest.approx(79.11 * 2**30, rel=1e-4)
+
+
 def test_full_recompute_trades_memory_for_time():
     j = job("llama3-8b", "dgx-h100:1", batch=8, seq=8192)
     none = evaluate(j, Strategy(zero=3))

@@ -100,6 +100,20 @@ def test_memory_figures():
     assert catalog.node("dgx2-v100").gpus_per_node == 16
 
 
+def test_capacity_is_what_the_runtime_reports():
+    # the figures PyTorch's out-of-memory message prints ("GPU 0 has a total capacity of X GiB"), read off the
+    # published messages by hand; the datasheet's decimal GB stays in hbm_bytes
+    catalog = load_catalog()
+    published_gib = {"h100-sxm": 79.11, "a100-80g": 79.14, "a100-40g": 39.50, "h200": 139.80, "b200": 178.35,
+                     "mi300x": 191.98}
+    for name, gib in published_gib.items():
+        assert catalog.device(name).capacity_bytes == pytest.approx(gib * 2**30, rel=1e-4), name
+        # the old error: the datasheet's decimal GB counted as the capacity is 5-7% short of the runtime's
+        assert catalog.device(name).hbm_bytes / 2**30 < catalog.device(name).capacity_bytes / 2**30
+    # without a published figure the datasheet's capacity is used
+    assert catalog.device("l4").capacity_bytes == catalog.device("l4").hbm_bytes
+
+
 def test_fp8_only_where_hardware_has_it():
     with_fp8 = {k for k, d in load_catalog().devices.items() if "fp8" in d.peak_flops}
     assert with_fp8 == {"h100-sxm", "h100-pcie", "h100-96g", "h200", "b200", "gb200", "mi300x", "l4"}

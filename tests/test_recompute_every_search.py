@@ -40,7 +40,9 @@ def _job(runtime: str, gpus: int = 1, seq_len: int = 12288, layers: int = 6, voc
 
 
 def test_fsdp_compile_picks_every_kth_block_when_it_is_the_fastest_that_fits():
-    job = _job("pytorch-fsdp")
+    # 14,336 tokens: at 12,288 everything fits without recomputation in the T4's 14.75 GiB as CUDA reports it
+    # with the measured 1.06 GB reserve (#28)
+    job = _job("pytorch-fsdp", seq_len=14336)
     result = compile_job(job, UNLIMITED)
     plan = result.strategy
     assert result.certificate.status == "OPTIMAL"

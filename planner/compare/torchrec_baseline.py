@@ -115,7 +115,7 @@ def torchrec_topology(model: EmbeddingCostModel) -> TorchRecTopology:
     node, device = sites.node_spec(0), sites.device(0)
     g = node.gpus_per_node
     return TorchRecTopology(
-        world_size=sites.world, local_world_size=min(g, sites.world), hbm_cap_bytes=device.hbm_bytes,
+        world_size=sites.world, local_world_size=min(g, sites.world), hbm_cap_bytes=device.capacity_bytes,
         ddr_cap_bytes=sites.host_capacity(0) / g, hbm_bandwidth=device.hbm_bandwidth,
         hbm_to_ddr_bandwidth=node.host_bandwidth_per_gpu(g), intra_host_bandwidth=node.intra_link.bandwidth,
         inter_host_bandwidth=job.cluster.inter_node_bandwidth_per_gpu(job.cluster.pools[0]),

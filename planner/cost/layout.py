@@ -25,16 +25,16 @@ class StageSite:
     index: int  # stage index (the schedule's in-flight count depends on it)
     pools: tuple[Pool, ...]  # pools its ranks touch (one on homogeneous clusters)
     device: DeviceSpec  # the slowest device of the stage (bounds its compute), under its node's power/clock limit
-    hbm_bytes: float  # the smallest HBM among its devices
+    hbm_bytes: float  # the smallest memory capacity among its devices, as the runtime reports it
     node: NodeSpec = field(compare=False)  # the node type of the stage's slowest device
 
 
 def make_site(index: int, pools: tuple[Pool, ...], catalog: Catalog) -> StageSite:
-    """A site on `pools`: slowest device (as its node's limits let it run), smallest HBM."""
+    """A site on `pools`: slowest device (as its node's limits let it run), smallest usable HBM."""
     devices = [catalog.node_device(p.node) for p in pools]
     slowest = min(range(len(pools)), key=lambda i: devices[i].sustained_peak("bf16"))
-    return StageSite(index=index, pools=pools, device=devices[slowest], hbm_bytes=min(d.hbm_bytes for d in devices),
-                     node=pools[slowest].node)
+    return StageSite(index=index, pools=pools, device=devices[slowest],
+                     hbm_bytes=min(d.capacity_bytes for d in devices), node=pools[slowest].node)
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class EmbeddingCostModel:
     def hbm_budget(self, pool: int) -> float:
         """HBM bytes a rank of `pool` has left for embedding units (reserve and fragmentation taken)."""
         c = self.catalog
-        capacity = (self.sites.device(pool).hbm_bytes * (1.0 - self.job.memory_margin)
+        capacity = (self.sites.device(pool).capacity_bytes * (1.0 - self.job.memory_margin)
                     - c.constant("memory_reserve_bytes"))
         return capacity / (1.0 + c.constant("memory_fragmentation")) - self.dense[pool].hbm_bytes
 
@@ -187,7 +187,7 @@ class EmbeddingCostModel:
             dense = self.dense[site.pool]
             allocated = hbm[site.rank] + dense.hbm_bytes
             total = allocated * (1.0 + c.constant("memory_fragmentation")) + c.constant("memory_reserve_bytes")
-            capacity = sites.device(site.pool).hbm_bytes * (1.0 - self.job.memory_margin)  # less the margin
+            capacity = sites.device(site.pool).capacity_bytes * (1.0 - self.job.memory_margin)  # less the margin
             if total > capacity:
                 problems.append(f"rank {site.rank} (node {site.node}) needs {total / GB:.1f} GB of HBM, has "
                                 f"{capacity / GB:.1f} GB (over by {(total - capacity) / GB:.1f} GB)")
