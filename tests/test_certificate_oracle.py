@@ -62,6 +62,8 @@ def small_jobs(draw, runtime: str) -> Job:
         kv_heads=draw(st.sampled_from([1, 2, 4])), ffn=3 * hidden, vocab=draw(st.sampled_from([512, 32000])),
         moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=hidden) if moe else None))
     shapes = [(1, 2), (2, 1), (2, 2), (4, 1)] if small else [(1, 2), (2, 1), (2, 2), (1, 4), (4, 1)]
+    if small and moe:  # every MoE layout (ep, etp, overlap) on 4 GPUs is past the oracle's 40,000 strategies
+        shapes = [(1, 2), (2, 1)]
     gpus_per_node, nodes = draw(st.sampled_from(shapes))
     cluster = _cluster(draw(st.sampled_from(["cpu", "pcie-t4", "dgx-a100-40g"])), gpus_per_node, nodes)
     return Job(model=model, cluster=cluster, global_batch=draw(st.sampled_from([2, 4] if small else [2, 4, 8])),
