@@ -1,9 +1,12 @@
-"""The frozen holdout (tests/data/holdout_runs.csv, docs/benchmarks.md "Frozen holdout").
+"""The frozen holdouts (tests/data/holdout_runs.csv and holdout2_runs.csv; docs/benchmarks.md "Frozen holdout"
+and "Second holdout").
 
-Published training runs from documents tests/data/published_runs.csv never cites, frozen before the next
-modelling change and scored only at its end.  These tests hold the file to that: it reads as the published
-runs do, every row builds into a job and a strategy, no row comes from a document the published runs cite,
-and the file is byte for byte the one whose SHA-256 the docs record.  Nothing here evaluates a row.
+Published training runs from documents that no earlier file cites, each frozen before a modelling change and
+scored only at its end (the first was scored once and is in-sample since; the second was frozen before the
+next change from documents neither earlier file cites).  These tests hold each file to that: it reads as the
+published runs do, every row builds into a job and a strategy, no row comes from a document an earlier file
+cites, its ids follow the earlier files', its documents table lists every document once, and the file is byte
+for byte the one whose SHA-256 the docs record.  Nothing here evaluates a row.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import csv
 import hashlib
 import io
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,9 +24,24 @@ from benches import load_bench
 from planner.profile import load_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
-HOLDOUT = ROOT / "tests" / "data" / "holdout_runs.csv"
-PUBLISHED = ROOT / "tests" / "data" / "published_runs.csv"
+DATA = ROOT / "tests" / "data"
+PUBLISHED = DATA / "published_runs.csv"
 BENCHMARKS_DOC = ROOT / "docs" / "benchmarks.md"
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """One frozen holdout file and what it was frozen against."""
+
+    path: Path
+    first_id: int  # ids below belong to the files frozen before it
+    earlier: tuple[Path, ...]  # files whose documents it may not cite
+    heading: str  # the docs/benchmarks.md heading that records its hash and documents
+
+
+HOLDOUT = Frozen(DATA / "holdout_runs.csv", 1001, (PUBLISHED,), "## Frozen holdout")
+HOLDOUT2 = Frozen(DATA / "holdout2_runs.csv", 2001, (PUBLISHED, HOLDOUT.path), "### Second holdout")
+FROZEN = [pytest.param(HOLDOUT, id="holdout"), pytest.param(HOLDOUT2, id="holdout2")]
 
 
 @pytest.fixture(scope="module")
@@ -31,47 +50,98 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def holdout(bench):
-    return bench.read_rows("all", HOLDOUT)
-
-
-@pytest.fixture(scope="module")
 def published(bench):
     return bench.read_rows("all", PUBLISHED)
 
 
-def test_holdout_has_the_published_runs_columns():
-    with HOLDOUT.open(newline="") as handle, PUBLISHED.open(newline="") as reference:
+def _rows(bench, frozen: Frozen) -> list[dict]:
+    return bench.read_rows("all", frozen.path)
+
+
+def _earlier_rows(bench, frozen: Frozen) -> list[dict]:
+    return [row for path in frozen.earlier for row in bench.read_rows("all", path)]
+
+
+def _section(frozen: Frozen) -> str:
+    """The text under the file's heading, up to the next heading of any level."""
+    parts = re.split(rf"\n{re.escape(frozen.heading)}(?: [^\n]*)?\n", BENCHMARKS_DOC.read_text(), maxsplit=1)
+    assert len(parts) == 2, f"docs/benchmarks.md has no {frozen.heading!r} heading"
+    return re.split(r"\n#{1,6} ", parts[1], maxsplit=1)[0]
+
+
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_holdout_has_the_published_runs_columns(frozen):
+    with frozen.path.open(newline="") as handle, PUBLISHED.open(newline="") as reference:
         assert next(csv.reader(handle)) == next(csv.reader(reference))
 
 
-def test_holdout_ids_are_new_and_unique(holdout, published):
-    ids = [int(row["id"]) for row in holdout]
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_holdout_ids_are_new_and_unique(bench, frozen):
+    ids = [int(row["id"]) for row in _rows(bench, frozen)]
     assert len(ids) == len(set(ids))
-    assert min(ids) >= 1001  # the published runs end below 1000: no id is shared
-    assert not set(ids) & {int(row["id"]) for row in published}
+    assert min(ids) >= frozen.first_id
+    assert not set(ids) & {int(row["id"]) for row in _earlier_rows(bench, frozen)}
 
 
-def test_every_holdout_row_publishes_a_throughput_a_runtime_and_its_source(holdout):
-    for row in holdout:
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_every_holdout_row_publishes_a_throughput_a_runtime_and_its_source(bench, frozen):
+    for row in _rows(bench, frozen):
         assert float(row["tokens_per_s_per_gpu"]) > 0, row["id"]
         assert load_runtime(row["runtime"]).name == row["runtime"], row["id"]
         assert row["source"].strip() and row["notes"].strip(), row["id"]
 
 
-def test_every_holdout_row_builds(bench, holdout):
-    assert bench.check_rows(holdout) == []
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_every_holdout_row_builds(bench, frozen):
+    assert bench.check_rows(_rows(bench, frozen)) == []
 
 
-def test_check_reports_only_which_rows_build(bench, holdout):
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_check_reports_only_which_rows_build(bench, frozen):
     """--check prints one line per failing row and a count: no prediction, error or memory verdict."""
-    out = io.StringIO()
-    assert bench.print_check(holdout, HOLDOUT, out=out) == 0
-    assert out.getvalue() == f"{HOLDOUT}: {len(holdout)} of {len(holdout)} rows build\n"
+    rows, out = _rows(bench, frozen), io.StringIO()
+    assert bench.print_check(rows, frozen.path, out=out) == 0
+    assert out.getvalue() == f"{frozen.path}: {len(rows)} of {len(rows)} rows build\n"
 
 
-def test_check_names_a_row_that_does_not_build(bench, holdout):
-    broken = dict(holdout[0], id="9999", runtime="no-such-runtime")
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_no_holdout_row_comes_from_a_document_an_earlier_file_cites(bench, frozen):
+    earlier = _earlier_rows(bench, frozen)
+    for row in _rows(bench, frozen):
+        document = bench.source_document(row)
+        overlapping = [p["id"] for p in earlier if bench.cites(document, p["source"])]
+        assert overlapping == [], f"row {row['id']} ({document}) is cited by earlier rows {overlapping}"
+
+
+@pytest.mark.parametrize("frozen", FROZEN)
+def test_holdout_is_the_frozen_file(bench, frozen):
+    """The SHA-256, row count and document count written under the file's heading are the file's: a row
+    changed, added or removed after the freeze fails here (a correction is a new, dated re-freeze)."""
+    section, rows = _section(frozen), _rows(bench, frozen)
+    recorded = re.search(r"SHA-256 `([0-9a-f]{64})`", section)
+    assert recorded is not None, f"docs/benchmarks.md {frozen.heading!r} records no SHA-256"
+    assert hashlib.sha256(frozen.path.read_bytes()).hexdigest() == recorded.group(1)
+    counts = re.search(r"(\d+) rows from (\d+) documents", section)
+    assert counts is not None and int(counts.group(1)) == len(rows)
+    assert int(counts.group(2)) == len({bench.source_document(row) for row in rows})
+
+
+# the first holdout's table names one document by its repository alone (MLCommons' results), so only the
+# second's is held to one line per document
+@pytest.mark.parametrize("frozen", [pytest.param(HOLDOUT2, id="holdout2")])
+def test_the_documents_table_lists_every_document_once(bench, frozen):
+    """Each document of the file has one line of its section's table, with its ids and its row count."""
+    section, rows = _section(frozen), _rows(bench, frozen)
+    for document in {bench.source_document(row) for row in rows}:
+        ids = sorted(int(row["id"]) for row in rows if bench.source_document(row) == document)
+        lines = [line for line in section.splitlines() if line.startswith("|") and all(p in line for p in document)]
+        assert len(lines) == 1, (document, lines)
+        span = f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else f"{ids[0]}"
+        assert f"| {span} | {len(ids)} |" in lines[0], (document, lines[0])
+
+
+def test_check_names_a_row_that_does_not_build(bench):
+    broken = dict(_rows(bench, HOLDOUT)[0], id="9999", runtime="no-such-runtime")
     failures = bench.check_rows([broken])
     assert [row_id for row_id, _ in failures] == ["9999"]
 
@@ -94,20 +164,3 @@ def test_the_overlap_check_finds_a_document_the_published_runs_cite(bench, publi
                    for row in published)
 
 
-def test_no_holdout_row_comes_from_a_document_the_published_runs_cite(bench, holdout, published):
-    for row in holdout:
-        document = bench.source_document(row)
-        overlapping = [p["id"] for p in published if bench.cites(document, p["source"])]
-        assert overlapping == [], f"holdout row {row['id']} ({document}) is cited by published rows {overlapping}"
-
-
-def test_holdout_is_the_frozen_file(holdout):
-    """The SHA-256 written under docs/benchmarks.md "Frozen holdout" is the file's: a row changed, added or
-    removed after the freeze fails here (re-freezing is a new, dated entry in that section)."""
-    section = BENCHMARKS_DOC.read_text().split("## Frozen holdout", 1)[1].split("\n## ", 1)[0]
-    recorded = re.search(r"SHA-256 `([0-9a-f]{64})`", section)
-    assert recorded is not None, "docs/benchmarks.md 'Frozen holdout' records no SHA-256"
-    assert hashlib.sha256(HOLDOUT.read_bytes()).hexdigest() == recorded.group(1)
-    counts = re.search(r"(\d+) rows from (\d+) documents", section)
-    assert counts is not None and int(counts.group(1)) == len(holdout)
-    assert int(counts.group(2)) == len({load_bench("published_runs").source_document(row) for row in holdout})
