@@ -63,6 +63,9 @@ def _one_multiprocess_test_at_a_time(request, tmp_path_factory):
     if request.node.get_closest_marker("multiprocess") is None:
         yield
         return
+    from warm_torchrun import start_server
+
+    start_server()  # the warm launches' interpreter, kept from one launch to the next (tests/warm_torchrun.py)
     with one_launch_at_a_time(tmp_path_factory):
         yield
 

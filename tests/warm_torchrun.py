@@ -23,13 +23,31 @@ Slurm's job script (tests/test_emit_slurm.py).
 
 Used as a program (`python tests/warm_torchrun.py TORCHRUN-ARGS`), or as `torchrun` itself on PATH
 (`shim_dir`).
+
+The warm interpreter is kept between launches.  Importing those modules costs each launch about 4.5
+CPU-seconds; the multiprocess tests run one after another on one xdist worker (tests/conftest.py), and
+that worker starts one server (`start_server`: the modules imported once, a Unix socket named by
+$PLANNER_WARM_TORCHRUN).  A launch then sends the server its arguments, environment, working folder and
+standard streams (`socket.send_fds`); the server forks, the child becomes the launch (its own session,
+so the client's SIGINT/SIGTERM reach the agent and its ranks together) and the client exits with the
+child's status.  A client that goes away (a test's timeout kills it) takes the child with it.  Without a
+server, or when it cannot be reached, the launch imports the modules itself as above.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import json
+import os
 import runpy
+import select
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import traceback
 import warnings
 from pathlib import Path
 from typing import NoReturn
@@ -38,6 +56,11 @@ HERE = Path(__file__).resolve()
 
 # imported once in the agent, before it forks: what every rank of these launches imports
 WARM = ("torch", "torch.distributed.fsdp", "torch.distributed.tensor", "torch._dynamo")
+# the server also imports torchrun's own modules and the trainer most launches run
+SERVED = (*WARM, "torch.distributed.run", "torch.distributed.launcher.api", "planner.runtime.train")
+ADDRESS = "PLANNER_WARM_TORCHRUN"  # the environment variable naming the server's socket
+REFUSED = b"refused"  # the server's answer to a launch it does not run
+_SERVERS: list[subprocess.Popen] = []  # this process's server, held so that its stdin pipe stays open
 
 
 def shim_dir(folder: Path) -> Path:
@@ -90,5 +113,144 @@ def main(argv: list[str]) -> None:
                                                     list(args.training_script_args))
 
 
+# ---------------------------------------------------------------- the server kept between launches
+
+
+def start_server() -> None:
+    """Start this process's server once and name it in os.environ (children of this process inherit it)."""
+    if os.environ.get(ADDRESS):
+        return
+    address = str(Path(tempfile.mkdtemp(prefix="warm-torchrun-")) / "socket")
+    # its stdin is a pipe from this process: at this process's exit the server reads its end and leaves
+    server = subprocess.Popen([sys.executable, str(HERE), "--serve", address], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != b"ready":
+        raise RuntimeError(f"the warm torchrun server did not start (exit {server.wait()})")
+    _SERVERS.append(server)
+    atexit.register(_stop, server)
+    os.environ[ADDRESS] = address
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """Close the server's stdin and wait for it: it leaves, and its CPU time (its launches' too) counts as this
+    process's children's (tests/bench/cpu_plugin.py, /usr/bin/time)."""
+    assert server.stdin is not None
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
+def serve(address: str) -> None:
+    """Import SERVED once, then fork one child per launch request, one at a time.  A launch whose environment
+    changes what an interpreter reads at its start (PYTHONPATH, a sitecustomize on it, ...) is refused: the
+    client runs it itself."""
+    startup = _startup(os.environ)
+    for name in SERVED:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen()
+    print("ready", flush=True)
+    while True:
+        if sys.stdin in select.select([listener, sys.stdin], [], [])[0]:
+            Path(address).unlink()
+            return  # the process that started this server is gone
+        conn, _ = listener.accept()
+        with conn:
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            launch = json.loads(message)
+            if _startup(launch["env"]) != startup:
+                for fd in fds:
+                    os.close(fd)
+                conn.send(REFUSED)
+                continue
+            child = os.fork()
+            if child == 0:
+                listener.close()
+                _become_launch(launch, fds)
+            for fd in fds:
+                os.close(fd)
+            try:
+                conn.send(str(child).encode())
+            except OSError:
+                pass  # the client is gone: _wait sees it and ends the launch
+            status = _wait(child, conn)
+            try:
+                conn.send(str(status).encode())
+            except OSError:
+                pass
+
+
+def _startup(environ) -> dict[str, str]:
+    """The variables an interpreter reads at its start (PYTHONUNBUFFERED aside: a launch's own setting is applied
+    to its streams)."""
+    return {key: value for key, value in environ.items() if key.startswith("PYTHON") and key != "PYTHONUNBUFFERED"}
+
+
+def _become_launch(request: dict, fds: list[int]) -> NoReturn:
+    """In the forked child: a session of its own (one process group with the ranks it forks), the client's
+    streams, folder and environment, then the launch; its exit status is the child's."""
+    os.setsid()
+    for number, fd in enumerate(fds):
+        os.dup2(fd, number)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if os.environ.get("PYTHONUNBUFFERED"):
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]
+    code = 0
+    try:
+        main(request["argv"])
+    except SystemExit as leave:
+        code = leave.code if isinstance(leave.code, int) else 1
+    except BaseException:  # noqa: BLE001 (the launch's error goes to its stderr, like an uncaught one)
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _wait(child: int, conn: socket.socket) -> int:
+    """The child's exit code (-N for signal N); if the client goes away first, the child's group is killed."""
+    watching = [conn]
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if select.select(watching, [], [], 0.05)[0] and not conn.recv(16):
+            watching = []
+            os.killpg(child, signal.SIGKILL)
+
+
+def request(address: str, argv: list[str]) -> int | None:
+    """Run the launch in the server; its exit status (128+N for signal N, as a shell reports it), or None when
+    no server answers (nothing has run)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        try:
+            conn.connect(address)
+        except OSError:
+            return None
+        message = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        socket.send_fds(conn, [message], [0, 1, 2])
+        reply = conn.recv(32)
+        if reply == REFUSED:
+            return None
+        child = int(reply)
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, lambda received, _: os.killpg(child, received))
+        code = int(conn.recv(32))
+    return 128 - code if code < 0 else code
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["--serve"]:
+        serve(sys.argv[2])
+    else:
+        status = request(os.environ[ADDRESS], sys.argv[1:]) if os.environ.get(ADDRESS) else None
+        if status is None:
+            main(sys.argv[1:])
+        else:
+            sys.exit(status)
