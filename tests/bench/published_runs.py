@@ -36,11 +36,14 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   (squared-ReLU), MPT (GeLU, no biases, ALiBi so no position table, tied);
 * mixture-of-experts rows (`moe_config`, `MOE_FORMAT`): "E<experts> top<k>" plus optional "shared<n>"
   (always-active experts), "ffn<width>" (one expert's width; default the row's ffn), "dense<n>" (leading
-  dense blocks of width ffn) and "mtp<n>" (DeepSeek-V3 multi-token-prediction modules); Qwen3 heads are
+  dense blocks of width ffn), "mtp<n>" (DeepSeek-V3 multi-token-prediction modules) and "groups<G>/<g>"
+  (group-limited routing: a token's experts come from g of G groups, DeepSeek-V3's 8/4); Qwen3 heads are
   128 wide whatever hidden / heads is; DeepSeek-V3 and Kimi K2 rows use DeepSeek-V3's multi-head latent
   attention (the zoo's deepseek-v3 MLA sizes); Grok-1 is the Llama layout with experts;
 * MoE details a row's notes state: "ETP=<n>" (expert tensor parallelism, folded over tp x dp), "A2A overlap
-  on" (Megatron's expert all-to-all overlap), "balanced routing" (force-balanced or capacity-padded tokens:
+  on" (Megatron's expert all-to-all overlap), "Token dispatcher <alltoall|DeepEP|HybridEP>" (Strategy.dispatcher:
+  Megatron's flex dispatcher with that backend; unnamed: alltoall, NeMo's MoE default, MixtralConfig and
+  DeepSeekConfig moe_token_dispatcher_type "alltoall"), "balanced routing" (force-balanced or capacity-padded tokens:
   Job.moe_routing balanced; otherwise learned, with constants.yaml's moe_routing_imbalance) and "Decoder
   first/last stage blocks <f>/<l>" (Megatron --decoder-first/last-pipeline-num-layers; the other stages
   share the rest evenly);
@@ -184,8 +187,11 @@ def _int(value: str, default: int) -> int:
     return int(float(value)) if value else default
 
 
-# moe_config: "E<experts> top<k>" then any of "shared<n>", "ffn<width>", "dense<n>", "mtp<n>", space separated
-MOE_FORMAT = re.compile(r"E(?P<experts>\d+) top(?P<top_k>\d+)((?: (?:shared|ffn|dense|mtp)\d+)*)$")
+# moe_config: "E<experts> top<k>" then any of "shared<n>", "ffn<width>", "dense<n>", "mtp<n>" and
+# "groups<G>/<g>" (group-limited routing: g of G expert groups), space separated
+MOE_FORMAT = re.compile(r"E(?P<experts>\d+) top(?P<top_k>\d+)((?: (?:shared|ffn|dense|mtp)\d+| groups\d+/\d+)*)$")
+# the MoE token dispatcher a row's notes name ("Token dispatcher DeepEP"); unnamed: alltoall
+DISPATCHER = re.compile(r"\btoken dispatcher (alltoall|deepep|hybridep)\b", re.IGNORECASE)
 
 
 def _moe(row: dict) -> tuple[MoEConfig | None, int]:
@@ -197,9 +203,11 @@ def _moe(row: dict) -> tuple[MoEConfig | None, int]:
     if match is None:
         raise ValueError(f"row {row['id']}: moe_config {text!r} does not read as {MOE_FORMAT.pattern}")
     extra = {key: int(value) for key, value in re.findall(r"(shared|ffn|dense|mtp)(\d+)", match.group(3))}
+    groups = re.search(r"groups(\d+)/(\d+)", match.group(3))
     moe = MoEConfig(num_experts=int(match["experts"]), top_k=int(match["top_k"]),
                     shared_experts=extra.get("shared", 0), expert_ffn=extra.get("ffn", _int(row["ffn"], 0)),
-                    first_dense_layers=extra.get("dense", 0))
+                    first_dense_layers=extra.get("dense", 0), router_groups=int(groups[1]) if groups else 1,
+                    router_group_topk=int(groups[2]) if groups else 1)
     return moe, extra.get("mtp", 0)
 
 
@@ -313,9 +321,11 @@ def _base_strategy(row: dict) -> dict:
     pp = _int(row["pp"], 1)
     vpp = vpp if "interleaved" in schedule_text and pp > 1 else 1
     etp = re.search(r"\bETP=(\d+)", row["notes"])
+    dispatcher = DISPATCHER.search(row["notes"])
     return dict(
         tp=tp, pp=pp, dp=_int(row["dp"], 1), cp=_int(row["cp"], 1), ep=_int(row["ep"], 1),
         etp=int(etp.group(1)) if etp and int(etp.group(1)) != tp else None, ep_overlap="a2a overlap on" in notes,
+        dispatcher=dispatcher.group(1).lower() if dispatcher else "alltoall",
         mbs=_int(row["micro_batch"], 1), vpp=vpp,
         schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
         sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,
