@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from benches import load_bench
 from conftest import make_job
 from hardware import collectives as coll
 from hardware import load_catalog
@@ -125,3 +126,36 @@ def test_dispatcher_is_a_strategy_field():
 def test_only_megatron_runtimes_run_deepep(runtime, accepted):
     refusals = load_runtime(runtime).cannot_express(Strategy(ep=8, dispatcher="deepep"), model_has_experts=True)
     assert ("dispatcher=deepep" not in refusals) == accepted
+
+
+def test_the_rows_say_which_dispatcher_they_ran():
+    # each row's own source: the Megatron-MoE-ModelZoo table's dispatcher column (DeepEP), NeMo 25.07's
+    # performance script on H100 (flex + DeepEP), Megatron-Bridge's Qwen3-30B H100 preset (HybridEP); NeMo
+    # 25.04's DeepSeek-V3 and Megatron-Bridge's Qwen3-235B H100 recipes run the alltoall dispatcher
+    bench = load_bench("published_runs")
+    data = bench.ROOT / "tests" / "data"
+    rows = {row["id"]: row for name in ("published_runs.csv", "holdout_runs.csv", "holdout2_runs.csv")
+            for row in bench.read_rows("all", path=data / name)}
+    expected = {"1020": "deepep", "1021": "deepep", "1022": "deepep", "2011": "deepep", "406": "hybridep",
+                "401": "alltoall", "402": "alltoall", "405": "alltoall", "407": "alltoall", "1025": "alltoall"}
+    cases = {row_id: bench.build_case(rows[row_id]) for row_id in expected}
+    assert {row_id: case.strategy.dispatcher for row_id, case in cases.items()} == expected
+    # DeepSeek-V3 rows route to 4 of 8 expert groups (NeMo's DeepSeekV3Config), the Qwen3 rows without a limit
+    moe = {row_id: next(layer.moe_shape for layer in case.job.model.layers if layer.moe is not None)
+           for row_id, case in cases.items()}
+    assert (moe["2011"].router_groups, moe["2011"].router_group_topk) == (8, 4)
+    assert (moe["1020"].router_groups, moe["1020"].router_group_topk) == (1, 1)
+
+
+def test_evaluate_prices_the_strategys_dispatcher():
+    # DeepSeek-V3 on 512 H100, expert groups of 64 ranks over 8 nodes, under Megatron: the all-to-all sends
+    # 8 x 7/8 = 7 rows per token off the node, DeepEP 3.6 x 7/8 = 3.2 (one per remote node reached), so its
+    # NIC-bound expert-parallel seconds are under half; nothing else of the step moves
+    from planner.cost import evaluate
+
+    job = make_job("deepseek-v3", "dgx-h100:64", 512, 4096, runtime=load_runtime("megatron"), moe_routing="balanced")
+    estimates = {d: evaluate(job, parse_strategy(f"tp=2,pp=8,ep=64,etp=1,zero=1,recompute=full,dispatcher={d}"))
+                 for d in ("alltoall", "deepep")}
+    alltoall, deepep = (estimates[d].breakdown for d in ("alltoall", "deepep"))
+    assert 0 < deepep.ep_comm_s < alltoall.ep_comm_s / 2
+    assert deepep.compute_s == alltoall.compute_s and deepep.dp_comm_s == alltoall.dp_comm_s

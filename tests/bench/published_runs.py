@@ -36,10 +36,10 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   (squared-ReLU), MPT (GeLU, no biases, ALiBi so no position table, tied);
 * mixture-of-experts rows (`moe_config`, `MOE_FORMAT`): "E<experts> top<k>" plus optional "shared<n>"
   (always-active experts), "ffn<width>" (one expert's width; default the row's ffn), "dense<n>" (leading
-  dense blocks of width ffn), "mtp<n>" (DeepSeek-V3 multi-token-prediction modules) and "groups<G>/<g>"
-  (group-limited routing: a token's experts come from g of G groups, DeepSeek-V3's 8/4); Qwen3 heads are
+  dense blocks of width ffn) and "mtp<n>" (DeepSeek-V3 multi-token-prediction modules); Qwen3 heads are
   128 wide whatever hidden / heads is; DeepSeek-V3 and Kimi K2 rows use DeepSeek-V3's multi-head latent
-  attention (the zoo's deepseek-v3 MLA sizes); Grok-1 is the Llama layout with experts;
+  attention (the zoo's deepseek-v3 MLA sizes), DeepSeek-V3 rows its node-limited routing (4 of 8 expert
+  groups, NeMo's DeepSeekV3Config moe_router_num_groups / moe_router_group_topk); Grok-1 is the Llama layout with experts;
 * MoE details a row's notes state: "ETP=<n>" (expert tensor parallelism, folded over tp x dp), "A2A overlap
   on" (Megatron's expert all-to-all overlap), "Token dispatcher <alltoall|DeepEP|HybridEP>" (Strategy.dispatcher:
   Megatron's flex dispatcher with that backend; unnamed: alltoall, NeMo's MoE default, MixtralConfig and
@@ -187,9 +187,8 @@ def _int(value: str, default: int) -> int:
     return int(float(value)) if value else default
 
 
-# moe_config: "E<experts> top<k>" then any of "shared<n>", "ffn<width>", "dense<n>", "mtp<n>" and
-# "groups<G>/<g>" (group-limited routing: g of G expert groups), space separated
-MOE_FORMAT = re.compile(r"E(?P<experts>\d+) top(?P<top_k>\d+)((?: (?:shared|ffn|dense|mtp)\d+| groups\d+/\d+)*)$")
+# moe_config: "E<experts> top<k>" then any of "shared<n>", "ffn<width>", "dense<n>", "mtp<n>", space separated
+MOE_FORMAT = re.compile(r"E(?P<experts>\d+) top(?P<top_k>\d+)((?: (?:shared|ffn|dense|mtp)\d+)*)$")
 # the MoE token dispatcher a row's notes name ("Token dispatcher DeepEP"); unnamed: alltoall
 DISPATCHER = re.compile(r"\btoken dispatcher (alltoall|deepep|hybridep)\b", re.IGNORECASE)
 
@@ -203,11 +202,9 @@ def _moe(row: dict) -> tuple[MoEConfig | None, int]:
     if match is None:
         raise ValueError(f"row {row['id']}: moe_config {text!r} does not read as {MOE_FORMAT.pattern}")
     extra = {key: int(value) for key, value in re.findall(r"(shared|ffn|dense|mtp)(\d+)", match.group(3))}
-    groups = re.search(r"groups(\d+)/(\d+)", match.group(3))
     moe = MoEConfig(num_experts=int(match["experts"]), top_k=int(match["top_k"]),
                     shared_experts=extra.get("shared", 0), expert_ffn=extra.get("ffn", _int(row["ffn"], 0)),
-                    first_dense_layers=extra.get("dense", 0), router_groups=int(groups[1]) if groups else 1,
-                    router_group_topk=int(groups[2]) if groups else 1)
+                    first_dense_layers=extra.get("dense", 0))
     return moe, extra.get("mtp", 0)
 
 
@@ -226,6 +223,11 @@ def _model(row: dict, runtime: str):
             sizes["head_dim"] = 128
         if "deepseek" in lower or "kimi" in lower:  # DeepSeek-V3's multi-head latent attention
             sizes["mla"] = get_entry("deepseek-v3").config.mla
+        if "deepseek" in lower:  # and its node-limited routing (n_group 8, topk_group 4; Kimi K2 has none)
+            zoo = get_entry("deepseek-v3").config.moe
+            assert zoo is not None
+            sizes["moe"] = moe.model_copy(update={"router_groups": zoo.router_groups,
+                                                  "router_group_topk": zoo.router_group_topk})
         return build_transformer(llama(**sizes))
     if "llama" in lower:
         return build_transformer(llama(**sizes))
