@@ -39,12 +39,13 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   dense blocks of width ffn) and "mtp<n>" (DeepSeek-V3 multi-token-prediction modules); Qwen3 heads are
   128 wide whatever hidden / heads is; DeepSeek-V3 and Kimi K2 rows use DeepSeek-V3's multi-head latent
   attention (the zoo's deepseek-v3 MLA sizes), DeepSeek-V3 rows its node-limited routing (4 of 8 expert
-  groups, NeMo's DeepSeekV3Config moe_router_num_groups / moe_router_group_topk); Grok-1 is the Llama layout with experts;
+  groups, NeMo's DeepSeekV3Config moe_router_num_groups / moe_router_group_topk); Grok-1 is the Llama layout
+  with experts;
 * MoE details a row's notes state: "ETP=<n>" (expert tensor parallelism, folded over tp x dp), "A2A overlap
   on" (Megatron's expert all-to-all overlap), "Token dispatcher <alltoall|DeepEP|HybridEP>" (Strategy.dispatcher:
   Megatron's flex dispatcher with that backend; unnamed: alltoall, NeMo's MoE default, MixtralConfig and
-  DeepSeekConfig moe_token_dispatcher_type "alltoall"), "balanced routing" (force-balanced or capacity-padded tokens:
-  Job.moe_routing balanced; otherwise learned, with constants.yaml's moe_routing_imbalance) and "Decoder
+  DeepSeekConfig moe_token_dispatcher_type "alltoall"), "balanced routing" (force-balanced or capacity-padded
+  tokens: Job.moe_routing balanced; otherwise learned, with constants.yaml's moe_routing_imbalance) and "Decoder
   first/last stage blocks <f>/<l>" (Megatron --decoder-first/last-pipeline-num-layers; the other stages
   share the rest evenly);
 * dropout as the model code trains by default, per runtime (`DROPOUT`):
