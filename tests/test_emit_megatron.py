@@ -390,10 +390,12 @@ def test_the_deepep_dispatcher_reaches_megatron(mc):
     # accepted by megatron-core's own TransformerConfig, and read back from the flags
     job = make_job("mixtral-8x7b", "dgx-h100:4", 256, 4096)
     plan = plan_of(job, "tp=2,pp=2,ep=8,etp=1,zero=1,recompute=selective,dispatcher=deepep")
-    args = mc.parse_args_txt(emitter("megatron")(plan, job)["args.txt"])
+    files = emitter("megatron")(plan, job)
+    args = mc.parse_args_txt(files["args.txt"])
     assert check_megatron_args(args, plan.job.num_gpus) == []
     config = mc.core_config(args)
     assert (config.moe_token_dispatcher_type, config.moe_flex_dispatcher_backend) == ("flex", "deepep")
+    assert "deep_ep" in files["README.md"]
     from planner.emit.megatron import written_strategy
 
     assert written_strategy(plan, job).dispatcher == "deepep"

@@ -240,6 +240,10 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     args.update({**model, **vocab, **_kernel_args(job), **recipe})
     args.update(_dispatcher_args(plan.single_strategy, moe=cfg.moe is not None))  # the plan's, over the default
     notes += model_notes + vocab_notes
+    if "moe-flex-dispatcher-backend" in args:
+        notes.append(f"The plan dispatches MoE tokens with {args['moe-flex-dispatcher-backend']} (Megatron's flex "
+                     "dispatcher): the container needs DeepEP's deep_ep package (its hybrid-ep build for hybridep), "
+                     "and megatron-core's fused_a2a.py requires the network's adaptive routing off.")
     if cfg.moe is not None and job.moe_routing == "balanced":
         notes.append("The plan was costed with balanced routing (--moe-routing balanced), as published MoE "
                      "benchmarks force it; args.txt trains with the learned router and its balancing loss, whose "
