@@ -46,9 +46,6 @@ from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
-TEST_GROUP_TOPK = 4  # DeepEP tests/test_internode.py: num_topk_groups = min(num_nodes, 4)
-
-
 def cluster_for(row: dict[str, str]) -> Cluster:
     """EP/8 nodes of the row's preset (NVLink set to the row's override, where it has one)."""
     nodes = max(1, int(row["ep"]) // 8)
@@ -67,15 +64,14 @@ def deepseek_v3():
 
 
 def setting(row: dict[str, str], dispatcher: str) -> tuple[Layer, Strategy, StageComms]:
-    """A DeepSeek-V3 MoE layer routed as DeepEP's test routes (groups = nodes, min(nodes, 4) of them), the
+    """A DeepSeek-V3 MoE layer routed as the row's benchmark routes (its experts, groups and group_topk), the
     row's EP with `dispatcher`, and its expert-parallel communicator."""
     cluster, ep = cluster_for(row), int(row["ep"])
-    nodes = max(1, ep // 8)
     graph = deepseek_v3()
     layer = next(layer for layer in graph.layers if layer.kind == LayerKind.MOE)
     moe = layer.moe_shape.model_copy(update={"num_experts": int(row["experts"]), "top_k": int(row["top_k"]),
-                                             "router_groups": nodes,
-                                             "router_group_topk": min(nodes, TEST_GROUP_TOPK)})
+                                             "router_groups": int(row["groups"]),
+                                             "router_group_topk": int(row["group_topk"])})
     layer = layer.model_copy(update={"moe": moe, "hidden": int(row["hidden"])})
     job = Job(model=graph, cluster=cluster, global_batch=ep, seq_len=int(row["tokens"]), moe_routing="balanced",
               runtime=load_runtime("reference"))
