@@ -12,8 +12,8 @@
   the expert-parallel group (etp apart: Megatron folds expert groups over a
   stage's ranks); every rank waits for the busiest one (`Job.moe_imbalance`).
   The strategy's dispatcher (hardware/data/dispatchers.yaml) says what moves:
-  NCCL's all-to-all sends every (token, expert) pair; DeepEP and HybridEP send
-  a token once per distinct destination node and fan it out over NVLink.
+  NCCL's all-to-all sends every (token, expert) pair; DeepEP sends a token once
+  per distinct destination node and fans it out over NVLink.
   With ep_overlap they hide behind another micro-batch's compute.  Experts
   split over etp > 1 ranks all-gather the routed tokens there and
   reduce-scatter the outputs; shared experts run tensor-parallel like an MLP.
@@ -112,29 +112,25 @@ def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageComms,
 
 
 def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime,
-                              catalog: Catalog, recompute: RecomputeMode, fp8_dispatch: bool = False) -> float:
+                              catalog: Catalog, recompute: RecomputeMode) -> float:
     """Exposed expert-parallel seconds of one MoE layer per micro-batch: dispatch and combine forward, their
     gradients backward, the forward pair again under full recompute.  Each rank dispatches its tokens (its
     sequence shard under sequence parallelism) as the strategy's dispatcher moves them (`dispatch_seconds`);
     the busiest rank receives `moe_imbalance` times the mean and every rank waits for it (a capacity-padded
     runtime, DeepSpeed-MoE, sends its padded buffer instead: `expert_load_ratio`).  With ep_overlap
     (Megatron's 1F1B all-to-all overlap) they hide behind the layer's compute of the micro-batch scheduled
-    beside it, as far as it lasts.  `fp8_dispatch`: the forward dispatch in the dispatcher's own FP8 format
-    (DeepEP's benchmarks; Megatron dispatches bf16)."""
+    beside it, as far as it lasts."""
     s = strategy
     tokens = s.mbs * job.seq_len / s.cp
     if s.sequence_parallel:
         tokens /= s.tp  # each TP rank dispatches its own sequence shard
     spec = catalog.dispatcher(s.dispatcher)
-    forward_bytes = spec.dispatch_bytes_per_element
-    if fp8_dispatch and spec.fp8_dispatch_bytes_per_element is not None:
-        forward_bytes = spec.fp8_dispatch_bytes_per_element
-    dispatches = 1 + (1 if recompute == "full" else 0)  # forward dispatches; every other pass moves bf16 rows
-    others = 3 + (1 if recompute == "full" else 0)  # combine forward, both backward, the recomputed combine
-    one = dispatch_seconds(layer, tokens, forward_bytes, s, groups, catalog)
-    rest = one if forward_bytes == spec.combine_bytes_per_element else \
-        dispatch_seconds(layer, tokens, spec.combine_bytes_per_element, s, groups, catalog)
-    seconds = (dispatches * one + others * rest) * expert_load_ratio(layer, job, s, catalog)
+    full = recompute == "full"
+    # forward dispatches (the recomputed one too) in the dispatcher's dispatch dtype; the combines and both
+    # backward passes (the gradients) in its combine dtype
+    dispatch = dispatch_seconds(layer, tokens, spec.dispatch_bytes_per_element, s, groups, catalog)
+    combine = dispatch_seconds(layer, tokens, spec.combine_bytes_per_element, s, groups, catalog)
+    seconds = ((1 + full) * dispatch + (3 + full) * combine) * expert_load_ratio(layer, job, s, catalog)
     if s.ep_overlap:
         window = time.forward + time.backward + time.recompute
         seconds = max(0.0, seconds - catalog.constant("comm_overlap_efficiency") * window)
