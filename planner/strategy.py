@@ -28,7 +28,7 @@ V_SCHEDULES: tuple[Schedule, ...] = ("zbv", "dualpipev")
 ShardScope = Literal["full", "node"]
 Regather = Literal["network", "host"]
 # MoE token dispatchers (hardware/data/dispatchers.yaml): Megatron's NCCL all-to-all, or its flex dispatcher
-# with the DeepEP or HybridEP backend, which send a token across the fabric once per destination node
+# with the DeepEP backend (a token crosses the fabric once per destination node) or the HybridEP one
 Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 
 
@@ -62,9 +62,9 @@ class Strategy(BaseModel):
     dispatcher: Dispatcher = Field(
         "alltoall",
         description="MoE token dispatcher: alltoall (Megatron --moe-token-dispatcher-type alltoall: every "
-        "(token, expert) pair crosses), deepep or hybridep (--moe-token-dispatcher-type flex "
-        "--moe-flex-dispatcher-backend deepep|hybridep: a token crosses the fabric once per destination node, "
-        "then fans out over NVLink).",
+        "(token, expert) pair crosses), deepep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
+        "deepep: a token crosses the fabric once per destination node, then fans out over NVLink) or hybridep "
+        "(--moe-flex-dispatcher-backend hybridep, costed at the all-to-all's volume until measured).",
     )
     mbs: int = Field(1, gt=0, description="Micro-batch size in sequences.")
     vpp: int = Field(1, gt=0, description="Virtual pipeline chunks per stage (interleaved schedule; 2 in a V "
