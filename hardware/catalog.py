@@ -262,17 +262,46 @@ class Constant(BaseModel):
     source: str = Field(description="Where the value comes from.")
 
 
+class DispatcherSpec(BaseModel):
+    """How a MoE token dispatcher moves routed tokens (dispatchers.yaml)."""
+
+    model_config = _FIELD
+    fabric_copies: Literal["expert", "node"] = Field(
+        description="What crosses the fabric: every (token, expert) pair (expert), or a token once per distinct "
+        "destination node, forwarded there over NVLink once per destination rank (node).")
+    dispatch_bytes_per_element: float = Field(gt=0, description="Bytes per hidden element of a dispatched token.")
+    combine_bytes_per_element: float = Field(gt=0, description="Bytes per hidden element of a combined token.")
+    fp8_dispatch_bytes_per_element: float | None = Field(
+        description="Bytes per element of the dispatcher's own FP8 dispatch (values plus scales), where it has one.")
+    nvlink_rate_limit: float | None = Field(
+        description="Bytes/s a rank's kernels move over NVLink at most, below the link's achieved rate where the "
+        "dispatcher's copy kernels (on a few SMs) and not the link set the pace; null: the link's rate.")
+    megatron_args: str = Field(description="How Megatron-LM spells the choice on its command line.")
+    description: str = Field(description="What the dispatcher does on the wire.")
+    source: str = Field(description="Where the behaviour is read.")
+
+
 class Catalog(BaseModel):
-    """Everything in hardware/data: devices, node presets and constants."""
+    """Everything in hardware/data: devices, node presets, constants and MoE token dispatchers."""
 
     model_config = _FIELD
     devices: dict[str, DeviceSpec]
     nodes: dict[str, NodeSpec]
     constants: dict[str, Constant]
+    dispatchers: dict[str, DispatcherSpec]
 
     def constant(self, name: str) -> float:
         """Value of a named calibration constant."""
         return self.constants[name].value
+
+    def dispatcher(self, name: str) -> DispatcherSpec:
+        """A MoE token dispatcher by name (dispatchers.yaml)."""
+        try:
+            return self.dispatchers[name]
+        except KeyError:
+            raise HardwareInputError(
+                f"unknown dispatcher {name!r}; known: {', '.join(sorted(self.dispatchers))}"
+            ) from None
 
     def device(self, name: str) -> DeviceSpec:
         """Look up a device by key."""
@@ -305,14 +334,15 @@ def _read_yaml(name: str) -> dict:
 
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
-    """The built-in catalog (devices.yaml, nodes.yaml, constants.yaml)."""
+    """The built-in catalog (devices.yaml, nodes.yaml, constants.yaml, dispatchers.yaml)."""
     devices = {k: DeviceSpec(name=k, **v) for k, v in _read_yaml("devices.yaml").items()}
     nodes = {k: NodeSpec(name=k, **v) for k, v in _read_yaml("nodes.yaml").items()}
     constants = {k: Constant(**v) for k, v in _read_yaml("constants.yaml").items()}
     for node in nodes.values():
         if node.device not in devices:
             raise HardwareInputError(f"nodes.yaml: {node.name}.device: unknown device {node.device!r}")
-    catalog = Catalog(devices=devices, nodes=nodes, constants=constants)
+    dispatchers = {k: DispatcherSpec(**v) for k, v in _read_yaml("dispatchers.yaml").items()}
+    catalog = Catalog(devices=devices, nodes=nodes, constants=constants, dispatchers=dispatchers)
     for node in nodes.values():
         try:
             catalog.node_device(node)

@@ -14,6 +14,9 @@ once (NICs are shared).  Formulas (Thakur et al. 2005; NCCL docs "Performance"):
   taken, as NCCL's tuner does.
 * all-to-all: each rank sends (n-1)/n * S, the share to ranks on other nodes
   over the NICs, the rest over the intra-node link, both at once.
+* node-deduplicated dispatch (DeepEP's normal kernels, README "Normal kernels with NVLink and RDMA
+  forwarding"): a row crosses the fabric once per distinct remote destination node and is forwarded over
+  NVLink once per distinct destination rank there; NICs and NVLink work at once, the slower sets the time.
 
 Every collective call also pays a fixed cost beyond its ring steps (`collective_launch_seconds`: NCCL's
 base latency, src/graph/tuning.cc), once per call; a point-to-point send pays only its link latency.
@@ -140,6 +143,28 @@ def all_to_all(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:
     inter_time = (n - k) / n * size_bytes / inter if group.spans_nodes else 0.0
     alpha = group.inter_latency if group.spans_nodes else group.intra.latency
     return max(intra_time, inter_time) + (n - 1) * alpha + _launch(catalog)
+
+
+def node_dispatch(rows: float, row_bytes: float, nodes_per_row: float, ranks_per_row: float, group: CommGroup,
+                  catalog: Catalog, nvlink_limit: float | None = None) -> float:
+    """Seconds for each rank to dispatch `rows` rows of `row_bytes` when each row goes to `nodes_per_row` distinct
+    nodes and `ranks_per_row` distinct ranks of the group on average (or to combine them back: the same bytes).
+
+    Per rank, the remote share of the nodes ((N-1)/N of them, N nodes) leaves on the rank's NIC share, and the
+    forwarding rank of each reached node sends the rows on to the other (k-1)/k destination ranks over NVLink,
+    at most at `nvlink_limit` bytes/s (the dispatcher's copy kernels, where they and not the link bind)."""
+    n, k = group.size, group.ranks_per_node
+    if n == 1 or rows <= 0:
+        return 0.0
+    intra, inter = _rates(group, catalog)
+    if nvlink_limit is not None:
+        intra = min(intra, nvlink_limit)
+    nodes = n // k
+    fabric = rows * row_bytes * nodes_per_row * (nodes - 1) / nodes
+    nvlink = rows * row_bytes * ranks_per_row * (k - 1) / k
+    seconds = max(fabric / inter, nvlink / intra)
+    alpha = (nodes - 1) * group.inter_latency + (group.intra.latency if k > 1 else 0.0)
+    return seconds + alpha + _launch(catalog)
 
 
 def point_to_point(size_bytes: float, group: CommGroup, catalog: Catalog) -> float:

@@ -98,12 +98,27 @@ class MoEShape(BaseModel):
     top_k: Width = Field(gt=0, description="Routed experts each token visits.")
     shared_experts: Width = Field(0, ge=0, description="Always-active experts (DeepSeek style).")
     expert_ffn: Width = Field(gt=0, description="Hidden width of one expert's feed-forward.")
+    router_groups: Width = Field(1, gt=0, description="Expert groups of group-limited routing (1: no limit).")
+    router_group_topk: Width = Field(1, gt=0, description="Groups a token's top_k experts may come from.")
 
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoEShape":
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        check_router_groups(self.num_experts, self.top_k, self.router_groups, self.router_group_topk)
         return self
+
+
+def check_router_groups(experts: int, top_k: int, groups: int, group_topk: int) -> None:
+    """Megatron-Core's group-limited routing checks (moe/router.py group_limited_topk): the groups split the
+    experts evenly, at most all of them are chosen, and the chosen groups hold at least top_k experts."""
+    if experts % groups:
+        raise ValueError(f"router_groups ({groups}) must divide num_experts ({experts})")
+    if group_topk > groups:
+        raise ValueError(f"router_group_topk ({group_topk}) exceeds router_groups ({groups})")
+    if group_topk * experts // groups < top_k:
+        raise ValueError(f"router_group_topk ({group_topk}) groups of {experts // groups} experts hold fewer "
+                         f"than top_k ({top_k})")
 
 
 class EmbeddingTable(BaseModel):

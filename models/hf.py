@@ -136,13 +136,15 @@ def _deepseek_v3(c: _Config) -> tuple[dict, dict]:
     if c.get("n_routed_experts"):
         kw["moe"] = dict(num_experts=c.req("n_routed_experts"), top_k=c.req("num_experts_per_tok"),
                          shared_experts=c.get("n_shared_experts", 0), expert_ffn=c.req("moe_intermediate_size"),
-                         first_dense_layers=c.get("first_k_dense_replace", 0), every=c.get("moe_layer_freq", 1))
+                         first_dense_layers=c.get("first_k_dense_replace", 0), every=c.get("moe_layer_freq", 1),
+                         router_groups=c.get("n_group") or 1, router_group_topk=c.get("topk_group") or 1)
     rename = dict(_COMMON)
     rename.update({f"mla.{k}": k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                            "qk_rope_head_dim", "v_head_dim")})
     rename.update({"moe.num_experts": "n_routed_experts", "moe.top_k": "num_experts_per_tok",
                    "moe.shared_experts": "n_shared_experts", "moe.expert_ffn": "moe_intermediate_size",
-                   "moe.first_dense_layers": "first_k_dense_replace", "moe.every": "moe_layer_freq"})
+                   "moe.first_dense_layers": "first_k_dense_replace", "moe.every": "moe_layer_freq",
+                   "moe.router_groups": "n_group", "moe.router_group_topk": "topk_group"})
     return kw, rename
 
 

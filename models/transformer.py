@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from models.graph import (AttentionShape, Layer, LayerCount, LayerKind, ModelGraph, ModelName, MoEShape, VocabSize,
-                          Width)
+                          Width, check_router_groups)
 
 _CONFIG = ConfigDict(extra="forbid")
 GATED = ("swiglu", "geglu")
@@ -40,6 +40,12 @@ class MoEConfig(BaseModel):
     top_k: Width = Field(gt=0, description="Routed experts each token visits.")
     expert_ffn: Width = Field(gt=0, description="Hidden width of one expert's feed-forward.")
     shared_experts: Width = Field(0, ge=0, description="Always-active experts of width expert_ffn (DeepSeek).")
+    router_groups: Width = Field(
+        1, gt=0, description="Expert groups of group-limited routing (Megatron --moe-router-num-groups, HF "
+        "n_group): a token picks router_group_topk groups, then its top_k experts inside them; 1: no limit.")
+    router_group_topk: Width = Field(
+        1, gt=0, description="Groups a token's experts may come from (Megatron --moe-router-group-topk, HF "
+        "topk_group; DeepSeek-V3 routes to at most 4 of 8).")
     first_dense_layers: LayerCount = Field(
         0, ge=0, description="Leading blocks that keep a dense MLP of width `ffn` (DeepSeek first_k_dense_replace)."
     )
@@ -51,6 +57,7 @@ class MoEConfig(BaseModel):
     def _check(self) -> "MoEConfig":
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        check_router_groups(self.num_experts, self.top_k, self.router_groups, self.router_group_topk)
         return self
 
 
@@ -301,7 +308,7 @@ def _moe(cfg: TransformerConfig, m: MoEConfig, i: int) -> Layer:
         act_tp_split=float(used * _ffn_act_split(cfg, m.expert_ffn) + 4 * m.num_experts),
         tp_splittable=True,
         moe=MoEShape(num_experts=m.num_experts, top_k=m.top_k, shared_experts=m.shared_experts,
-                     expert_ffn=m.expert_ffn),
+                     expert_ffn=m.expert_ffn, router_groups=m.router_groups, router_group_topk=m.router_group_topk),
     )
 
 

@@ -27,6 +27,9 @@ Schedule = Literal["1f1b", "gpipe", "interleaved", "zbv", "dualpipev"]
 V_SCHEDULES: tuple[Schedule, ...] = ("zbv", "dualpipev")
 ShardScope = Literal["full", "node"]
 Regather = Literal["network", "host"]
+# MoE token dispatchers (hardware/data/dispatchers.yaml): Megatron's NCCL all-to-all, or its flex dispatcher
+# with the DeepEP backend (a token crosses the fabric once per destination node) or the HybridEP one
+Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 
 
 PLACEMENT_KEYS = ("offload", "offload_device", "offload_ratio", "regather")
@@ -55,6 +58,13 @@ class Strategy(BaseModel):
         False,
         description="Hide the expert all-to-alls behind another micro-batch's compute (Megatron "
         "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute).",
+    )
+    dispatcher: Dispatcher = Field(
+        "alltoall",
+        description="MoE token dispatcher: alltoall (Megatron --moe-token-dispatcher-type alltoall: every "
+        "(token, expert) pair crosses), deepep (--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
+        "deepep: a token crosses the fabric once per destination node, then fans out over NVLink) or hybridep "
+        "(--moe-flex-dispatcher-backend hybridep, costed at the all-to-all's volume until measured).",
     )
     mbs: int = Field(1, gt=0, description="Micro-batch size in sequences.")
     vpp: int = Field(1, gt=0, description="Virtual pipeline chunks per stage (interleaved schedule; 2 in a V "
@@ -159,6 +169,8 @@ class Strategy(BaseModel):
             if self.schedule == "zbv":
                 raise ValueError("ep_overlap=on needs overlapped forward-backward pairs: schedule=dualpipev or "
                                  "interleaved, not zbv")
+        if self.dispatcher != "alltoall" and self.ep == 1:
+            raise ValueError(f"dispatcher={self.dispatcher} needs ep > 1")
         if self.regather == "host" and (self.zero != 3 or self.shard != "full"):
             raise ValueError("regather=host needs zero=3 and shard=full (it caches what the full group gathers)")
         if self.offload_ratio < 1.0 and not (self.offloads_optimizer and self.zero == 3
@@ -348,6 +360,7 @@ class Strategy(BaseModel):
             self._placement_spec("offload_ratio", 1.0),
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
             "ep_overlap=on" if self.ep_overlap else None,
+            f"dispatcher={self.dispatcher}" if self.dispatcher != "alltoall" else None,
             f"split={'/'.join(map(str, self.split))}" if self.split else None,
             f"stage_pools={'/'.join(self.stage_pools)}" if self.stage_pools else None,
         ]

@@ -51,6 +51,7 @@ SAME = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-p
         "moe-router-dtype", "moe-router-load-balancing-type", "moe-aux-loss-coeff", "moe-router-score-function",
         "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor", "moe-router-num-groups",
         "moe-router-group-topk", "moe-router-pre-softmax", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
+        "moe-flex-dispatcher-backend",
         "recompute-granularity", "recompute-method",
         "recompute-num-layers", "bf16", "fp16", "fp8-recipe", "pipeline-model-parallel-layout")
 # flag -> field under another name (argparse dest differs, or core_transformer_config_from_args renames)

@@ -383,3 +383,21 @@ def test_accounted_chunks_follow_megatrons_flat_layer_order():
                     start += size
                 expected = [tuple(flat[v * pp + s] for v in range(vpp)) for s in range(pp)]
                 assert split_chunks(split, vpp) == expected, (blocks, pp, vpp)
+
+
+def test_the_deepep_dispatcher_reaches_megatron(mc):
+    # dispatcher=deepep: the flex dispatcher with the DeepEP backend (core_v0.16.1 --moe-flex-dispatcher-backend),
+    # accepted by megatron-core's own TransformerConfig, and read back from the flags
+    job = make_job("mixtral-8x7b", "dgx-h100:4", 256, 4096)
+    plan = plan_of(job, "tp=2,pp=2,ep=8,etp=1,zero=1,recompute=selective,dispatcher=deepep")
+    files = emitter("megatron")(plan, job)
+    args = mc.parse_args_txt(files["args.txt"])
+    assert check_megatron_args(args, plan.job.num_gpus) == []
+    config = mc.core_config(args)
+    assert (config.moe_token_dispatcher_type, config.moe_flex_dispatcher_backend) == ("flex", "deepep")
+    assert "deep_ep" in files["README.md"]
+    from planner.emit.megatron import written_strategy
+
+    assert written_strategy(plan, job).dispatcher == "deepep"
+    alltoall = plan_of(job, "tp=2,pp=2,ep=8,etp=1,zero=1,recompute=selective")
+    assert written_strategy(alltoall, job).dispatcher == "alltoall"

@@ -49,6 +49,7 @@ CASES = [
     ("dense", DENSE, "stage_offload_ratio", (0.5, 1.0), {**ZERO3, "offload": "optimizer"}),
     ("dense", DENSE, "stage_regather", ("host", "network"), ZERO3),
     ("moe", MOE, "ep", 4, {}), ("moe", MOE, "etp", 1, {}), ("moe", MOE, "ep_overlap", True, {}),
+    ("moe", MOE, "dispatcher", "deepep", {}),
     ("mixed", MIXED, "dp", 4, {}), ("mixed", MIXED, "stage_pools", ("h100", "a100"), {}),
 ]
 

@@ -151,7 +151,8 @@ ENTRIES: list[ZooEntry] = [
         # it is a training auxiliary that the 671B / 37B figures exclude.
         llama(name="deepseek-v3", num_layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280,
               max_positions=163840,
-              moe=MoEConfig(num_experts=256, top_k=8, shared_experts=1, expert_ffn=2048, first_dense_layers=3),
+              moe=MoEConfig(num_experts=256, top_k=8, shared_experts=1, expert_ffn=2048, first_dense_layers=3,
+                            router_groups=8, router_group_topk=4),  # n_group 8, topk_group 4 (node-limited)
               mla=MLAConfig(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                             v_head_dim=128),
               source="DeepSeek-AI 2024, DeepSeek-V3 Technical Report, arXiv 2412.19437; "

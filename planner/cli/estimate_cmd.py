@@ -23,7 +23,7 @@ from planner.job import Job, MoeRouting, Precision
 @click.option("--strategy", "spec", default="", metavar="SPEC", show_default=False,
               help="Comma-separated key=value: tp, pp, dp, cp, ep, etp, mbs, vpp, sp, zero, shard, recompute, "
                    "recompute_layers, recompute_every, offload, offload_device, offload_ratio, regather, schedule, "
-                   "tp_overlap, ep_overlap, split, "
+                   "tp_overlap, ep_overlap, dispatcher, split, "
                    "stage_pools (offload, offload_device, offload_ratio and regather also one value per stage: "
                    "a/b/...). Omitted keys take their defaults; dp is derived from the GPU count.")
 @click.option("--sharding", "sharding_file", type=click.Path(path_type=Path, dir_okay=False), default=None,

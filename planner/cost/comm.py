@@ -11,6 +11,9 @@
 * EP: two all-to-alls (dispatch, combine) of the routed tokens each way, over
   the expert-parallel group (etp apart: Megatron folds expert groups over a
   stage's ranks); every rank waits for the busiest one (`Job.moe_imbalance`).
+  The strategy's dispatcher (hardware/data/dispatchers.yaml) says what moves:
+  NCCL's all-to-all sends every (token, expert) pair; DeepEP sends a token once
+  per distinct destination node and fans it out over NVLink.
   With ep_overlap they hide behind another micro-batch's compute.  Experts
   split over etp > 1 ranks all-gather the routed tokens there and
   reduce-scatter the outputs; shared experts run tensor-parallel like an MLP.
@@ -33,6 +36,7 @@ from hardware import collectives as coll
 from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.compute import LayerTime, expert_load_ratio
+from planner.cost.dispatch import expected_destinations
 from planner.cost.layout import StageComms, is_block_layer
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.sums import StageSums
@@ -110,22 +114,41 @@ def moe_tensor_parallel_seconds(layer: Layer, volume: float, groups: StageComms,
 def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime,
                               catalog: Catalog, recompute: RecomputeMode) -> float:
     """Exposed expert-parallel seconds of one MoE layer per micro-batch: dispatch and combine forward, their
-    gradients backward, the forward pair again under full recompute.  Each rank sends its top_k copies of
-    its tokens (its sequence shard under sequence parallelism); the busiest rank receives `moe_imbalance`
-    times the mean and every rank waits for it (a capacity-padded runtime, DeepSpeed-MoE, sends its padded
-    buffer instead: `expert_load_ratio`).  With ep_overlap (Megatron's 1F1B all-to-all overlap) they
-    hide behind the layer's compute of the micro-batch scheduled beside it, as far as it lasts."""
+    gradients backward, the forward pair again under full recompute.  Each rank dispatches its tokens (its
+    sequence shard under sequence parallelism) as the strategy's dispatcher moves them (`dispatch_seconds`);
+    the busiest rank receives `moe_imbalance` times the mean and every rank waits for it (a capacity-padded
+    runtime, DeepSpeed-MoE, sends its padded buffer instead: `expert_load_ratio`).  With ep_overlap
+    (Megatron's 1F1B all-to-all overlap) they hide behind the layer's compute of the micro-batch scheduled
+    beside it, as far as it lasts."""
     s = strategy
     tokens = s.mbs * job.seq_len / s.cp
-    routed = tokens * layer.moe_shape.top_k * layer.hidden * ACT_BYTES
     if s.sequence_parallel:
-        routed /= s.tp  # each TP rank dispatches its own sequence shard
-    count = 4 + (2 if recompute == "full" else 0)
-    seconds = count * coll.all_to_all(routed, groups.ep, catalog) * expert_load_ratio(layer, job, s, catalog)
+        tokens /= s.tp  # each TP rank dispatches its own sequence shard
+    spec = catalog.dispatcher(s.dispatcher)
+    full = recompute == "full"
+    # forward dispatches (the recomputed one too) in the dispatcher's dispatch dtype; the combines and both
+    # backward passes (the gradients) in its combine dtype
+    dispatch = dispatch_seconds(layer, tokens, spec.dispatch_bytes_per_element, s, groups, catalog)
+    combine = dispatch_seconds(layer, tokens, spec.combine_bytes_per_element, s, groups, catalog)
+    seconds = ((1 + full) * dispatch + (3 + full) * combine) * expert_load_ratio(layer, job, s, catalog)
     if s.ep_overlap:
         window = time.forward + time.backward + time.recompute
         seconds = max(0.0, seconds - catalog.constant("comm_overlap_efficiency") * window)
     return seconds
+
+
+def dispatch_seconds(layer: Layer, tokens: float, element_bytes: float, strategy: Strategy, groups: StageComms,
+                     catalog: Catalog) -> float:
+    """Seconds of one dispatch (or combine) of `tokens` per rank over the expert-parallel group: NCCL's
+    all-to-all of top_k rows per token, or a node-deduplicated dispatch of one row per distinct destination
+    node and rank (`planner.cost.dispatch.expected_destinations` under the model's group-limited routing)."""
+    moe, ep, spec = layer.moe_shape, groups.ep, catalog.dispatcher(strategy.dispatcher)
+    row = layer.hidden * element_bytes
+    if spec.fabric_copies == "expert":
+        return coll.all_to_all(tokens * moe.top_k * row, ep, catalog)
+    nodes = max(1, ep.size // ep.ranks_per_node)
+    return coll.node_dispatch(tokens, row, expected_destinations(nodes, moe), expected_destinations(ep.size, moe),
+                              ep, catalog, spec.nvlink_rate_limit)
 
 
 def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime,

@@ -218,6 +218,15 @@ def _recipe_args() -> dict[str, Any]:
     }
 
 
+def _dispatcher_args(strategy: Strategy, moe: bool) -> dict[str, Any]:
+    """The flex dispatcher with the plan's backend (hardware/data/dispatchers.yaml megatron_args; core_v0.16.1
+    spells it --moe-flex-dispatcher-backend, deprecating --moe-enable-deepep), or nothing: the model's
+    alltoall dispatcher stays."""
+    if not moe or strategy.dispatcher == "alltoall":
+        return {}
+    return {"moe-token-dispatcher-type": "flex", "moe-flex-dispatcher-backend": strategy.dispatcher}
+
+
 def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     """Every fixed flag of args.txt (flag name without dashes -> value, True for store-true) and README notes."""
     one_placement(plan, "megatron")  # --optimizer-cpu-offload and its fraction apply to every rank
@@ -229,7 +238,12 @@ def megatron_args(plan: Plan, job: Job) -> tuple[dict[str, Any], list[str]]:
     vocab, vocab_notes = vocab_args(cfg.vocab, plan.single_strategy.tp, cfg.hidden, cfg.tied_embeddings)
     recipe = {**_recipe_args(), "ckpt-format": checkpoint_format(plan.single_strategy)}
     args.update({**model, **vocab, **_kernel_args(job), **recipe})
+    args.update(_dispatcher_args(plan.single_strategy, moe=cfg.moe is not None))  # the plan's, over the default
     notes += model_notes + vocab_notes
+    if "moe-flex-dispatcher-backend" in args:
+        notes.append(f"The plan dispatches MoE tokens with {args['moe-flex-dispatcher-backend']} (Megatron's flex "
+                     "dispatcher): the container needs DeepEP's deep_ep package (its hybrid-ep build for hybridep), "
+                     "and megatron-core's fused_a2a.py requires the network's adaptive routing off.")
     if cfg.moe is not None and job.moe_routing == "balanced":
         notes.append("The plan was costed with balanced routing (--moe-routing balanced), as published MoE "
                      "benchmarks force it; args.txt trains with the learned router and its balancing loss, whose "
@@ -303,6 +317,8 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
     values = {
         "tp": tp, "pp": pp, "cp": cp, "dp": world_size // (tp * pp * cp), "ep": int(args["expert-model-parallel-size"]),
         "etp": _expert_tp(args, tp), "ep_overlap": bool(args.get("overlap-moe-expert-parallel-comm")),
+        "dispatcher": args.get("moe-flex-dispatcher-backend", "deepep")
+        if args.get("moe-token-dispatcher-type") == "flex" else "alltoall",
         "mbs": int(args["micro-batch-size"]), "vpp": vpp, "sp": bool(args.get("sequence-parallel")),
         "zero": {v: k for k, v in FSDP_SHARDING.items()}[args["data-parallel-sharding-strategy"]]
         if megatron_fsdp(args) else 1 if args.get("use-distributed-optimizer") else 0,

@@ -89,6 +89,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "lr-decay-style": ("constant", "linear", "cosine", "inverse-square-root", "WSD"),
     "moe-router-dtype": ("fp32", "fp64"),
     "moe-router-load-balancing-type": ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"),
+    "moe-flex-dispatcher-backend": ("deepep", "hybridep"),
     "moe-router-score-function": ("softmax", "sigmoid"),
     "moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
     "normalization": ("LayerNorm", "RMSNorm"),

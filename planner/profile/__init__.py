@@ -95,6 +95,7 @@ class RuntimeProfile(BaseModel):
             (s.expert_tp != s.tp and not (sp.expert_parallel and sp.expert_tensor_parallel),
              f"expert tensor parallelism (etp={s.etp}) apart from tp"),
             (s.ep_overlap and s.ep > 1 and not (sp.expert_parallel and sp.ep_overlap), "ep_overlap"),
+            (s.dispatcher not in sp.dispatchers, f"dispatcher={s.dispatcher}"),
             (s.pp == 1 and s.zero not in sp.zero_stages, f"zero={s.zero}"),
             (s.pp > 1 and s.zero not in sp.zero_stages_pipelined, f"zero={s.zero} with pipeline parallelism"),
             (s.zero > 0 and s.shard not in sp.shard_scopes, f"shard={s.shard}"),

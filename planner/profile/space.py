@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from planner.chunks import accounted_split, split_chunks
 from planner.profile.sections import _FIELD
-from planner.strategy import Offload, OffloadDevice, Schedule, ShardScope, Strategy
+from planner.strategy import Dispatcher, Offload, OffloadDevice, Schedule, ShardScope, Strategy
 
 # how the blocks each stage fully recomputes may be chosen: a count per stage; one count k for every stage
 # (stage i recomputes min(k, its blocks per chunk)); or all blocks of every stage, or none
@@ -58,6 +58,9 @@ class Space(BaseModel):
         True, description="etp apart from tp (experts split over other ranks than the dense layers).")
     ep_overlap: bool = Field(True, description="ep_overlap (the expert all-to-alls hidden behind another "
                              "micro-batch's compute).")
+    dispatchers: tuple[Dispatcher, ...] = Field(
+        ("alltoall",), description="MoE token dispatchers (Strategy.dispatcher) it runs: alltoall everywhere; deepep "
+        "and hybridep where the framework has Megatron-Core's flex dispatcher.")
     source: str = Field(description="Where the framework's arguments and checks are.")
 
     def default_split(self, blocks: int, pp: int, vpp: int = 1) -> tuple[int, ...] | None:

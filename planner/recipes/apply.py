@@ -100,6 +100,7 @@ def recipe_strategy(recipe: PublishedRecipe, dp: int, blocks: int) -> Strategy:
     return Strategy(tp=layout.tp, pp=layout.pp, vpp=layout.vpp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
                     dp=dp, mbs=layout.mbs, sp=layout.sp and layout.tp > 1, zero=zero,
                     tp_overlap=layout.tp_comm_overlap, ep_overlap=layout.moe_a2a_overlap,
+                    dispatcher=layout.moe_dispatcher if layout.ep > 1 else "alltoall",
                     split=_split(recipe, blocks), **_recompute(recipe))
 
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import PlannerInputError
+from planner.strategy import Dispatcher
 
 Family = Literal["nemo", "torchtitan"]
 
@@ -79,6 +80,9 @@ class RecipeLayout(BaseModel):
                                   "torchtitan enable_async_tensor_parallel).")
     moe_a2a_overlap: bool = Field(False, description="Megatron --overlap-moe-expert-parallel-comm with "
                                   "--delay-wgrad-compute (Megatron-Bridge moe_a2a_overlap).")
+    moe_dispatcher: Dispatcher = Field(
+        "alltoall", description="MoE token dispatcher (Strategy.dispatcher): alltoall, or the flex dispatcher's "
+        "backend (Megatron-Bridge moe_flex_dispatcher_backend deepep / hybridep).")
     cuda_graphs: str | None = Field(None, description="cuda_graph_impl/scope the recipe sets (None: off).")
 
 

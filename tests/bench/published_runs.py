@@ -38,10 +38,14 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   (always-active experts), "ffn<width>" (one expert's width; default the row's ffn), "dense<n>" (leading
   dense blocks of width ffn) and "mtp<n>" (DeepSeek-V3 multi-token-prediction modules); Qwen3 heads are
   128 wide whatever hidden / heads is; DeepSeek-V3 and Kimi K2 rows use DeepSeek-V3's multi-head latent
-  attention (the zoo's deepseek-v3 MLA sizes); Grok-1 is the Llama layout with experts;
+  attention (the zoo's deepseek-v3 MLA sizes), DeepSeek-V3 rows its node-limited routing (4 of 8 expert
+  groups, NeMo's DeepSeekV3Config moe_router_num_groups / moe_router_group_topk); Grok-1 is the Llama layout
+  with experts;
 * MoE details a row's notes state: "ETP=<n>" (expert tensor parallelism, folded over tp x dp), "A2A overlap
-  on" (Megatron's expert all-to-all overlap), "balanced routing" (force-balanced or capacity-padded tokens:
-  Job.moe_routing balanced; otherwise learned, with constants.yaml's moe_routing_imbalance) and "Decoder
+  on" (Megatron's expert all-to-all overlap), "Token dispatcher <alltoall|DeepEP|HybridEP>" (Strategy.dispatcher:
+  Megatron's flex dispatcher with that backend; unnamed: alltoall, NeMo's MoE default, MixtralConfig and
+  DeepSeekConfig moe_token_dispatcher_type "alltoall"), "balanced routing" (force-balanced or capacity-padded
+  tokens: Job.moe_routing balanced; otherwise learned, with constants.yaml's moe_routing_imbalance) and "Decoder
   first/last stage blocks <f>/<l>" (Megatron --decoder-first/last-pipeline-num-layers; the other stages
   share the rest evenly);
 * dropout as the model code trains by default, per runtime (`DROPOUT`):
@@ -186,6 +190,8 @@ def _int(value: str, default: int) -> int:
 
 # moe_config: "E<experts> top<k>" then any of "shared<n>", "ffn<width>", "dense<n>", "mtp<n>", space separated
 MOE_FORMAT = re.compile(r"E(?P<experts>\d+) top(?P<top_k>\d+)((?: (?:shared|ffn|dense|mtp)\d+)*)$")
+# the MoE token dispatcher a row's notes name ("Token dispatcher DeepEP"); unnamed: alltoall
+DISPATCHER = re.compile(r"\btoken dispatcher (alltoall|deepep|hybridep)\b", re.IGNORECASE)
 
 
 def _moe(row: dict) -> tuple[MoEConfig | None, int]:
@@ -218,6 +224,11 @@ def _model(row: dict, runtime: str):
             sizes["head_dim"] = 128
         if "deepseek" in lower or "kimi" in lower:  # DeepSeek-V3's multi-head latent attention
             sizes["mla"] = get_entry("deepseek-v3").config.mla
+        if "deepseek" in lower:  # and its node-limited routing (n_group 8, topk_group 4; Kimi K2 has none)
+            zoo = get_entry("deepseek-v3").config.moe
+            assert zoo is not None
+            sizes["moe"] = moe.model_copy(update={"router_groups": zoo.router_groups,
+                                                  "router_group_topk": zoo.router_group_topk})
         return build_transformer(llama(**sizes))
     if "llama" in lower:
         return build_transformer(llama(**sizes))
@@ -313,9 +324,11 @@ def _base_strategy(row: dict) -> dict:
     pp = _int(row["pp"], 1)
     vpp = vpp if "interleaved" in schedule_text and pp > 1 else 1
     etp = re.search(r"\bETP=(\d+)", row["notes"])
+    dispatcher = DISPATCHER.search(row["notes"])
     return dict(
         tp=tp, pp=pp, dp=_int(row["dp"], 1), cp=_int(row["cp"], 1), ep=_int(row["ep"], 1),
         etp=int(etp.group(1)) if etp and int(etp.group(1)) != tp else None, ep_overlap="a2a overlap on" in notes,
+        dispatcher=dispatcher.group(1).lower() if dispatcher else "alltoall",
         mbs=_int(row["micro_batch"], 1), vpp=vpp,
         schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
         sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,

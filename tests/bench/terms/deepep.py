@@ -4,18 +4,22 @@ figures, intra-node (NVLink) and inter-node (RDMA), EP 8 to 64.
     python tests/bench/terms/deepep.py [--quick]
 
 Measurements (tests/data/terms/deepep.csv), all in DeepSeek-V3's pretraining setting (4096 tokens per rank,
-hidden 7168, top-8 of 256/288 experts, top-4 node groups, FP8 dispatch, BF16 combine):
-* DeepEP V1 on H800 + CX7 400 Gb/s: the "bottleneck bandwidth" (bytes over the bottleneck link per second).
-  The model's figure is the rate `hardware.collectives.all_to_all` moves bytes over that same link: the link's
-  share of the per-rank payload ((k-1)/n over NVLink, (n-k)/n over the NICs, k ranks per node) over its
-  seconds.  The H800 preset is dgx-h100 with NVLink at DeepEP's ~160 GB/s.
+hidden 7168, top-8 of 256/288 experts, top-4 node groups, FP8 dispatch, BF16 combine).  The model is the cost
+model's DeepEP dispatcher (Strategy.dispatcher = deepep, hardware/data/dispatchers.yaml): one row per distinct
+destination node over RDMA and per distinct destination rank over NVLink
+(`planner.cost.comm.dispatch_seconds`, `hardware.collectives.node_dispatch`), the expected counts under
+DeepEP's test routing (tests/test_internode.py: as many groups as nodes, the token's experts in min(nodes, 4)
+of them; `planner.cost.dispatch.expected_destinations`), FP8 rows on dispatch (1 + 4/128 bytes per element)
+and BF16 on combine.  Column `alltoall` is the NCCL all-to-all the model prices for Megatron's alltoall
+dispatcher (top_k bf16 rows per token), for comparison.
+* DeepEP V1 on H800 + CX7 400 Gb/s: the "bottleneck bandwidth", DeepEP's logical bytes (rows times the
+  distinct nodes, RDMA, or ranks, NVLink, own ones included) over the time; the model's figure is the same
+  logical bytes over the model's time, so model/measured is a ratio of times.  The H800 preset is dgx-h100
+  with NVLink at DeepEP's ~160 GB/s.
 * UCCL-EP (DeepEP's kernels over AWS EFA) on p5en (8x H200, 2x 200 Gb/s EFA per GPU) and p6-b200 (8x B200,
-  400 Gb/s EFA per GPU): the time per dispatch and per combine.  The model's seconds are
-  `planner.cost.comm.expert_all_to_all_seconds` for one DeepSeek-V3 MoE layer, one micro-batch of 4096
-  tokens per rank, ep = dp = EP, balanced routing, no overlap, divided by its 4 all-to-alls (dispatch and
-  combine, forward and backward: the model prices each alike).  That function carries the model's byte
-  count (top_k copies of each token in 16-bit); DeepEP dispatches in FP8 and forwards tokens from the RDMA
-  domain over NVLink (its README), so the rows test bytes and rates together.
+  400 Gb/s EFA per GPU): the time per dispatch and per combine.  The two p5en EP8 rows set the DeepEP NVLink
+  copy rate (dispatchers.yaml nvlink_rate_limit), so they read 1.0 by construction; the H800 and B200
+  NVLink rows are its check.
 """
 
 from __future__ import annotations
@@ -31,20 +35,16 @@ if str(ROOT) not in sys.path:
 
 from functools import lru_cache  # noqa: E402
 
-from hardware import collectives as coll  # noqa: E402
 from hardware import load_catalog, load_cluster  # noqa: E402
 from hardware.topology import Cluster  # noqa: E402
 from models import load_model  # noqa: E402
-from models.graph import LayerKind  # noqa: E402
-from planner.cost.compute import LayerTime  # noqa: E402
-from planner.cost.comm import ACT_BYTES, expert_all_to_all_seconds  # noqa: E402
-from planner.cost.layout import comm_group, place_stages, stage_comms  # noqa: E402
+from models.graph import Layer, LayerKind  # noqa: E402
+from planner.cost.comm import dispatch_seconds  # noqa: E402
+from planner.cost.dispatch import expected_destinations  # noqa: E402
+from planner.cost.layout import StageComms, place_stages, stage_comms  # noqa: E402
 from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
-
-ALL_TO_ALLS = 4  # expert_all_to_all_seconds: dispatch + combine, forward + backward (no recompute)
-
 
 def cluster_for(row: dict[str, str]) -> Cluster:
     """EP/8 nodes of the row's preset (NVLink set to the row's override, where it has one)."""
@@ -58,46 +58,61 @@ def cluster_for(row: dict[str, str]) -> Cluster:
     return cluster.model_copy(update={"pools": [pool.model_copy(update={"node": node})]})
 
 
-def model_bottleneck_gbps(row: dict[str, str]) -> float:
-    """GB/s the model moves over the row's bottleneck link in one all-to-all of the rows' routed bytes."""
-    cluster = cluster_for(row)
-    n = int(row["ep"])
-    group = comm_group(cluster, tuple(cluster.pools), n, 1)
-    size = int(row["tokens"]) * int(row["top_k"]) * int(row["hidden"]) * ACT_BYTES
-    seconds = coll.all_to_all(size, group, load_catalog())
-    k = group.ranks_per_node
-    share = (k - 1) / n if row["link"] == "NVLink" else (n - k) / n
-    return share * size / seconds / 1e9
-
-
 @lru_cache(maxsize=1)
 def deepseek_v3():
     return load_model("deepseek-v3")
 
 
-def model_call_seconds(row: dict[str, str]) -> float:
-    """The model's seconds of one dispatch (or combine) of a DeepSeek-V3 MoE layer at the row's EP."""
+def setting(row: dict[str, str], dispatcher: str) -> tuple[Layer, Strategy, StageComms]:
+    """A DeepSeek-V3 MoE layer routed as the row's benchmark routes (its experts, groups and group_topk), the
+    row's EP with `dispatcher`, and its expert-parallel communicator."""
     cluster, ep = cluster_for(row), int(row["ep"])
     graph = deepseek_v3()
+    layer = next(layer for layer in graph.layers if layer.kind == LayerKind.MOE)
+    moe = layer.moe_shape.model_copy(update={"num_experts": int(row["experts"]), "top_k": int(row["top_k"]),
+                                             "router_groups": int(row["groups"]),
+                                             "router_group_topk": int(row["group_topk"])})
+    layer = layer.model_copy(update={"moe": moe, "hidden": int(row["hidden"])})
     job = Job(model=graph, cluster=cluster, global_batch=ep, seq_len=int(row["tokens"]), moe_routing="balanced",
               runtime=load_runtime("reference"))
-    strategy = Strategy(ep=ep, dp=ep, mbs=1)
+    strategy = Strategy(ep=ep, dp=ep, mbs=1, dispatcher=dispatcher)
+    groups = stage_comms(job, strategy, place_stages(job, strategy, load_catalog())[0].site)
+    return layer, strategy, groups
+
+
+def model_seconds(row: dict[str, str], dispatcher: str) -> float:
+    """The model's seconds of the row's call: FP8 rows on dispatch under DeepEP, BF16 rows otherwise."""
     catalog = load_catalog()
-    groups = stage_comms(job, strategy, place_stages(job, strategy, catalog)[0].site)
-    layer = next(layer for layer in graph.layers if layer.kind == LayerKind.MOE)
-    idle = LayerTime(forward=0.0, backward=0.0, recompute=0.0, attention_forward=0.0)
-    return expert_all_to_all_seconds(layer, job, strategy, groups, idle, catalog, "none") / ALL_TO_ALLS
+    layer, strategy, groups = setting(row, dispatcher)
+    spec = catalog.dispatcher(dispatcher)
+    fp8 = row["op"] == "dispatch" and spec.fp8_dispatch_bytes_per_element is not None
+    element = spec.fp8_dispatch_bytes_per_element if fp8 else spec.combine_bytes_per_element
+    return dispatch_seconds(layer, float(row["tokens"]), element, strategy, groups, catalog)
+
+
+def logical_bytes(row: dict[str, str]) -> float:
+    """DeepEP's logical bytes of the row's call: rows times the expected distinct nodes (RDMA) or ranks (NVLink)
+    a token reaches, own ones included (tests/test_internode.py num_rdma_token_sent, test_intranode.py)."""
+    catalog = load_catalog()
+    layer, strategy, groups = setting(row, "deepep")
+    units = max(1, groups.ep.size // groups.ep.ranks_per_node) if row["link"] == "RDMA" else groups.ep.size
+    spec = catalog.dispatcher("deepep")
+    element = spec.fp8_dispatch_bytes_per_element if row["op"] == "dispatch" else spec.combine_bytes_per_element
+    assert element is not None
+    return float(row["tokens"]) * layer.hidden * element * expected_destinations(units, layer.moe_shape)
 
 
 def compare(row: dict[str, str]) -> Compared:
     config = f"{row['library']} {row['preset']} {row['op']} EP{row['ep']} {row['link']}"
     measured = float(row["measured"])
+    seconds, nccl = model_seconds(row, "deepep"), model_seconds(row, "alltoall")
     if row["unit"] == "GBps":
-        modelled = model_bottleneck_gbps(row)
-        return Compared(config=config, measured=f"{measured:.0f} GB/s", modelled=f"{modelled:.0f} GB/s",
-                        ratio=measured / modelled, source=row["source_id"])
-    seconds = model_call_seconds(row)
-    return Compared(config=config, measured=f"{measured:.0f} us", modelled=f"{seconds * 1e6:.0f} us",
+        logical = logical_bytes(row)
+        return Compared(config=config, measured=f"{measured:.0f} GB/s",
+                        modelled=f"{logical / seconds / 1e9:.0f} GB/s (alltoall {logical / nccl / 1e9:.0f})",
+                        ratio=seconds / (logical / (measured * 1e9)), source=row["source_id"])
+    return Compared(config=config, measured=f"{measured:.0f} us",
+                    modelled=f"{seconds * 1e6:.0f} us (alltoall {nccl * 1e6:.0f})",
                     ratio=seconds / (measured * 1e-6), source=row["source_id"])
 
 
@@ -107,8 +122,8 @@ def main(argv: list[str] | None = None) -> list[Compared]:
     if args.quick:
         rows = rows[:QUICK_ROWS]
     compared = [compare(row) for row in rows]
-    print_table("Expert dispatch/combine: measured vs hardware.collectives.all_to_all (bandwidth rows) and "
-                "planner.cost.comm.expert_all_to_all_seconds (time rows)", compared)
+    print_table("Expert dispatch/combine: measured vs the cost model's DeepEP dispatcher "
+                "(planner.cost.comm.dispatch_seconds; alltoall: the NCCL all-to-all, for comparison)", compared)
     print("by library, platform, operation and link (model/measured in time):")
     group_summaries(compared, key=lambda r: " ".join(r.config.split()[:3]) + " " + r.config.split()[-1])
     return compared
