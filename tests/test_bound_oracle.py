@@ -24,7 +24,8 @@ from planner.job import Job
 from planner.profile import load_runtime
 from planner.search.ilp.tables import TableBuilder
 from planner.search.oracle import runtime_strategies
-from planner.search.space import SpaceOptions, global_configs, narrow_to_runtime, placement_variants
+from planner.search.space import (SpaceOptions, families_bounded_by_base, global_configs, narrow_to_runtime,
+                                  placement_variants)
 from planner.strategy import Strategy
 
 
@@ -36,7 +37,7 @@ def _cluster(preset: str, gpus_per_node: int, nodes: int) -> Cluster:
 
 def _config_key(strategy: Strategy) -> tuple:
     """What a configuration fixes; a strategy's full recompute of chosen blocks belongs to the base 'none', and one
-    of every k-th block to its own family (space.every_kth_families)."""
+    of every k-th block to its own family (space.every_kth_ks)."""
     every = strategy.recompute_every
     base = "none" if strategy.recompute == "full" and every is None else strategy.recompute
     return (strategy.tp, strategy.pp, strategy.data_parallel, strategy.cp, strategy.ep, strategy.expert_tp,
@@ -99,3 +100,55 @@ def test_configuration_bounds_never_exceed_evaluate(runtime, case):
     preset, shape, moe, seq, batch, margin, layers = case
     job = _job(runtime, preset, shape, moe and load_runtime(runtime).space.moe, seq, batch, margin, layers)
     assert assert_bounds_hold(job) > 0  # something fits: the check ran
+
+
+def assert_family_bounds_hold(job: Job) -> tuple[int, int]:
+    """Every fitting every-k-th-block strategy (recompute_every=k) whose configuration's bounds the search lets
+    stand for its families' (space.families_bounded_by_base: one kind of block, one chunk per stage) is no
+    faster than them; (the strategies checked, those where that bound is above the family's own lower bound)."""
+    catalog = load_catalog()
+    space = narrow_to_runtime(SpaceOptions(), job.runtime, job)
+    configs = {_config_key(c): c for c in global_configs(job, space, families=False)}
+    builder = TableBuilder(job, catalog)
+    identical = len(builder.segments) == 1
+    pools = list(job.cluster.pools)
+    bounds: dict[tuple, float] = {}
+    checked = tighter = 0
+    for strategy in runtime_strategies(job):
+        if strategy.recompute_every is None:
+            continue
+        key = _config_key(strategy.model_copy(update={"recompute": "none", "recompute_every": None}))
+        config = configs.get(key)
+        if config is None or not families_bounded_by_base(config, identical):
+            continue
+        estimate = evaluate(job, strategy, catalog=catalog)
+        if not estimate.memory.fits:
+            continue
+        m = job.global_batch // (config.data_parallel * config.mbs)
+        if key not in bounds:
+            variants = placement_variants(job, config, space, offload=True)
+            bounds[key] = max(builder.lower_bound(config, pools, m),
+                              builder.refined_bound(config, pools, m, variants=variants, split=space.split_shape))
+        assert bounds[key] <= estimate.step_time_s * (1 + 1e-9), (
+            f"{job.runtime.name}: bound {bounds[key]!r} s of {config.spec()} above its family's "
+            f"{strategy.spec()} at {estimate.step_time_s!r} s")
+        family = config.model_copy(update={"recompute": "full", "recompute_every": strategy.recompute_every})
+        tighter += bounds[key] > builder.lower_bound(family, pools, m) * (1 + 1e-9)
+        checked += 1
+    return checked, tighter
+
+
+@pytest.mark.parametrize("runtime", ["torchtitan", "pytorch-fsdp"])
+@pytest.mark.parametrize("case", [SHAPES[0], ("pcie-t4", (2, 1), False, 16384, 4, 0.1, 4)],
+                         ids=["a100-2x2-8192", "t4-2-16384"])
+def test_a_configuration_bounds_its_every_kth_families(runtime, case):
+    """The search prunes a configuration's every-k-th-block families with it, and floors their bounds by its
+    (planner.search.branch): so its bounds must be at most every fitting every-k-th strategy's step time, any
+    split, any k.  On the T4s nothing fits without recomputing, so its memory-aware bound is above the
+    families' own cheap bounds: the check bites."""
+    preset, shape, moe, seq, batch, margin, layers = case
+    job = _job(runtime, preset, shape, moe, seq, batch, margin, layers)
+    checked, tighter = assert_family_bounds_hold(job)
+    assert checked > 0
+    if preset == "pcie-t4":
+        assert tighter > 0

@@ -154,7 +154,7 @@ class Floors:
                                transfer: float) -> float:
         """With every k-th block recomputed over pp > 1 stages: a split whose stages all hold fewer than k blocks
         recomputes nothing and is a plan of the configuration without recomputation (the compiler reaches it
-        first: search.space.every_kth_families), so some stage holds n >= max(k, ceil(B / pp)) blocks, n // k of
+        first: search.space.every_kth_ks), so some stage holds n >= max(k, ceil(B / pp)) blocks, n // k of
         them recomputed (inf when no stage can hold n)."""
         every = strategy.recompute_every
         if every is None or strategy.pp == 1 or not self.segments:
