@@ -8,8 +8,9 @@ which its bounds prune.
    pruned, and so is every later one; the rest get a memory-aware bound and, if that keeps them,
    `planner.search.config_solve.solve_config`.  A configuration's every-k-th-block families join the queue
    when it is reached; where its bounds bound them too (one kind of block, one chunk per stage:
-   `planner.search.space.families_bounded_by_base`) only once its memory-aware bound keeps it, each at no
-   less than that bound.
+   `planner.search.space.families_bounded_by_base`) only once its memory-aware bound and its tables keep it,
+   each at no less than the bound they prove; where nothing of it fits, not at all
+   (`families_fit_only_where_base_fits`).
 4. `solve_closest_runners_up` solves the closest closed configurations for the report.
 """
 
@@ -20,8 +21,8 @@ import heapq
 from planner.job import Job
 from planner.search.config_solve import RUNNER_UP_SOLVES, solve_config
 from planner.search.replica_groups import cluster_floor
-from planner.search.space import (SpaceOptions, every_kth_ks, families_bounded_by_base, global_configs,
-                                  placement_variants)
+from planner.search.space import (SpaceOptions, every_kth_ks, families_bounded_by_base,
+                                  families_fit_only_where_base_fits, global_configs, placement_variants)
 from planner.search.state import Search, pools_of, rate_floor
 from planner.search.warm import routed_share, state_share, warm_start
 from planner.strategy import Strategy
@@ -108,7 +109,7 @@ def bounded_configs(search: Search, legal: list[tuple[int, Strategy]]) -> list[t
 def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]], offload: bool) -> None:
     """The configurations in bound order, each pruned by its bounds or solved; a configuration's every-k-th-block
     families join the queue when it is reached (their bounds are at least its: space.every_kth_ks), after its
-    memory-aware bound where that bounds them too (space.families_bounded_by_base)."""
+    memory-aware bound and its tables where those bound them too (space.families_bounded_by_base)."""
     queue = BoundQueue(configs)
     while queue:
         bound, m, config = queue.pop()
@@ -129,8 +130,6 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
         # the families' plans are plans of this configuration in its bounds' eyes (one kind of block, one chunk
         # per stage): its memory-aware bound prunes them with it, or floors theirs (space.families_bounded_by_base)
         follow = bool(ks) and families_bounded_by_base(config, identical)
-        if ks and not follow:
-            _push_families(search, queue, config, ks, pools, m, floor=0.0)
         variants = placement_variants(search.job, config, search.options.space, offload)
         if search.incumbent < float("inf") and len(search.job.cluster.pools) == 1:
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps.  Not on a
@@ -143,7 +142,11 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             refined = search.builder.refined_bound(config, pools, m, enough=search.incumbent / floor,
                                                    variants=variants, split=search.options.space.split_shape) * floor
             if refined >= search.incumbent * (1 - 1e-9):
-                search.pruned += 1 + (len(ks) if follow else 0)
+                search.pruned += 1
+                if follow or refined == float("inf") and families_fit_only_where_base_fits(identical):
+                    search.pruned += len(ks)  # its bound closes its families too
+                elif ks:
+                    _push_families(search, queue, config, ks, pools, m, floor=0.0)
                 if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
                     search.near.append((_order(search, config, pools, m, variants, bound), config.spec(),
                                         config, m, variants))
@@ -152,9 +155,13 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             bound = max(bound, refined)
         else:
             order = bound
-        if follow:
+        if ks and not follow:
+            _push_families(search, queue, config, ks, pools, m, floor=0.0)
+        bound = solve_config(search, config, m, bound, variants, order=order)
+        if follow and bound >= search.incumbent * (1 - 1e-9):
+            search.pruned += len(ks)  # its tables close its families too
+        elif follow:
             _push_families(search, queue, config, ks, pools, m, floor=bound)
-        solve_config(search, config, m, bound, variants, order=order)
 
 
 def _push_families(search: Search, queue: "BoundQueue", config: Strategy, ks: list[int], pools: list, m: int,

@@ -309,6 +309,17 @@ def families_bounded_by_base(config: Strategy, identical: bool) -> bool:
     return identical and config.vpp == 1
 
 
+def families_fit_only_where_base_fits(identical: bool) -> bool:
+    """Whether a configuration none of whose plans fits (a memory-aware bound of inf) closes its every-k-th-block
+    families, any vpp: where the blocks are one segment of identical blocks, a family's plan that fits gives a
+    plan of the configuration that fits, each stage with all its blocks recomputed instead (the tables' count
+    per chunk, every block).  A stage's sums with R of its n blocks recomputed are the same whichever R they
+    are, but `kept_before_recompute` (>= 0, 0 with the recomputed blocks first), and HBM does not rise as more
+    of a stage's blocks recompute (the premise of TableBuilder.fewest_recompute's bisection).  With several
+    segments the family's recomputed blocks are of some kinds only (tests/test_bound_oracle.py checks it)."""
+    return identical
+
+
 def _v_schedules(options: SpaceOptions, pp: int, micro: int, blocks: int) -> list[Schedule]:
     """The zero-bubble V schedules a configuration may run: two even chunks per stage and one micro-batch per
     model chunk at least (validation.check_strategy)."""
