@@ -128,8 +128,8 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
         identical = len(search.builder.segments) == 1
         ks = every_kth_ks(search.job, config, search.options.space, identical)
         # the families' plans are plans of this configuration in its bounds' eyes (one kind of block, one chunk
-        # per stage): its memory-aware bound prunes them with it, or floors theirs (space.families_bounded_by_base)
-        follow = bool(ks) and families_bounded_by_base(config, identical)
+        # per stage): its memory-aware bound and its tables prune them with it, or floor theirs
+        follow = families_bounded_by_base(config, identical)
         variants = placement_variants(search.job, config, search.options.space, offload)
         if search.incumbent < float("inf") and len(search.job.cluster.pools) == 1:
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps.  Not on a
@@ -143,10 +143,8 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
                                                    variants=variants, split=search.options.space.split_shape) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
-                if follow or refined == float("inf") and families_fit_only_where_base_fits(identical):
-                    search.pruned += len(ks)  # its bound closes its families too
-                elif ks:
-                    _push_families(search, queue, config, ks, pools, m, floor=0.0)
+                closes = follow or refined == float("inf") and families_fit_only_where_base_fits(identical)
+                _families(search, queue, config, ks, pools, m, floor=0.0, closed=closes)
                 if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
                     search.near.append((_order(search, config, pools, m, variants, bound), config.spec(),
                                         config, m, variants))
@@ -155,19 +153,22 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             bound = max(bound, refined)
         else:
             order = bound
-        if ks and not follow:
-            _push_families(search, queue, config, ks, pools, m, floor=0.0)
+        if not follow:
+            _families(search, queue, config, ks, pools, m, floor=0.0, closed=False)
         bound = solve_config(search, config, m, bound, variants, order=order)
-        if follow and bound >= search.incumbent * (1 - 1e-9):
-            search.pruned += len(ks)  # its tables close its families too
-        elif follow:
-            _push_families(search, queue, config, ks, pools, m, floor=bound)
+        if follow:  # what its tables proved bounds its families too
+            _families(search, queue, config, ks, pools, m, floor=bound,
+                      closed=bound >= search.incumbent * (1 - 1e-9))
 
 
-def _push_families(search: Search, queue: "BoundQueue", config: Strategy, ks: list[int], pools: list, m: int,
-                   floor: float) -> None:
-    """Queue the every-k-th-block families of `config` (ks), each at its own lower bound or `floor` if higher
-    (a bound of `config` that also bounds them: space.families_bounded_by_base)."""
+def _families(search: Search, queue: "BoundQueue", config: Strategy, ks: list[int], pools: list, m: int,
+              floor: float, closed: bool) -> None:
+    """The every-k-th-block families of `config` (ks): pruned with it where `closed` (a bound of it that closes
+    them: space.families_bounded_by_base, families_fit_only_where_base_fits), else queued, each at its own lower
+    bound or `floor` if higher (a bound of `config` that also bounds them)."""
+    if closed:
+        search.pruned += len(ks)
+        return
     for k in ks:
         family = config.model_copy(update={"recompute": "full", "recompute_every": k})
         own = search.builder.lower_bound(family, pools, m) * rate_floor(search, family, pools)
