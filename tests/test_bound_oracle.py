@@ -145,8 +145,8 @@ def assert_family_bounds_hold(job: Job) -> tuple[int, int]:
 def test_a_configuration_bounds_its_every_kth_families(runtime, case):
     """The search prunes a configuration's every-k-th-block families with it, and floors their bounds by its
     (planner.search.branch): so its bounds must be at most every fitting every-k-th strategy's step time, any
-    split, any k.  On the T4s nothing fits without recomputing, so its memory-aware bound is above the
-    families' own cheap bounds: the check bites."""
+    split, any k.  On the T4s at 16,384 tokens memory binds, and the configuration's memory-aware bound is
+    above some families' own cheap bounds: there the check bites."""
     preset, shape, moe, seq, batch, margin, layers = case
     job = _job(runtime, preset, shape, moe, seq, batch, margin, layers)
     checked, tighter = assert_family_bounds_hold(job)
@@ -185,7 +185,7 @@ def assert_families_fit_only_where_base_fits(job: Job) -> tuple[int, int, int]:
 
 
 def test_a_configuration_that_fits_nowhere_closes_its_every_kth_families():
-    """Two T4s, 8 blocks of a 4,096-wide model at 16,384 tokens: interleaved every-k-th strategies fit, and
+    """Two T4s, 8 blocks of a 2,048-wide model at 16,384 tokens: interleaved every-k-th strategies fit, and
     some configurations fit nowhere (their memory-aware bound is inf): none of the fitting families is
     theirs."""
     job = _job("torchtitan", "pcie-t4", (2, 1), False, 16384, 4, 0.1, 8)
