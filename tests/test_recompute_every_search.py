@@ -106,3 +106,25 @@ def test_pipelined_every_kth_certificate_holds_under_torchtitan():
     job = _job("torchtitan", gpus=2, seq_len=16384, layers=4)
     assert any(s.pp == 2 and s.recompute_every == 2 for s in runtime_strategies(job))
     assert_certificate_holds(job)
+
+
+def test_on_even_stages_only_the_smallest_k_of_each_count_is_tried():
+    """Interleaved chunks keep every stage at blocks / pp blocks (8 on pp=2, vpp=2: 4 a stage), so k = 4 recomputes
+    one block of each stage as k = 3 does, but later (with blocks 1-3 still holding their saves: the same seconds,
+    no less HBM), and k = 5 to 7 recompute none (the configuration without recomputation's plans): the space tries
+    k = 2 and 3 (it tried 2 to 7).  Here evaluate confirms the dominance that leaves them out."""
+    job = _job("torchtitan", gpus=2, layers=8, vocab=512)
+    space = narrow_to_runtime(SpaceOptions(), job.runtime, job)
+    assert {c.recompute_every for c in global_configs(job, space)
+            if c.pp == 2 and c.vpp == 2 and c.recompute_every is not None} == {2, 3}
+    base = check_strategy(job, Strategy(pp=2, vpp=2))
+    runs = {k: evaluate(job, base.model_copy(update={"recompute": "full", "recompute_every": k}))
+            for k in range(2, 8)}
+    peaks = {k: [stage.peak_bytes for stage in run.memory.per_stage] for k, run in runs.items()}
+    assert runs[4].step_time_s == runs[3].step_time_s
+    assert all(later >= earlier for later, earlier in zip(peaks[4], peaks[3]))
+    assert runs[2].step_time_s > runs[3].step_time_s  # two blocks a stage recomputed against one: not dominated
+    plain = evaluate(job, base)
+    for k in (5, 6, 7):
+        assert runs[k].step_time_s == plain.step_time_s
+        assert peaks[k] == [stage.peak_bytes for stage in plain.memory.per_stage]

@@ -7,7 +7,10 @@ which its bounds prune.
 3. `branch_and_bound` walks them in bound order: a configuration whose bound is not below the incumbent is
    pruned, and so is every later one; the rest get a memory-aware bound and, if that keeps them,
    `planner.search.config_solve.solve_config`.  A configuration's every-k-th-block families join the queue
-   when it is reached.
+   when it is reached; where its bounds bound them too (one kind of block, one chunk per stage:
+   `planner.search.space.families_bounded_by_base`) only once its memory-aware bound and its tables keep it,
+   each at no less than the bound they prove; where nothing of it fits, not at all
+   (`families_fit_only_where_base_fits`).
 4. `solve_closest_runners_up` solves the closest closed configurations for the report.
 """
 
@@ -18,7 +21,8 @@ import heapq
 from planner.job import Job
 from planner.search.config_solve import RUNNER_UP_SOLVES, solve_config
 from planner.search.replica_groups import cluster_floor
-from planner.search.space import SpaceOptions, every_kth_families, global_configs, placement_variants
+from planner.search.space import (SpaceOptions, every_kth_ks, families_bounded_by_base,
+                                  families_fit_only_where_base_fits, global_configs, placement_variants)
 from planner.search.state import Search, pools_of, rate_floor
 from planner.search.warm import routed_share, state_share, warm_start
 from planner.strategy import Strategy
@@ -104,7 +108,8 @@ def bounded_configs(search: Search, legal: list[tuple[int, Strategy]]) -> list[t
 
 def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]], offload: bool) -> None:
     """The configurations in bound order, each pruned by its bounds or solved; a configuration's every-k-th-block
-    families join the queue when it is reached (their bounds are at least its: space.every_kth_families)."""
+    families join the queue when it is reached (their bounds are at least its: space.every_kth_ks), after its
+    memory-aware bound and its tables where those bound them too (space.families_bounded_by_base)."""
     queue = BoundQueue(configs)
     while queue:
         bound, m, config = queue.pop()
@@ -120,9 +125,11 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             search.stopped = True
             return
         pools = pools_of(search.job, config)
-        for family in every_kth_families(search.job, config, search.options.space,
-                                         identical=len(search.builder.segments) == 1):
-            queue.push((search.builder.lower_bound(family, pools, m) * rate_floor(search, family, pools), m, family))
+        identical = len(search.builder.segments) == 1
+        ks = every_kth_ks(search.job, config, search.options.space, identical)
+        # the families' plans are plans of this configuration in its bounds' eyes (one kind of block, one chunk
+        # per stage): its memory-aware bound and its tables prune them with it, or floor theirs
+        follow = families_bounded_by_base(config, identical)
         variants = placement_variants(search.job, config, search.options.space, offload)
         if search.incumbent < float("inf") and len(search.job.cluster.pools) == 1:
             # a memory-aware bound, dearer to compute: only for configurations the cheap bound keeps.  Not on a
@@ -136,6 +143,8 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
                                                    variants=variants, split=search.options.space.split_shape) * floor
             if refined >= search.incumbent * (1 - 1e-9):
                 search.pruned += 1
+                closes = follow or refined == float("inf") and families_fit_only_where_base_fits(identical)
+                _families(search, queue, config, ks, pools, m, floor=0.0, closed=closes)
                 if refined < float("inf"):  # it fits somewhere: a runner-up candidate, closest bound first
                     search.near.append((_order(search, config, pools, m, variants, bound), config.spec(),
                                         config, m, variants))
@@ -144,7 +153,26 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             bound = max(bound, refined)
         else:
             order = bound
-        solve_config(search, config, m, bound, variants, order=order)
+        if not follow:
+            _families(search, queue, config, ks, pools, m, floor=0.0, closed=False)
+        bound = solve_config(search, config, m, bound, variants, order=order)
+        if follow:  # what its tables proved bounds its families too
+            _families(search, queue, config, ks, pools, m, floor=bound,
+                      closed=bound >= search.incumbent * (1 - 1e-9))
+
+
+def _families(search: Search, queue: "BoundQueue", config: Strategy, ks: list[int], pools: list, m: int,
+              floor: float, closed: bool) -> None:
+    """The every-k-th-block families of `config` (ks): pruned with it where `closed` (a bound of it that closes
+    them: space.families_bounded_by_base, families_fit_only_where_base_fits), else queued, each at its own lower
+    bound or `floor` if higher (a bound of `config` that also bounds them)."""
+    if closed:
+        search.pruned += len(ks)
+        return
+    for k in ks:
+        family = config.model_copy(update={"recompute": "full", "recompute_every": k})
+        own = search.builder.lower_bound(family, pools, m) * rate_floor(search, family, pools)
+        queue.push((max(own, floor), m, family))
 
 
 def _order(search: Search, config: Strategy, pools: list, m: int, variants: tuple[dict, ...], cheap: float) -> float:

@@ -65,11 +65,16 @@ RUNNER_UP_SOLVES = 4  # at most this many runner-up programs per runner-up repor
 
 
 def solve_config(search: Search, config: Strategy, micro_batches: int, bound: float,
-                  variants: tuple[dict, ...], runner_up: bool = False, order: float | None = None) -> None:
+                 variants: tuple[dict, ...], runner_up: bool = False, order: float | None = None) -> float:
     """Solve one configuration: (1) cap the stage times, (2) build and check its tables, (3) build its
     program, (4) solve it, (5) record the value.  runner_up: only to learn its value for the report (no
     incumbent cap, a short limit, the certificate untouched).  `order`: the key that orders it among the
-    runner-up candidates (default its bound)."""
+    runner-up candidates (default its bound).
+
+    Returns the bound its tables prove for every plan with any per-stage recompute counts (the tables hold
+    them whatever counts the program ties: SpaceOptions.recompute_counts), at least `bound`: inf when no
+    plan runs within the incumbent's stage cap, the incumbent or more when the tables prune it.  The
+    program's own bound may hold only under the runtime's counts, so it is not this."""
     order = bound if order is None else order
     pools = pools_of(search.job, config)
     floor = rate_floor(search, config, pools)
@@ -80,27 +85,28 @@ def solve_config(search: Search, config: Strategy, micro_batches: int, bound: fl
     if tables is None:
         if cap < float("inf") and not runner_up:  # nothing within the incumbent's cap: a runner-up candidate
             search.near.append((order, config.spec(), config, micro_batches, variants))
-        return
+        return float("inf")
     table_bound = tables.bottleneck_bound() * floor
     if table_bound >= search.incumbent * (1 - 1e-9) and not runner_up:
         search.pruned += 1  # its own tables prove it cannot beat the incumbent
         if not runner_up and table_bound < float("inf"):
             search.near.append((table_bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate
-        return
+        return table_bound
     bound = max(bound, table_bound)
     program, cutoff = _program(search, tables, micro_batches, runner_up)
     if not runner_up and search.spent():  # the budget ran out while the tables were built
         search.open_bounds.append(bound)
         search.stopped = True
-        return
+        return bound
     solver, status = _solve(search, program, runner_up)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.UNKNOWN and not runner_up:
             search.open_bounds.append(bound)
         elif status == cp_model.INFEASIBLE and cutoff is not None:
             search.near.append((order, config.spec(), config, micro_batches, variants))  # a runner-up candidate
-        return
+        return bound
     _record(search, program, solver, status, bound, runner_up)
+    return bound
 
 
 def _stage_cap(search: Search, config: Strategy, micro_batches: int, pools: list, floor: float,

@@ -13,8 +13,8 @@ model are left out and say so where they are skipped:
   materialised (no flash attention); otherwise it costs time and saves
   nothing (a runtime's own per-op policy, torchtitan's, is tried always);
 * every k-th block recomputed (recompute_every=k, where the runtime runs it) is a configuration family of
-  its own; on one stage of identical blocks only the smallest k of each recomputed count (the others cost
-  the same seconds and hold more);
+  its own; where every stage holds the same count of identical blocks (one stage, interleaved chunks, an even
+  split) only the smallest k of each recomputed count (the others cost the same seconds and hold more);
 * offload only adds time, so it is tried only when the configuration does
   not fit without it (the solver asks for it then);
 * where state lives (offload, its device and ratio, and the FCDP host cache)
@@ -146,7 +146,7 @@ def stages_fit_pools(job: Job, ranks_per_stage: int, pp: int) -> bool:
 def global_configs(job: Job, options: SpaceOptions | None = None, families: bool = True) -> Iterator[Strategy]:
     """Every legal global configuration (split and per-stage choices left open).  `families=False` leaves out
     the every-k-th-block configurations (unless --fix names a k): the compiler expands them from their
-    configuration without recomputation when it reaches it (`every_kth_families`)."""
+    configuration without recomputation when it reaches it (`every_kth_ks`)."""
     options = options or SpaceOptions()
     if not families and "recompute_every" not in options.fixed:
         options = options.model_copy(update={"recompute_every": False})
@@ -194,8 +194,6 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     # scores are materialised or the runtime's own policy keeps less than a block saves (torchtitan's op SAC)
     pays = not job.flash or job.runtime.selective is not None
     bases: list[Recompute] = ["none", "selective"] if options.selective_recompute and pays else ["none"]
-    recomputes = _recomputes(options, bases, pp, blocks, job.model.num_blocks > 0,
-                             identical=identical)
     grain = options.batch_grain or job.global_batch
     mbss = [b for b in _divisors(job.global_batch // dp) if b <= (options.max_mbs or b)
             and job.global_batch % (dp * b) == 0 and grain % (dp * b) == 0]
@@ -215,6 +213,8 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                 if vpp not in _allowed(options, "vpp", [vpp]) or schedule not in _allowed(options, "schedule",
                                                                                           [schedule]):
                     continue
+                recomputes = _recomputes(options, bases, pp, blocks, job.model.num_blocks > 0, identical,
+                                         fixed_stage_blocks(pp, vpp, blocks, options.split_shape))
                 for zero in _allowed(options, "zero", list(options.zero_stages)):
                     if pp > 1 and zero not in options.zero_stages_pipelined:
                         continue
@@ -240,41 +240,84 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
 
 
 def _recomputes(options: SpaceOptions, bases: list[Recompute], pp: int, blocks: int, has_blocks: bool,
-                identical: bool) -> list[tuple[Recompute, int | None]]:
+                identical: bool, length: int | None) -> list[tuple[Recompute, int | None]]:
     """(base recompute, recompute_every) of the configurations: the bases (the tables add full recompute of a
-    stage's first blocks on top of none), then every k-th block recomputed (`_everies`)."""
-    everies = _everies(pp, blocks, identical) if options.recompute_every and has_blocks else []
+    stage's first blocks on top of none), then every k-th block recomputed (`_everies`; `length`:
+    fixed_stage_blocks)."""
+    # a k that --fix names is tried even where a smaller k dominates it
+    fixed = "recompute_every" in options.fixed
+    everies = _everies(pp, blocks, identical and not fixed, length) if options.recompute_every and has_blocks else []
     out: list[tuple[Recompute, int | None]] = [(base, None) for base in bases] + [("full", k) for k in everies]
     if "recompute_every" in options.fixed:
         out = [(base, every) for base, every in out if every == options.fixed["recompute_every"]]
     return out
 
 
-def _everies(pp: int, blocks: int, identical: bool) -> list[int]:
+def fixed_stage_blocks(pp: int, vpp: int, blocks: int, split_shape: str) -> int | None:
+    """The blocks every stage holds where the configuration fixes them (one stage; interleaved or V chunks,
+    which stay even; an even split: planner.search.ilp.build.build_tables), None where the tables choose."""
+    if pp == 1:
+        return blocks
+    return blocks // pp if vpp > 1 or split_shape == "even" else None
+
+
+def _everies(pp: int, blocks: int, identical: bool, length: int | None) -> list[int]:
     """The ks of every k-th block recomputed: from 2 to the most blocks a stage can hold (k = 1 is every block:
     the tables' full count; a larger k recomputes nothing).
 
-    One stage of identical blocks: the ks that recompute as many blocks (blocks // k) cost the same seconds,
-    and the smallest holds the fewest kept blocks before its last recomputed one (StageSums.recompute_peak), so
-    only it is tried."""
-    most = blocks if pp == 1 else blocks - pp + 1  # interleaved or even stages hold fewer: k past them is none
+    Where every stage holds `length` identical blocks (fixed_stage_blocks): the ks that recompute as many
+    blocks (length // k) cost the same seconds on every stage, and the smallest holds the fewest kept blocks
+    before its last recomputed one (StageSums.recompute_peak: the same sums otherwise), so only it is tried;
+    a k past `length` recomputes nothing (the configuration without recomputation's plans)."""
+    most = length if length is not None else blocks - pp + 1  # a stage leaves a block to each other stage
     everies = list(range(2, most + 1))
-    if pp == 1 and identical:
-        everies = [k for k in everies if blocks // k != blocks // (k - 1)]  # the smallest k of each count
+    if length is not None and identical:
+        everies = [k for k in everies if length // k != length // (k - 1)]  # the smallest k of each count
     return everies
 
 
-def every_kth_families(job: Job, config: Strategy, options: SpaceOptions, identical: bool) -> list[Strategy]:
-    """The every-k-th-block configurations that agree with `config` (one without recomputation nor all-to-all
-    overlap) in everything else, where the space has them and --fix leaves them out of `global_configs`
-    (`identical`: the model's blocks are one segment, planner.search.ilp.segments).  The
-    compiler expands them when it reaches `config`: their lower bound is at least its (the same blocks, some
-    recomputed), so one it prunes prunes them."""
+def every_kth_ks(job: Job, config: Strategy, options: SpaceOptions, identical: bool) -> list[int]:
+    """The ks of the every-k-th-block configurations that agree with `config` (one without recomputation nor
+    all-to-all overlap) in everything else, where the space has them and --fix leaves them out of
+    `global_configs` (`identical`: the model's blocks are one segment, planner.search.ilp.segments).  The
+    compiler expands these families when it reaches `config`: their lower bound is at least its (the same
+    blocks, some recomputed), so one it prunes prunes them."""
     if (not options.recompute_every or "recompute_every" in options.fixed or config.recompute != "none"
             or config.recompute_every is not None or config.ep_overlap or not job.model.num_blocks):
         return []
-    ks = _everies(config.pp, job.model.num_blocks, identical)
-    return [config.model_copy(update={"recompute": "full", "recompute_every": k}) for k in ks]
+    blocks = job.model.num_blocks
+    return _everies(config.pp, blocks, identical, fixed_stage_blocks(config.pp, config.vpp, blocks,
+                                                                        options.split_shape))
+
+
+def families_bounded_by_base(config: Strategy, identical: bool) -> bool:
+    """Whether every bound of `config` over its plans with any per-stage count of first blocks recomputed (the
+    tables' choice: lower_bound, refined_bound) bounds its every-k-th-block families too, so that a bound
+    of `config` that prunes it prunes them, and a bound that keeps it floors theirs.
+
+    Where the blocks are one segment of identical blocks and each stage one chunk (vpp = 1), a family's plan
+    (a split, every k-th block of each stage recomputed) has a plan of `config` at the same step time and no
+    more HBM: the same split with each stage's first n // k blocks recomputed (n its blocks).  Both stages
+    sum the same layers under the same modes, as many recomputed blocks, so every StageSums field agrees but
+    `kept_before_recompute`: 0 with the recomputed blocks first, the saves of the plain blocks before the
+    last recomputed one with every k-th (planner.cost.stage.kept_before_last_recompute).  No time term reads
+    it, and HBM only grows with it (StageSums.recompute_peak, through backward_extra).  The Strategy fields
+    that differ (recompute, recompute_every) reach the cost model only through the layers' modes.  With
+    several segments the every-k-th blocks may be of another kind than the first ones, and with vpp > 1 they
+    fall unevenly over a stage's chunks while the tables count per chunk: there the families keep their own
+    bounds (tests/test_bound_oracle.py checks this one against evaluate)."""
+    return identical and config.vpp == 1
+
+
+def families_fit_only_where_base_fits(identical: bool) -> bool:
+    """Whether a configuration none of whose plans fits (a memory-aware bound of inf) closes its every-k-th-block
+    families, any vpp: where the blocks are one segment of identical blocks, a family's plan that fits gives a
+    plan of the configuration that fits, each stage with all its blocks recomputed instead (the tables' count
+    per chunk, every block).  A stage's sums with R of its n blocks recomputed are the same whichever R they
+    are, but `kept_before_recompute` (>= 0, 0 with the recomputed blocks first), and HBM does not rise as more
+    of a stage's blocks recompute (the premise of TableBuilder.fewest_recompute's bisection).  With several
+    segments the family's recomputed blocks are of some kinds only (tests/test_bound_oracle.py checks it)."""
+    return identical
 
 
 def _v_schedules(options: SpaceOptions, pp: int, micro: int, blocks: int) -> list[Schedule]:

@@ -154,7 +154,7 @@ class Floors:
                                transfer: float) -> float:
         """With every k-th block recomputed over pp > 1 stages: a split whose stages all hold fewer than k blocks
         recomputes nothing and is a plan of the configuration without recomputation (the compiler reaches it
-        first: search.space.every_kth_families), so some stage holds n >= max(k, ceil(B / pp)) blocks, n // k of
+        first: search.space.every_kth_ks), so some stage holds n >= max(k, ceil(B / pp)) blocks, n // k of
         them recomputed (inf when no stage can hold n)."""
         every = strategy.recompute_every
         if every is None or strategy.pp == 1 or not self.segments:
@@ -341,16 +341,24 @@ class Floors:
         # one kind of block: a stage of n blocks recomputes at least what one of n - 1 needed
         floor = 0
         complete = float("inf")  # the profile holds every n (it stopped where nothing fits)
+        # interleaved: a stage of fewer blocks than chunks has a chunk of none, so it cannot recompute (per chunk)
+        # and may not fit where a longer one does; no plan has one (every chunk holds a block), so those lengths
+        # take the first longer stage's time, no more than any stage of a plan at this position
+        short = 0
         for n in range(1, min(blocks, most or blocks) + 1):
             starts = [blocks - n] if first < 0 else [0] if position == 0 else range(first, end - n + 1)
             fits = [f for counts in contents_at(bounds, n, starts)
                     if (f := self.floor_time(position, counts, strategy, variants, site, micro_batches,
                                              min_recompute=floor, with_fixed=with_fixed)) is not None]
+            if not fits and n < strategy.vpp:
+                short += 1
+                continue
             if not fits:
                 break  # n blocks do not fit even fully recomputed (or leave no block to a later stage)
             if len(bounds) == 1:
                 floor = min(r for _, r in fits)  # the least any placement needs
-            times.append(max(min(t for t, _ in fits), times[-1] if times else 0.0))
+            times += [max(min(t for t, _ in fits), times[-1] if times else 0.0)] * (short + 1)
+            short = 0
             if times[-1] > cap:
                 complete = cap  # longer stages are slower still: the rest cannot be within the cap
                 break
