@@ -19,8 +19,8 @@ torchtitan runs that publish their peak memory).
     python tests/bench/published_runs.py --runs tests/data/holdout_runs.csv --check   # build every row, print no error
 
 --runs reads another file of the same columns (default tests/data/published_runs.csv).  A frozen holdout
-(tests/data/holdout_runs.csv and tests/data/holdout2_runs.csv, docs/benchmarks.md "Frozen holdout" and "Second
-holdout") is scored only at the end of a modelling change; until then `--check` is the only way to read it:
+(tests/data/holdout_runs.csv, holdout2_runs.csv and holdout3_runs.csv, docs/benchmarks.md "Frozen holdout",
+"Second holdout" and "Third holdout") is scored once, at its end; until then `--check` is the only way to read it:
 it builds every row into a job and a strategy and lists the rows that do not build, without a prediction, an
 error or a memory verdict.
 
