@@ -264,3 +264,13 @@ def test_families_bench_groups_rows_by_the_issue_families():
         assert name in text
     runtimes = {f"runtime {r.case.runtime}" for r in results.values()}
     assert set(over) <= {name for name, _ in families.families()} | runtimes
+
+
+def test_size_grouping_places_models_by_decade_of_parameters(published_runs):
+    """--groups' 'size' grouping: the decade of a model's total parameters, lower bound inclusive (a 125M GPT in
+    '<1B', exactly 1e9 and Llama 3 8B in '1B-10B', Llama 3 70B in '10B-100B', Llama 3.1 405B in '>=100B')."""
+    size = published_runs.size_range
+    assert [size(p) for p in (125e6, 1e9, 8.03e9, 70.6e9, 1e11, 405e9)] == [
+        "<1B", "1B-10B", "1B-10B", "10B-100B", ">=100B", ">=100B"]
+    case = published_runs.build_case(published_runs.read_rows("all")[0])  # row 1: GPT 1.7B (SC21 Table 1)
+    assert published_runs.GROUPINGS["size"](case) == "1B-10B"

@@ -1,9 +1,9 @@
-"""The frozen holdouts (tests/data/holdout_runs.csv and holdout2_runs.csv; docs/benchmarks.md "Frozen holdout"
-and "Second holdout").
+"""The frozen holdouts (tests/data/holdout_runs.csv, holdout2_runs.csv and holdout3_runs.csv; docs/benchmarks.md
+"Frozen holdout", "Second holdout" and "Third holdout").
 
-Published training runs from documents that no earlier file cites, each frozen before a modelling change and
-scored only at its end (the first was scored once and is in-sample since; the second was frozen before the
-next change from documents neither earlier file cites).  These tests hold each file to that: it reads as the
+Published training runs from documents that no earlier file cites, each frozen before it is scored and scored
+once (the first two were scored and are in-sample since; the third was frozen from documents none of the
+earlier files cites, to score the model as it stands).  These tests hold each file to that: it reads as the
 published runs do, every row builds into a job and a strategy, no row comes from a document an earlier file
 cites, its ids follow the earlier files', its documents table lists every document once, and the file is byte
 for byte the one whose SHA-256 the docs record.  Nothing here evaluates a row.
@@ -41,7 +41,9 @@ class Frozen:
 
 HOLDOUT = Frozen(DATA / "holdout_runs.csv", 1001, (PUBLISHED,), "## Frozen holdout")
 HOLDOUT2 = Frozen(DATA / "holdout2_runs.csv", 2001, (PUBLISHED, HOLDOUT.path), "### Second holdout")
-FROZEN = [pytest.param(HOLDOUT, id="holdout"), pytest.param(HOLDOUT2, id="holdout2")]
+HOLDOUT3 = Frozen(DATA / "holdout3_runs.csv", 3001, (PUBLISHED, HOLDOUT.path, HOLDOUT2.path), "### Third holdout")
+FROZEN = [pytest.param(HOLDOUT, id="holdout"), pytest.param(HOLDOUT2, id="holdout2"),
+          pytest.param(HOLDOUT3, id="holdout3")]
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +129,8 @@ def test_holdout_is_the_frozen_file(bench, frozen):
 
 
 # the first holdout's table names one document by its repository alone (MLCommons' results), so only the
-# second's is held to one line per document
-@pytest.mark.parametrize("frozen", [pytest.param(HOLDOUT2, id="holdout2")])
+# later ones are held to one line per document
+@pytest.mark.parametrize("frozen", [pytest.param(HOLDOUT2, id="holdout2"), pytest.param(HOLDOUT3, id="holdout3")])
 def test_the_documents_table_lists_every_document_once(bench, frozen):
     """Each document of the file has one line of its section's table, with its ids and its row count."""
     section, rows = _section(frozen), _rows(bench, frozen)

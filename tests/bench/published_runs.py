@@ -14,13 +14,13 @@ torchtitan runs that publish their peak memory).
     python tests/bench/published_runs.py --csv F    # also write the rows
     python tests/bench/published_runs.py --compile  # also compile every row (up to 60 s each)
     python tests/bench/published_runs.py --compile --ids 63,72   # only these rows
-    python tests/bench/published_runs.py --groups   # also errors per source, device, parallel family, sequence
+    python tests/bench/published_runs.py --groups   # also errors per source, device, parallel family, sequence, size
     python tests/bench/published_runs.py --constants backward_gemm_ratio=2.2   # trial constant values
     python tests/bench/published_runs.py --runs tests/data/holdout_runs.csv --check   # build every row, print no error
 
 --runs reads another file of the same columns (default tests/data/published_runs.csv).  A frozen holdout
-(tests/data/holdout_runs.csv and tests/data/holdout2_runs.csv, docs/benchmarks.md "Frozen holdout" and "Second
-holdout") is scored only at the end of a modelling change; until then `--check` is the only way to read it:
+(tests/data/holdout_runs.csv, holdout2_runs.csv and holdout3_runs.csv, docs/benchmarks.md "Frozen holdout",
+"Second holdout" and "Third holdout") is scored once, at its end; until then `--check` is the only way to read it:
 it builds every row into a job and a strategy and lists the rows that do not build, without a prediction, an
 error or a memory verdict.
 
@@ -555,12 +555,23 @@ def device_family(row: dict) -> str:
     return next((family for family in _DEVICE_FAMILIES if family in row["gpu_type"]), row["gpu_type"])
 
 
+# model size ranges of the "size" grouping, by the model's total parameters (MoE: every expert counted): upper
+# bound (exclusive) and label; the last range is open.  Decades, so a reader can place any model without a table.
+SIZE_RANGES = ((1e9, "<1B"), (1e10, "1B-10B"), (1e11, "10B-100B"), (float("inf"), ">=100B"))
+
+
+def size_range(params: float) -> str:
+    """The SIZE_RANGES label of a model with `params` parameters."""
+    return next(label for bound, label in SIZE_RANGES if params < bound)
+
+
 GROUPINGS = {
     "source": lambda case: source_key(case.row),
     "device": lambda case: device_family(case.row),
     "family": lambda case: parallel_family(case.strategy),
     "runtime": lambda case: case.runtime,
     "sequence": lambda case: seq_range(case.job.seq_len),
+    "size": lambda case: size_range(case.job.model.params),
 }
 
 
@@ -682,10 +693,10 @@ def main() -> None:
     parser.add_argument("--ids", help="only these row ids, comma-separated")
     parser.add_argument("--constants", help="cost with these constant values: name=value,... (the cases, and "
                         "the recompute setting they pick by memory, stay those of constants.yaml)")
-    parser.add_argument("--groups", action="store_true", help="also print the errors per source, device family "
-                        "and parallelism family")
+    parser.add_argument("--groups", action="store_true", help="also print the errors per source, device family, "
+                        "parallelism family, sequence range and model size")
     parser.add_argument("--runs", type=Path, default=CSV_PATH, help="the runs file (default "
-                        "tests/data/published_runs.csv; the frozen holdout is tests/data/holdout_runs.csv)")
+                        "tests/data/published_runs.csv; the frozen holdouts are tests/data/holdout*_runs.csv)")
     parser.add_argument("--check", action="store_true", help="only build every row (all tiers) and list the "
                         "rows that do not build; prints no prediction and no error (for the frozen holdout)")
     args = parser.parse_args()
@@ -698,7 +709,7 @@ def main() -> None:
         results = [r for r in results if r.case.row["id"] in wanted]
     print_table(results)
     if args.groups:
-        for by in ("source", "device", "family", "sequence"):
+        for by in ("source", "device", "family", "sequence", "size"):
             print_grouped(results, by)
     if args.compile:
         print()
