@@ -57,15 +57,22 @@ def mixed_job_files(tmp_path):
     return spec, cluster
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before a multiprocess test's fixtures (a module's may launch): the warm launches' interpreter, started once
+    and kept from one launch to the next (tests/warm_torchrun.py)."""
+    if item.get_closest_marker("multiprocess") is not None:
+        from warm_torchrun import start_server
+
+        start_server()
+
+
 @pytest.fixture(autouse=True)
 def _one_multiprocess_test_at_a_time(request, tmp_path_factory):
     """Tests marked `multiprocess` (tests/ports.py) hold an exclusive lock shared by every xdist worker."""
     if request.node.get_closest_marker("multiprocess") is None:
         yield
         return
-    from warm_torchrun import start_server
-
-    start_server()  # the warm launches' interpreter, kept from one launch to the next (tests/warm_torchrun.py)
     with one_launch_at_a_time(tmp_path_factory):
         yield
 

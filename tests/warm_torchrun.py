@@ -182,9 +182,26 @@ def serve(address: str) -> None:
 
 
 def _startup(environ) -> dict[str, str]:
-    """The variables an interpreter reads at its start (PYTHONUNBUFFERED aside: a launch's own setting is applied
-    to its streams)."""
-    return {key: value for key, value in environ.items() if key.startswith("PYTHON") and key != "PYTHONUNBUFFERED"}
+    """The variables an interpreter reads at its start: Python's own but PYTHONUNBUFFERED (a launch's setting is
+    applied to its streams), PYTHONBREAKPOINT (read at each breakpoint(); Ray sets it in the process that imports
+    it) and PYTHONPATH's folders without a sitecustomize or usercustomize (set on sys.path by `_search_path`)."""
+    kept = {key: value for key, value in environ.items()
+            if key.startswith("PYTHON") and key not in ("PYTHONUNBUFFERED", "PYTHONBREAKPOINT", "PYTHONPATH")}
+    customize = [folder for folder in _folders(environ)
+                 if any((Path(folder) / f"{name}.py").exists() for name in ("sitecustomize", "usercustomize"))]
+    return {**kept, "customize": os.pathsep.join(customize)}
+
+
+def _folders(environ) -> list[str]:
+    """PYTHONPATH's folders, as the interpreter reads them (empty entries left out)."""
+    return [folder for folder in environ.get("PYTHONPATH", "").split(os.pathsep) if folder]
+
+
+def _search_path(served: list[str], launch: list[str]) -> None:
+    """sys.path as the launch's interpreter would have it: its PYTHONPATH folders where the server's were, after
+    the script's folder (sys.path[0])."""
+    rest = sys.path[1 + len(served):] if sys.path[1:1 + len(served)] == served else sys.path[1:]
+    sys.path[:] = [sys.path[0], *[os.path.abspath(folder) for folder in launch], *rest]
 
 
 def _become_launch(request: dict, fds: list[int]) -> NoReturn:
@@ -195,8 +212,10 @@ def _become_launch(request: dict, fds: list[int]) -> NoReturn:
         os.dup2(fd, number)
         os.close(fd)
     os.chdir(request["cwd"])
+    served = [os.path.abspath(folder) for folder in _folders(os.environ)]
     os.environ.clear()
     os.environ.update(request["env"])
+    _search_path(served, _folders(os.environ))
     if os.environ.get("PYTHONUNBUFFERED"):
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=True, write_through=True)  # type: ignore[union-attr]
