@@ -191,7 +191,9 @@ def _interrupt(tmp_path: Path, delay: float | str, signum: int) -> tuple[int, st
     return proc.returncode, err
 
 
-@pytest.mark.parametrize("delay", ["imports", 1.5, 3.0, 4.5, 6.0])
+# 3.0 and 6.0 s land between the others (each run holds a worker for its delay): `-m long` adds them
+@pytest.mark.parametrize("delay", ["imports", 1.5, pytest.param(3.0, marks=pytest.mark.long), 4.5,
+                                   pytest.param(6.0, marks=pytest.mark.long)])
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
 def test_interrupt_at_any_moment_leaves_nothing_half_written(tmp_path, delay, signame):
     # "imports" lands while the modules import (the signals held), later ones during the searches (the
