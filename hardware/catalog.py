@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib import resources
-from typing import Literal
+from typing import Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -296,21 +296,11 @@ class Catalog(BaseModel):
 
     def dispatcher(self, name: str) -> DispatcherSpec:
         """A MoE token dispatcher by name (dispatchers.yaml)."""
-        try:
-            return self.dispatchers[name]
-        except KeyError:
-            raise HardwareInputError(
-                f"unknown dispatcher {name!r}; known: {', '.join(sorted(self.dispatchers))}"
-            ) from None
+        return _lookup(self.dispatchers, "dispatcher", name)
 
     def device(self, name: str) -> DeviceSpec:
         """Look up a device by key."""
-        try:
-            return self.devices[name]
-        except KeyError:
-            raise HardwareInputError(
-                f"unknown device {name!r}; known: {', '.join(sorted(self.devices))}"
-            ) from None
+        return _lookup(self.devices, "device", name)
 
     def node_device(self, node: NodeSpec) -> DeviceSpec:
         """The GPU of `node` as it runs there: the catalog device under the node's power or clock limit
@@ -319,12 +309,18 @@ class Catalog(BaseModel):
 
     def node(self, name: str) -> NodeSpec:
         """Look up a node preset by key."""
-        try:
-            return self.nodes[name]
-        except KeyError:
-            raise HardwareInputError(
-                f"unknown node preset {name!r}; known: {', '.join(sorted(self.nodes))}"
-            ) from None
+        return _lookup(self.nodes, "node preset", name)
+
+
+_Entry = TypeVar("_Entry")
+
+
+def _lookup(table: dict[str, _Entry], kind: str, name: str) -> _Entry:
+    """table[name], or one line naming the kind and the known keys."""
+    try:
+        return table[name]
+    except KeyError:
+        raise HardwareInputError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}") from None
 
 
 def _read_yaml(name: str) -> dict:
