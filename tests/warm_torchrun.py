@@ -60,7 +60,6 @@ WARM = ("torch", "torch.distributed.fsdp", "torch.distributed.tensor", "torch._d
 SERVED = (*WARM, "torch.distributed.run", "torch.distributed.launcher.api", "planner.runtime.train")
 ADDRESS = "PLANNER_WARM_TORCHRUN"  # the environment variable naming the server's socket
 REFUSED = b"refused"  # the server's answer to a launch it does not run
-_SERVERS: list[subprocess.Popen] = []  # this process's server, held so that its stdin pipe stays open
 
 
 def shim_dir(folder: Path) -> Path:
@@ -127,8 +126,7 @@ def start_server() -> None:
     assert server.stdout is not None
     if server.stdout.readline().strip() != b"ready":
         raise RuntimeError(f"the warm torchrun server did not start (exit {server.wait()})")
-    _SERVERS.append(server)
-    atexit.register(_stop, server)
+    atexit.register(_stop, server)  # which also holds it, so its stdin pipe stays open until then
     os.environ[ADDRESS] = address
 
 

@@ -129,7 +129,8 @@ def expert_all_to_all_seconds(layer: Layer, job: Job, strategy: Strategy, groups
     # forward dispatches (the recomputed one too) in the dispatcher's dispatch dtype; the combines and both
     # backward passes (the gradients) in its combine dtype
     dispatch = dispatch_seconds(layer, tokens, spec.dispatch_bytes_per_element, s, groups, catalog)
-    combine = dispatch_seconds(layer, tokens, spec.combine_bytes_per_element, s, groups, catalog)
+    combine = dispatch if spec.combine_bytes_per_element == spec.dispatch_bytes_per_element else \
+        dispatch_seconds(layer, tokens, spec.combine_bytes_per_element, s, groups, catalog)
     seconds = ((1 + full) * dispatch + (3 + full) * combine) * expert_load_ratio(layer, job, s, catalog)
     if s.ep_overlap:
         window = time.forward + time.backward + time.recompute

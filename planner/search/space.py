@@ -248,7 +248,7 @@ def _recomputes(options: SpaceOptions, bases: list[Recompute], pp: int, blocks: 
     fixed = "recompute_every" in options.fixed
     everies = _everies(pp, blocks, identical and not fixed, length) if options.recompute_every and has_blocks else []
     out: list[tuple[Recompute, int | None]] = [(base, None) for base in bases] + [("full", k) for k in everies]
-    if "recompute_every" in options.fixed:
+    if fixed:
         out = [(base, every) for base, every in out if every == options.fixed["recompute_every"]]
     return out
 
