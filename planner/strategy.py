@@ -33,6 +33,7 @@ Dispatcher = Literal["alltoall", "deepep", "hybridep"]
 
 
 PLACEMENT_KEYS = ("offload", "offload_device", "offload_ratio", "regather")
+_STAGE_FIELDS = tuple(f"stage_{key}" for key in PLACEMENT_KEYS)  # their per-stage fields
 
 
 class Strategy(BaseModel):
@@ -210,7 +211,7 @@ class Strategy(BaseModel):
     @property
     def per_stage_placement(self) -> bool:
         """Whether stages park their state differently (some stage_* field is set)."""
-        return any(getattr(self, f"stage_{key}") is not None for key in PLACEMENT_KEYS)
+        return any(getattr(self, name) is not None for name in _STAGE_FIELDS)
 
     def for_stage(self, stage: int) -> "Strategy":
         """This strategy as stage `stage` runs it: its own offload, device, ratio and regather."""

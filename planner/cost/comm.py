@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hardware import Catalog
 from hardware import collectives as coll
@@ -196,10 +197,17 @@ def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageComms,
     if crossings is None:
         sends = 2 * strategy.vpp  # forward activation and backward gradient, per chunk
         return sends * coll.point_to_point(volume, groups.pp, catalog) * fraction
-    pair = groups.pp.model_copy(update={"size": 2})
-    link = {False: pair.model_copy(update={"ranks_per_node": 2}), True: pair.model_copy(update={"ranks_per_node": 1})}
+    link = _boundary_pairs(groups.pp)
     per_chunk = sum(coll.point_to_point(volume, link[cross], catalog) for cross in crossings)
     return strategy.vpp * per_chunk * fraction
+
+
+@lru_cache(maxsize=64)
+def _boundary_pairs(pp: CommGroup) -> tuple[CommGroup, CommGroup]:
+    """The pair of ranks one pipeline send joins, indexed by whether it crosses the NVLink domain; cached, as
+    every stage of every configuration the search prices asks for the same few."""
+    pair = pp.model_copy(update={"size": 2})
+    return pair.model_copy(update={"ranks_per_node": 2}), pair.model_copy(update={"ranks_per_node": 1})
 
 
 def boundary_crossings(strategy: Strategy, stage: int, gpus_per_node: int, mixed: bool) -> tuple[bool, bool]:

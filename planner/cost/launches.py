@@ -34,6 +34,9 @@ class LayerLaunches(BaseModel):
     backward: float = Field(ge=0, description="Kernels of the backward pass.")
 
 
+_NO_LAUNCHES = LayerLaunches(forward=0.0, backward=0.0)  # a kind neither counted nor substituted
+
+
 class KernelLaunches(BaseModel):
     """hardware/data/kernels.yaml: kernels per layer kind, eager and fused."""
 
@@ -48,7 +51,8 @@ class KernelLaunches(BaseModel):
         """The kernels of one layer of `kind` (none for a kind neither counted nor substituted)."""
         table = self.fused if fused else self.eager
         kind = self.same_as.get(kind, kind)
-        return table.get(kind, LayerLaunches(forward=0.0, backward=0.0))
+        launches = table.get(kind)
+        return _NO_LAUNCHES if launches is None else launches
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hardware import Catalog, Cluster, DeviceSpec, NodeSpec, Pool
+from hardware import Catalog, Cluster, DeviceSpec, LinkSpec, NodeSpec, Pool
 from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, ModelGraph
 from planner.fields import Reader, reads
@@ -131,16 +131,30 @@ def comm_group(cluster: Cluster, pools: tuple[Pool, ...], size: int, stride: int
     (at least one); the CommGroup's "node" is that domain: its members talk
     over the intra link, and only traffic between domains uses the NICs.
     """
-    per_node = group_ranks_per_node(size, stride, nvlink_domain_gpus(pools))
-    slowest_intra = min((p.node.intra_link for p in pools), key=lambda link: link.bandwidth)
-    inter = min(cluster.inter_node_bandwidth_per_gpu(p) for p in pools)
-    return CommGroup(
-        size=size,
-        ranks_per_node=per_node,
-        intra=slowest_intra,
-        inter_bandwidth=inter,
-        inter_latency=cluster.fabric.latency,
-    )
+    return _group_on(_links(cluster, pools), size, stride)
+
+
+@dataclass(frozen=True)
+class _Links:
+    """What every communicator on a set of pools shares: the smallest NVLink domain, the slowest intra link,
+    the slowest inter-node rate per GPU and the fabric's latency."""
+
+    domain_gpus: int
+    intra: LinkSpec
+    inter_bandwidth: float
+    inter_latency: float
+
+
+def _links(cluster: Cluster, pools: tuple[Pool, ...]) -> _Links:
+    return _Links(domain_gpus=nvlink_domain_gpus(pools),
+                  intra=min((p.node.intra_link for p in pools), key=lambda link: link.bandwidth),
+                  inter_bandwidth=min(cluster.inter_node_bandwidth_per_gpu(p) for p in pools),
+                  inter_latency=cluster.fabric.latency)
+
+
+def _group_on(links: _Links, size: int, stride: int) -> CommGroup:
+    return CommGroup(size=size, ranks_per_node=group_ranks_per_node(size, stride, links.domain_gpus),
+                     intra=links.intra, inter_bandwidth=links.inter_bandwidth, inter_latency=links.inter_latency)
 
 
 @dataclass(frozen=True)
@@ -186,8 +200,10 @@ GROUP_SHAPES: dict[str, Callable[[Strategy, int], tuple[int, int]]] = {
 def stage_comms(job: Job, strategy: Strategy, site: StageSite) -> StageComms:
     """Communicator shapes for one stage under a resolved strategy."""
     gpn = min(p.node.gpus_per_node for p in site.pools)
-    return StageComms(**{name: comm_group(job.cluster, site.pools, *shape(strategy, gpn))
-                          for name, shape in GROUP_SHAPES.items()})
+    links = _links(job.cluster, site.pools)  # once per stage: the eight groups share it, and several a shape
+    shapes = {name: shape(strategy, gpn) for name, shape in GROUP_SHAPES.items()}
+    groups = {shape: _group_on(links, *shape) for shape in set(shapes.values())}
+    return StageComms(**{name: groups[shape] for name, shape in shapes.items()})
 
 
 def tp_divisor(layer: Layer, tp: int) -> int:

@@ -86,30 +86,32 @@ class RuntimeProfile(BaseModel):
         refusal = self.model_refusal(int(model_has_experts), shared_experts)
         if refusal is not None:
             out.append(refusal)
-        checks = [
-            (s.tp > 1 and not sp.tensor_parallel, f"tensor parallelism (tp={s.tp})"),
-            (s.cp > 1 and not sp.context_parallel, f"context parallelism (cp={s.cp})"),
+        # the reasons are templates, formatted only for the checks that fail: the certificate oracle asks this of
+        # about a million candidates per run, most refused
+        checks = (
+            (s.tp > 1 and not sp.tensor_parallel, "tensor parallelism (tp={s.tp})"),
+            (s.cp > 1 and not sp.context_parallel, "context parallelism (cp={s.cp})"),
             (s.cp > 1 and sp.context_parallel and sp.context_parallel_needs_flash and not flash_attention,
              "context parallelism without fused attention"),
-            (s.ep > 1 and not sp.expert_parallel, f"expert parallelism (ep={s.ep})"),
+            (s.ep > 1 and not sp.expert_parallel, "expert parallelism (ep={s.ep})"),
             (s.expert_tp != s.tp and not (sp.expert_parallel and sp.expert_tensor_parallel),
-             f"expert tensor parallelism (etp={s.etp}) apart from tp"),
+             "expert tensor parallelism (etp={s.etp}) apart from tp"),
             (s.ep_overlap and s.ep > 1 and not (sp.expert_parallel and sp.ep_overlap), "ep_overlap"),
-            (s.dispatcher not in sp.dispatchers, f"dispatcher={s.dispatcher}"),
-            (s.pp == 1 and s.zero not in sp.zero_stages, f"zero={s.zero}"),
-            (s.pp > 1 and s.zero not in sp.zero_stages_pipelined, f"zero={s.zero} with pipeline parallelism"),
-            (s.zero > 0 and s.shard not in sp.shard_scopes, f"shard={s.shard}"),
+            (s.dispatcher not in sp.dispatchers, "dispatcher={s.dispatcher}"),
+            (s.pp == 1 and s.zero not in sp.zero_stages, "zero={s.zero}"),
+            (s.pp > 1 and s.zero not in sp.zero_stages_pipelined, "zero={s.zero} with pipeline parallelism"),
+            (s.zero > 0 and s.shard not in sp.shard_scopes, "shard={s.shard}"),
             (s.per_stage_placement and not sp.per_stage_placement, "a different offload setting per stage"),
             (s.regather == "host" and not sp.host_regather, "regather=host (host-memory weight cache)"),
-            (s.pp > 1 and s.pipeline_schedule not in sp.schedules, f"schedule={s.pipeline_schedule}"),
+            (s.pp > 1 and s.pipeline_schedule not in sp.schedules, "schedule={s.pipeline_schedule}"),
             (s.recompute == "selective" and not sp.selective_recompute, "recompute=selective"),
             (s.recompute_every is not None and not sp.recompute_every,
-             f"recompute_every={s.recompute_every} (every k-th block)"),
+             "recompute_every={s.recompute_every} (every k-th block)"),
             (s.tp_overlap and s.tp > 1 and not sp.tp_overlap, "tp_overlap"),
             (micro_batches is not None and s.pp > 1 and s.pipeline_schedule == "1f1b" and sp.one_f_one_b_needs_stages
-             and micro_batches < s.pp, f"1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),
-        ]
-        out += [what for bad, what in checks if bad]
+             and micro_batches < s.pp, "1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),
+        )
+        out += [what.format(s=s, micro_batches=micro_batches) for bad, what in checks if bad]
         if model_has_experts and sp.moe:
             out += self._moe_refusals(s)
         if sp.recompute_layers != "per_stage" and not recompute_counts_allowed(s, split_blocks, sp.recompute_layers):
