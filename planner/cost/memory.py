@@ -410,17 +410,19 @@ def stage_memory(
         return (term.bytes(dense, s.zero, shard) + (term.bytes(expert, s.zero, expert_shard) if expert else 0.0)
                 + term.whole_embedding_extra(sums.embedding_params, s.zero, s.tp))
 
-    def state(kind: str) -> float:
-        return sum(term_bytes(t) for t in terms if t.kind == kind)
-
-    weights, grads, optimizer = state("weights"), state("grads"), state("optimizer")
+    # each term's bytes once (the search prices a stage's memory hundreds of thousands of times)
+    held = [(t, term_bytes(t)) for t in terms]
+    by_kind = {"weights": 0.0, "grads": 0.0, "optimizer": 0.0}
+    for t, b in held:
+        by_kind[t.kind] += b
+    weights, grads, optimizer = by_kind["weights"], by_kind["grads"], by_kind["optimizer"]
 
     host = nvme = 0.0
     if s.offloads_optimizer:
         # the offloaded share of the optimizer states and of the terms that live with them; without such a
         # term the CPU optimizer reads an fp32 gradient copy of its own
         share = s.offload_ratio
-        with_optimizer = sum(term_bytes(t) for t in terms if t.moves_with == "optimizer")
+        with_optimizer = sum(b for t, b in held if t.moves_with == "optimizer")
         fp32_grads = share * (with_optimizer or params * 4.0 / opt_shard)
         grads -= share * with_optimizer
         moved = share * optimizer
@@ -428,7 +430,7 @@ def stage_memory(
         optimizer -= moved
     if s.offloads_params:
         # the weights at rest, and the gradient shards that FSDP offloads with them
-        with_params = sum(term_bytes(t) for t in terms if t.moves_with == "params")
+        with_params = sum(b for t, b in held if t.moves_with == "params")
         parked = weights + with_params
         if s.offload_device == "cpu":
             host += parked

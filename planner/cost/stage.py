@@ -10,6 +10,7 @@ for candidate layer counts, so the solver and `evaluate` share every formula.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hardware import Catalog
 from models.graph import Layer, LayerKind, RecomputeMode
@@ -84,7 +85,14 @@ def layer_busy(layer: Layer, job: Job, strategy: Strategy, site: StageSite, grou
 
 def layer_key(layer: Layer, mode: str) -> tuple:
     """Layers equal but for name and block cost the same."""
-    return (mode, layer.model_dump_json(exclude={"name", "block"}))
+    return (mode, _layer_json(layer))
+
+
+@lru_cache(maxsize=4096)
+def _layer_json(layer: Layer) -> str:
+    # cached: a stage's sums key every layer on every call (2.5 million JSON dumps in a test run); Layer is
+    # frozen, so hashing it is a quarter of dumping it and an entry cannot go stale
+    return layer.model_dump_json(exclude={"name", "block"})
 
 
 # what `sum_layers` reads of the strategy (with the layers, their modes and the site's pools): its cache key
