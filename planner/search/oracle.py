@@ -5,7 +5,8 @@ configurations, its dominance rules, its narrowing to the runtime), so it can on
 search solves that space.  This enumerator shares none of it: it spells out every value of every
 Strategy field over the job's GPUs, keeps what `check_strategy` accepts and the runtime can run
 (`planner.cost.refusals`: its profile's space), and scores each with `evaluate`.  A certificate is true
-when nothing it finds fits and is faster.
+when nothing it finds fits and is faster.  One shortcut, itself tested against the candidates tried one by one
+(tests/test_oracle.py): a candidate whose "no recompute" is rejected has its other recompute settings skipped.
 
 What it leaves out, each an input rather than a choice: `tp_overlap` (the assumption that the build
 overlaps TP collectives with GEMMs, SpaceOptions.tp_overlap; off unless asked for), `stage_pools`
