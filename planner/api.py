@@ -61,7 +61,7 @@ from planner.search.space import OffloadSearch, SpaceOptions, narrow_to_runtime
 from planner.simulate.plan_input import PlanSimulation, plan_job, plan_runs, read_plan
 from planner.simulate.plan_input import simulate_plan as simulate_runs
 from planner.simulate.simulator import SimulationRun
-from planner.strategy import Strategy, parse_strategy
+from planner.strategy import Dispatcher, Strategy, parse_strategy
 from planner.validation import check_strategy
 
 __all__ = ["Compiled", "DEFAULT_RUNTIME", "compare_baselines", "compile", "estimate", "estimate_data", "load_job"]
@@ -251,7 +251,8 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
             max_step_time: float | None = None, time_limit: float = 60.0, work_limit: float | None = None,
             offload_search: OffloadSearch = "always",
             embedding_planner: EmbeddingStrategyName = "planner", prefer: Prefer = "validated",
-            progress: Progress | None = None, data_profile: DataProfile | None = None) -> Compiled:
+            progress: Progress | None = None, data_profile: DataProfile | None = None,
+            dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> Compiled:
     """Search every strategy for the fastest (objective "cost": cheapest) plan of `job` that fits.
 
     targets: launch targets the plan must be expressible in (their spaces intersect; none named: the default
@@ -263,7 +264,8 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
     nothing fits, with what does not fit where and the smallest change that would.  data_profile: plan the
     packing, per-bucket context parallelism and balancing of that data against the best static plan on it
     (planner.data; the plan's `data` section; the data plan chooses among strategies by its own step times, so
-    `prefer` does not apply to it)."""
+    `prefer` does not apply to it).  dispatchers: the MoE token dispatchers the build has (`--dispatchers`;
+    DeepEP's need its library), searched where the runtime runs them; the certificate holds over them."""
     explicit = bool(targets)
     chosen = targets or tuple(t for t in DEFAULT_TARGETS if t in available_targets())
     missing = [t for t in chosen if t not in available_targets()]
@@ -292,7 +294,7 @@ def compile(job: Job, *, targets: tuple[str, ...] = (), runtime: str | None = No
         job = job.on(load_runtime(name))
         notes += [note] if note else []
     options = _options(job, targets, fixed or {}, objective, max_step_time, time_limit, work_limit, offload_search,
-                       prefer)
+                       prefer, dispatchers)
     if job.routing is not None and job.model.num_experts:
         _place_experts(job)  # before the search's clock starts: its budget is for the search
     if job.routing is not None and job.routing.redundant_slots and job.model.num_experts:
@@ -354,10 +356,11 @@ def _compile_replica_choice(job: Job, options: CompileOptions, targets: tuple[st
 
 def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], objective: Objective,
              max_step_time: float | None, time_limit: float, work_limit: float | None,
-             offload_search: OffloadSearch, prefer: Prefer = "validated") -> CompileOptions:
+             offload_search: OffloadSearch, prefer: Prefer = "validated",
+             dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> CompileOptions:
     """The search's options: one plan every named target can express (the intersection of their spaces; a
     target whose runtime cannot run the model at all is skipped when the files are written instead)."""
-    space = SpaceOptions(fixed=fixed, offload_search=offload_search)
+    space = SpaceOptions(fixed=fixed, offload_search=offload_search, dispatchers=dispatchers)
     narrowed: list[str] = []
     if targets:
         space = space.model_copy(update={"replica_groups": False})

@@ -77,7 +77,7 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     "ep": FieldRole(reads=_as("ep", Reader.COMMS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
     "etp": FieldRole(reads=_as("expert_tp", Reader.COMMS, *EXPERT, Reader.COMPOSE), layout=True, fixable=True),
     "ep_overlap": FieldRole(reads=_as("ep_overlap", *EXPERT)),
-    "dispatcher": FieldRole(reads=_as("dispatcher", *EXPERT)),
+    "dispatcher": FieldRole(reads=_as("dispatcher", *EXPERT), fixable=True),
     "mbs": FieldRole(reads=_as("mbs", *LAYER, Reader.P2P, Reader.COMPOSE), fixable=True),
     "vpp": FieldRole(reads=_as("vpp", Reader.P2P, Reader.COMPOSE, Reader.LOWER, Reader.STAGE_SUMS),
                      layout=True, fixable=True),

@@ -38,6 +38,7 @@ from planner.search.compile import compile_job
 from planner.search.oracle import oracle_optimum, runtime_strategies
 from planner.search.result import CompileOptions
 from planner.search.space import SpaceOptions
+from planner.strategy import Dispatcher
 
 RUNTIMES = sorted(p.stem for p in (Path(__file__).parents[1] / "hardware" / "data" / "runtimes").glob("*.yaml"))
 MAIN = ("planner", "megatron", "deepspeed", "torchtitan", "pytorch-fsdp", "pytorch-ddp", "reference")
@@ -71,18 +72,20 @@ def small_jobs(draw, runtime: str) -> Job:
                memory_margin=draw(st.sampled_from([0.0, 0.1])))
 
 
-def _compile(job: Job, fixed: dict | None = None):
-    options = UNLIMITED if fixed is None else UNLIMITED.model_copy(update={"space": SpaceOptions(fixed=fixed)})
-    return compile_job(job, options)
+def _compile(job: Job, fixed: dict | None = None, dispatchers: tuple[Dispatcher, ...] = ("alltoall",)):
+    space = SpaceOptions(fixed=fixed or {}, dispatchers=dispatchers)
+    return compile_job(job, UNLIMITED.model_copy(update={"space": space}))
 
 
-def assert_certificate_holds(job: Job) -> None:
-    oracle = oracle_optimum(job, limit=40_000)
+def assert_certificate_holds(job: Job, dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> None:
+    """`dispatchers`: the MoE token dispatchers the build has (SpaceOptions.dispatchers), the compile's and the
+    oracle's alike."""
+    oracle = oracle_optimum(job, limit=40_000, dispatchers=dispatchers)
     if oracle.best is None:
         with pytest.raises(InfeasibleError):
-            _compile(job)
+            _compile(job, dispatchers=dispatchers)
         return
-    result = _compile(job)
+    result = _compile(job, dispatchers=dispatchers)
     cert, plan = result.certificate, result.strategy
     assert cert.status == "OPTIMAL" and cert.stopped is None
     assert not refusals(job, plan), f"{plan.spec()}: {job.runtime.name} cannot run it"
@@ -92,7 +95,7 @@ def assert_certificate_holds(job: Job) -> None:
         f"{job.runtime.name}: {oracle.best.spec()} fits at {oracle.step_time_s!r} s, faster than the certified "
         f"{plan.spec()} at {estimate.step_time_s!r} s ({oracle.runnable} strategies enumerated)")
     fixed = {key: getattr(plan, key) for key in fields_with("fixable") if getattr(plan, key) is not None}
-    again = _compile(job, fixed)
+    again = _compile(job, fixed, dispatchers)
     assert again.estimate.step_time_s == pytest.approx(estimate.step_time_s, rel=1e-6), fixed
 
 
@@ -142,6 +145,17 @@ def test_ep_overlap_and_zero_over_one_rank_are_in_the_space():
     assert_certificate_holds(moe)
     lone = _job("planner", cluster=_cluster("cpu", 4, 1), global_batch=2, seq_len=16384, memory_margin=0.1)
     assert_certificate_holds(lone)
+
+
+def test_the_certificate_holds_over_the_dispatchers_the_build_has():
+    """With DeepEP in the build (`--dispatchers alltoall,deepep`) the search and the oracle both try either
+    dispatcher wherever ep > 1 (megatron runs both), and nothing the oracle finds beats the certificate."""
+    job = _job("megatron", cluster=_cluster("dgx-a100-40g", 1, 2), global_batch=4, seq_len=4096, layers=2,
+               hidden=2048, moe=MoEConfig(num_experts=4, top_k=2, expert_ffn=2048))
+    both = ("alltoall", "deepep")
+    assert any(s.dispatcher == "deepep" for s in runtime_strategies(job, both))
+    assert all(s.dispatcher == "alltoall" for s in runtime_strategies(job))
+    assert_certificate_holds(job, dispatchers=both)
 
 
 @pytest.mark.parametrize("shape, margin", [((2, 2), 0.0), ((4, 1), 0.1)])

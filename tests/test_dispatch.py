@@ -14,6 +14,8 @@ from hardware import collectives as coll
 from hardware import load_catalog
 from models.graph import LayerKind, MoEShape
 from models.transformer import MoEConfig
+from planner import api
+from planner.cost import evaluate
 from planner.cost.comm import dispatch_seconds
 from planner.cost.dispatch import expected_destinations
 from planner.cost.layout import place_stages, stage_comms
@@ -159,3 +161,18 @@ def test_evaluate_prices_the_strategys_dispatcher():
     alltoall, deepep = (estimates[d].breakdown for d in ("alltoall", "deepep"))
     assert 0 < deepep.ep_comm_s < alltoall.ep_comm_s / 2
     assert deepep.compute_s == alltoall.compute_s and deepep.dp_comm_s == alltoall.dp_comm_s
+
+
+def test_compile_searches_deepep_only_where_the_build_has_it():
+    # experts spread over four nodes (--fix ep=32): DeepEP sends a token over the fabric once per destination
+    # node instead of once per destination rank, so where the build has it the search takes it
+    job = api.load_job("qwen3-30b-a3b", "dgx-h100:4", batch=256, seq_len=4096, runtime="megatron")
+    default = api.compile(job, fixed={"ep": 32}, targets=("megatron",))
+    with_deepep = api.compile(job, fixed={"ep": 32}, targets=("megatron",), dispatchers=("alltoall", "deepep"))
+    assert default.plan.strategy.dispatcher == "alltoall"
+    assert with_deepep.plan.strategy.dispatcher == "deepep"
+    assert with_deepep.plan.time.step_time_s < default.plan.time.step_time_s
+    assert evaluate(job, parse_strategy(with_deepep.plan.strategy_spec)).step_time_s == pytest.approx(
+        with_deepep.plan.time.step_time_s, rel=1e-9)
+    args = with_deepep.files()["megatron/args.txt"]
+    assert "--moe-token-dispatcher-type flex" in args and "--moe-flex-dispatcher-backend deepep" in args

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast, get_args
 
 import click
 
@@ -36,7 +37,7 @@ from planner.search.space import OffloadSearch
 from planner.plan.output import check_output_dir
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG
 from planner.plan.schema import plan_json_schema
-from planner.strategy import parse_int, spec_kind
+from planner.strategy import Dispatcher, parse_int, spec_kind
 
 _FIXABLE = fields_with("fixable")  # the search's global keys (planner.fields)
 
@@ -54,6 +55,16 @@ def _parse_fixed(spec: str) -> dict[str, int | str]:
         except PlannerInputError:
             raise click.BadParameter(f"{key}: expected an integer, got {raw!r}", param_hint="--fix") from None
     return fixed
+
+
+def _parse_dispatchers(ctx: click.Context, param: click.Parameter, value: str) -> tuple[Dispatcher, ...]:
+    """--dispatchers alltoall,deepep: the MoE token dispatchers the search may use."""
+    names = tuple(dict.fromkeys(filter(None, (part.strip() for part in value.split(",")))))
+    known = get_args(Dispatcher)
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise click.BadParameter(f"{value!r}: expected a comma-separated list of {', '.join(known)}")
+    return cast(tuple[Dispatcher, ...], names)
 
 
 def _progress(enabled: bool | None):
@@ -105,6 +116,10 @@ def _progress(enabled: bool | None):
               help="When stages may offload: in every program, where it can buy fewer recomputed blocks or a better "
                    "split (the certificate covers every placement), or only where nothing fits without it (faster; "
                    "the certificate then holds over the strategies without offload).")
+@click.option("--dispatchers", default="alltoall", show_default=True, metavar="LIST", callback=_parse_dispatchers,
+              help="MoE token dispatchers the build has, tried where ep > 1 and the runtime runs them "
+                   "(comma-separated): alltoall, deepep (Megatron's flex dispatcher on DeepEP: needs its library), "
+                   "hybridep.  The certificate holds over the dispatchers given.")
 @click.option("--prefer", type=click.Choice(["validated", "fastest"]), default="validated", show_default=True,
               help="validated: when the optimum's advantage lies inside its prediction interval and it leaves under "
                    "5% of HBM free or leans on more unvalidated terms, return the fastest runner-up inside that "
@@ -122,8 +137,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: EmbeddingStrategyName,
-             offload_search: OffloadSearch, prefer: Prefer, progress: bool | None, data_profile: Path | None,
-             inputs: LaunchInputs, as_json: bool) -> None:
+             offload_search: OffloadSearch, dispatchers: tuple[Dispatcher, ...], prefer: Prefer,
+             progress: bool | None, data_profile: Path | None, inputs: LaunchInputs, as_json: bool) -> None:
     """Search every strategy for the fastest (or cheapest) plan that fits, with a certificate.
 
     Prints the plan's strategy, throughput, MFU, stages and the solver's
@@ -160,7 +175,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
         compiled = api.compile(job, targets=targets, runtime=runtime, fixed=_parse_fixed(fixed), objective=objective,
                                max_step_time=max_step_time, time_limit=time_limit, work_limit=work_limit,
                                offload_search=offload_search, embedding_planner=embedding_planner,
-                               prefer=prefer, progress=_progress(progress), data_profile=profile)
+                               prefer=prefer, progress=_progress(progress), data_profile=profile,
+                               dispatchers=dispatchers)
     except InfeasibleError as err:
         raise Infeasible(str(err)) from None  # keeps the explanation's lines
     for note in compiled.notes:

@@ -9,7 +9,8 @@ when nothing it finds fits and is faster.  One shortcut, itself tested against t
 (tests/test_oracle.py): a candidate whose "no recompute" is rejected has its other recompute settings skipped.
 
 What it leaves out, each an input rather than a choice: `tp_overlap` (the assumption that the build
-overlaps TP collectives with GEMMs, SpaceOptions.tp_overlap; off unless asked for), `stage_pools`
+overlaps TP collectives with GEMMs, SpaceOptions.tp_overlap; off unless asked for), the MoE token
+dispatchers other than those given (`dispatchers`, SpaceOptions.dispatchers: the build's), `stage_pools`
 (single-pool clusters only) and per-stage placements (one offload setting and one re-gather source for
 every stage).  The work is exponential in pp: `limit` guards against a job it cannot finish.
 """
@@ -24,7 +25,7 @@ from hardware import Catalog, load_catalog
 from planner.cost import evaluate, refusals
 from planner.errors import PlannerInputError
 from planner.job import Job
-from planner.strategy import Strategy
+from planner.strategy import Dispatcher, Strategy
 from planner.validation import check_strategy
 
 OFFLOAD_RATIOS = (0.25, 0.5, 0.75)  # partial optimizer offload shares tried (SpaceOptions.offload_ratios)
@@ -53,8 +54,8 @@ def _degrees(job: Job) -> Iterator[dict]:
                 yield {"tp": tp, "cp": cp, "pp": pp, "dp": gpus // (tp * cp * pp)}
 
 
-def _experts(job: Job, tp: int) -> Iterator[dict]:
-    """ep, etp and ep_overlap (MoE models only)."""
+def _experts(job: Job, tp: int, dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> Iterator[dict]:
+    """ep, etp, ep_overlap and the dispatcher (MoE models only)."""
     experts = job.model.num_experts
     if not experts:
         yield {}
@@ -62,7 +63,8 @@ def _experts(job: Job, tp: int) -> Iterator[dict]:
     for ep in divisors(experts):
         for etp in [None] + [d for d in divisors(tp) if d != tp]:
             for overlap in (False, True) if ep > 1 else (False,):
-                yield {"ep": ep, "etp": etp, "ep_overlap": overlap}
+                for dispatcher in dispatchers if ep > 1 else ("alltoall",):
+                    yield {"ep": ep, "etp": etp, "ep_overlap": overlap, "dispatcher": dispatcher}
 
 
 def _pipeline(job: Job, pp: int, dp: int) -> Iterator[dict]:
@@ -120,11 +122,12 @@ def _recomputes(job: Job, pp: int, vpp: int, split: tuple[int, ...] | None) -> I
             yield {"recompute": "full", "recompute_every": every}
 
 
-def runtime_strategies(job: Job) -> Iterator[Strategy]:
-    """Every resolved strategy the job's runtime can run (planner.cost.refusals), once each."""
+def runtime_strategies(job: Job, dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> Iterator[Strategy]:
+    """Every resolved strategy the job's runtime can run (planner.cost.refusals), once each; MoE token
+    dispatchers among `dispatchers`."""
     seen: set[str] = set()
     for degrees in _degrees(job):
-        for experts in _experts(job, degrees["tp"]):
+        for experts in _experts(job, degrees["tp"], dispatchers):
             for pipeline in _pipeline(job, degrees["pp"], degrees["dp"]):
                 for states in _states(degrees["tp"]):
                     fields = {**degrees, **experts, **pipeline, **states}
@@ -153,13 +156,15 @@ def _runnable(job: Job, fields: dict) -> Strategy | None:
     return None if refusals(job, strategy) else strategy
 
 
-def oracle_optimum(job: Job, limit: int = 100_000, catalog: Catalog | None = None) -> OracleResult:
-    """The fastest fitting strategy the job's runtime can run, by scoring every one with `evaluate` (ties:
-    the smaller spec).  Raises ValueError past `limit` runnable strategies."""
+def oracle_optimum(job: Job, limit: int = 100_000, catalog: Catalog | None = None,
+                   dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> OracleResult:
+    """The fastest fitting strategy the job's runtime can run (MoE token dispatchers among `dispatchers`), by
+    scoring every one with `evaluate` (ties: the smaller spec).  Raises ValueError past `limit` runnable
+    strategies."""
     catalog = catalog or load_catalog()
     best: tuple[float, str, Strategy] | None = None
     runnable = fitting = 0
-    for strategy in runtime_strategies(job):
+    for strategy in runtime_strategies(job, dispatchers):
         runnable += 1
         if runnable > limit:
             raise ValueError(f"the oracle would score more than limit={limit} strategies")

@@ -26,6 +26,7 @@ model are left out and say so where they are skipped:
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,7 +35,7 @@ from planner.job import Job
 from planner.cost.layout import split_blocks
 from planner.profile import RecomputeCounts, RuntimeProfile, Space, recompute_counts_allowed
 from planner.search.ilp.segments import block_segments
-from planner.strategy import V_SCHEDULES, Recompute, Schedule, Strategy
+from planner.strategy import V_SCHEDULES, Dispatcher, Recompute, Schedule, Strategy
 
 OffloadSearch = Literal["fallback", "always"]
 
@@ -108,6 +109,10 @@ class SpaceOptions(BaseModel):
         "the most blocks a stage holds: an FSDP check_fn, torchtitan's layer SAC), each k a configuration family "
         "of its own, where the runtime runs it.")
     tp_overlap: bool = Field(False, description="Assume TP communication overlap (Megatron --tp-comm-overlap).")
+    dispatchers: tuple[Dispatcher, ...] = Field(
+        ("alltoall",), description="MoE token dispatchers tried where ep > 1 (Strategy.dispatcher), where the "
+        "runtime runs them: the all-to-all alone unless the build has DeepEP (like tp_overlap, an assumption about "
+        "the build; the certificate holds over the dispatchers given).")
     ep_overlap: bool = Field(True, description="Also try hiding the expert all-to-alls behind another micro-batch "
                              "(Strategy.ep_overlap: with ep > 1, no full recompute, and interleaving when pp > 1).")
     expert_folding: bool = Field(
@@ -200,6 +205,8 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
     for etp, ep in layouts:
         if ep not in _allowed(options, "ep", [ep]):
             continue
+        # a dispatcher other than the all-to-all routes over an expert-parallel group (Strategy's rule)
+        dispatchers = _allowed(options, "dispatcher", list(options.dispatchers) if ep > 1 else ["alltoall"])
         for mbs in _allowed(options, "mbs", mbss):
             micro = job.global_batch // (dp * mbs)
             if options.micro_batches_cover_stages and pp > 1 and micro < pp:
@@ -231,12 +238,13 @@ def _inner(job: Job, options: SpaceOptions, tp: int, cp: int, pp: int, dp: int, 
                         for recompute, every in recomputes if regathers else []:
                             # full recompute leaves no all-to-all to hide (Strategy's ep_overlap rule)
                             overlaps = _ep_overlaps(options, ep, pp, vpp, schedule) if every is None else [False]
-                            for overlap in overlaps:
+                            for overlap, dispatcher in itertools.product(overlaps, dispatchers):
                                 yield Strategy(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, mbs=mbs, vpp=vpp,
                                                schedule=schedule if schedule in V_SCHEDULES else None,
                                                zero=zero, shard=shard, sp=tp > 1,
                                                tp_overlap=options.tp_overlap and tp > 1, recompute=recompute,
-                                               recompute_every=every, regather=regathers[0], ep_overlap=overlap)
+                                               recompute_every=every, regather=regathers[0], ep_overlap=overlap,
+                                               dispatcher=dispatcher)
 
 
 def _recomputes(options: SpaceOptions, bases: list[Recompute], pp: int, blocks: int, has_blocks: bool,
@@ -392,6 +400,7 @@ def narrow_to_runtime(options: SpaceOptions, runtime: RuntimeProfile, job: Job) 
         "selective_recompute": options.selective_recompute and space.selective_recompute,
         "recompute_every": options.recompute_every and space.recompute_every,
         "tp_overlap": options.tp_overlap and space.tp_overlap,
+        "dispatchers": keep(options.dispatchers, space.dispatchers),
         "micro_batches_cover_stages": options.micro_batches_cover_stages or space.one_f_one_b_needs_stages,
         "recompute_counts": _stricter(options.recompute_counts, space.recompute_layers,
                                       ("per_stage", "uniform", "all")),
