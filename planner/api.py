@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hardware import Cluster, load_catalog, load_cluster
 from models import ModelGraph, load_model
@@ -360,6 +360,8 @@ def _options(job: Job, targets: tuple[str, ...], fixed: dict[str, int | str], ob
              dispatchers: tuple[Dispatcher, ...] = ("alltoall",)) -> CompileOptions:
     """The search's options: one plan every named target can express (the intersection of their spaces; a
     target whose runtime cannot run the model at all is skipped when the files are written instead)."""
+    if "dispatcher" in fixed:  # --fix dispatcher=deepep: the build has what the plan must use
+        dispatchers = tuple(dict.fromkeys((*dispatchers, cast(Dispatcher, fixed["dispatcher"]))))
     space = SpaceOptions(fixed=fixed, offload_search=offload_search, dispatchers=dispatchers)
     narrowed: list[str] = []
     if targets:

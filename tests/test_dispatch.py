@@ -19,7 +19,7 @@ from planner.cost import evaluate
 from planner.cost.comm import dispatch_seconds
 from planner.cost.dispatch import expected_destinations
 from planner.cost.layout import place_stages, stage_comms
-from planner.errors import PlannerInputError
+from planner.errors import InfeasibleError, PlannerInputError
 from planner.profile import load_runtime
 from planner.strategy import Strategy, parse_strategy
 
@@ -176,3 +176,13 @@ def test_compile_searches_deepep_only_where_the_build_has_it():
         with_deepep.plan.time.step_time_s, rel=1e-9)
     args = with_deepep.files()["megatron/args.txt"]
     assert "--moe-token-dispatcher-type flex" in args and "--moe-flex-dispatcher-backend deepep" in args
+
+
+def test_fixing_a_dispatcher_gives_the_build_that_dispatcher():
+    job = api.load_job("qwen3-30b-a3b", "dgx-h100:4", batch=256, seq_len=4096, runtime="megatron")
+    options = api._options(job, (), {"ep": 32, "dispatcher": "deepep"}, "time", None, 10, None, "always")
+    assert options.space.dispatchers == ("alltoall", "deepep")
+    # a runtime that does not run it says so in the no-legal-strategy line
+    deepspeed = api.load_job("mixtral-8x7b", "dgx-h100:4", batch=256, seq_len=4096, runtime="deepspeed")
+    with pytest.raises(InfeasibleError, match=r"no dispatcher=deepep \(the runtime does not run it\)"):
+        api.compile(deepspeed, fixed={"ep": 8, "dispatcher": "deepep"})

@@ -468,4 +468,7 @@ def limits_note(space: SpaceOptions) -> str:
         notes.append("no interleaving")
     if space.max_tp == 1:
         notes.append("no tensor parallelism")
+    fixed = space.fixed.get("dispatcher")
+    if fixed is not None and fixed not in space.dispatchers:
+        notes.append(f"no dispatcher={fixed} (the runtime does not run it)")
     return f" under {'; '.join(notes)}" if notes else ""
