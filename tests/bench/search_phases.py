@@ -3,6 +3,7 @@
     python tests/bench/search_phases.py                        # llama3-70b on hetero-3pool, -b 512 -s 4096, 60 s
     python tests/bench/search_phases.py --time-limit 120
     python tests/bench/search_phases.py --incumbent 20.78      # the configurations alone, from a given incumbent
+    python tests/bench/search_phases.py --slow 5               # also name each CP-SAT program of 5 s or more
 
 The phases are timed by wrapping the search's own functions (nothing in the library changes): the replica
 groups' pool compiles (each printed: pool, batch, cap, value, bound, seconds), the listing and bounding of the
@@ -49,8 +50,9 @@ def timed(owner, name: str, phase: str, report=None) -> None:
         out = real(*args, **kwargs)
         SECONDS[phase] += time.perf_counter() - start
         CALLS[phase] += 1
-        if report is not None:
-            print(report(args, out, time.perf_counter() - start), flush=True)
+        line = report(args, out, time.perf_counter() - start) if report is not None else None
+        if line is not None:
+            print(line, flush=True)
         return out
 
     setattr(owner, name, wrapper)
@@ -62,6 +64,19 @@ def _pool_line(args, out, seconds: float) -> str:
     status = f"{result.certificate.status} {result.certificate.solved} solved" if result is not None else "none"
     return (f"  pool {sub.cluster.pools[0].name} batch {sub.global_batch}: cap {cap:.4g} value {value:.5g} "
             f"bound {bound:.5g} ({status}) {seconds:.2f} s")
+
+
+def _slow_programs(least_s: float):
+    """A report for `timed` naming each CP-SAT program of at least `least_s` wall seconds: its configuration, size
+    and status, and the deterministic seconds it spent (what the search's work limit counts)."""
+    def report(args, out, seconds: float) -> str | None:
+        if seconds < least_s:
+            return None
+        program, (solver, status) = args[1], out
+        rows = sum(len(stage.rows) for stage in program.stage_rows)
+        return (f"  slow CP-SAT program {seconds:.1f} s ({solver.deterministic_time:.1f} deterministic s, "
+                f"{solver.status_name(status)}, {rows} stage rows): {program.tables.strategy.spec()}")
+    return report
 
 
 def _job(args) -> Job:
@@ -96,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runtime", default=CLI_RUNTIME)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--incumbent", type=float, default=None)
+    parser.add_argument("--slow", type=float, default=None, metavar="SEC",
+                        help="name each CP-SAT program that takes at least SEC wall seconds")
     args = parser.parse_args(argv)
     job, catalog = _job(args), load_catalog()
     timed(compile_module, "_compile_pool", "pool compiles", _pool_line)
@@ -103,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     timed(branch, "bounded_configs", "cheap bounds")
     timed(TableBuilder, "refined_bound", "memory-aware bounds")
     timed(config_solve, "build_tables", "tables")
-    timed(config_solve, "_solve", "CP-SAT")
+    timed(config_solve, "_solve", "CP-SAT", None if args.slow is None else _slow_programs(args.slow))
     options = CompileOptions(time_limit=args.time_limit)
     start = time.perf_counter()
     if args.incumbent is None:
