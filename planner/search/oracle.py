@@ -134,9 +134,10 @@ def runtime_strategies(job: Job, dispatchers: tuple[Dispatcher, ...] = ("alltoal
                     for recompute in _recomputes(job, degrees["pp"], pipeline.get("vpp", 1), pipeline.get("split")):
                         strategy = _runnable(job, {**fields, **recompute})
                         if strategy is None and recompute["recompute"] == "none":
-                            # no recompute is the setting every rule allows most (the field rules, check_strategy
-                            # and the refusals only forbid recomputing: tests/test_oracle.py), so what rejects it
-                            # rejects every other: about nine in ten of the candidates skipped unbuilt
+                            # no recompute (`_recomputes` yields it first) is the setting every rule allows most
+                            # (the field rules, check_strategy and the refusals only forbid recomputing:
+                            # tests/test_oracle.py), so what rejects it rejects every other: about nine in ten
+                            # of the candidates skipped unbuilt
                             break
                         if strategy is None:
                             continue
