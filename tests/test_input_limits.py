@@ -225,3 +225,13 @@ def test_lost_nodes_with_a_plan_that_leaves_nodes_idle(tmp_path):
     # naming too few lost nodes is still refused, against the whole new cluster
     one_line(run("replan", old / "plan.json", "cpu:2", "--lost-nodes", "1"), "--lost-nodes: pool cpu keeps 3 of its 4",
              "the new cluster has 2 there")
+
+
+@pytest.mark.parametrize("fix, expected", [("schedule=bogus", "schedule: Input should be '1f1b'"),
+                                           ("shard=rack", "shard: Input should be 'full' or 'node'"),
+                                           ("dispatcher=nccl", "dispatcher: Input should be 'alltoall'")])
+def test_a_fixed_name_the_field_does_not_take_is_one_line(fix, expected):
+    # before: a search over nothing, exit 1 "no legal strategy ... under --fix schedule=bogus"
+    result = run("compile", "tiny-llama", "cpu:1", *TINY, "--fix", fix)
+    assert result.exit_code == 2
+    one_line(result, "--fix", expected, repr(fix.split("=")[1]))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import cast, get_args
 
 import click
+from pydantic import TypeAdapter, ValidationError
 
 from hardware.topology import ClusterFile
 from models.graph import ModelGraph
@@ -37,7 +38,7 @@ from planner.search.space import OffloadSearch
 from planner.plan.output import check_output_dir
 from planner.plan.plots import MEMORY_PNG, RANKS_PNG, TIME_PNG
 from planner.plan.schema import plan_json_schema
-from planner.strategy import Dispatcher, parse_int, spec_kind
+from planner.strategy import Dispatcher, Strategy, parse_int, spec_kind
 
 _FIXABLE = fields_with("fixable")  # the search's global keys (planner.fields)
 
@@ -54,6 +55,12 @@ def _parse_fixed(spec: str) -> dict[str, int | str]:
             fixed[key] = parse_int(key, raw) if spec_kind(key) == "int" else raw
         except PlannerInputError:
             raise click.BadParameter(f"{key}: expected an integer, got {raw!r}", param_hint="--fix") from None
+        annotation = Strategy.model_fields[key].annotation
+        if isinstance(fixed[key], str) and annotation is not None:  # a name the field takes (schedule, shard, ...)
+            try:
+                TypeAdapter(annotation).validate_python(raw)
+            except ValidationError as err:
+                raise click.BadParameter(f"{key}: {err.errors()[0]['msg']}, got {raw!r}", param_hint="--fix") from None
     return fixed
 
 
