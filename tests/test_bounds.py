@@ -6,8 +6,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit
+from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit, stage_sum_bound
 
 # pool A: 1 s per block, pool B: 5 s per block, one stage slot each
 A, B = [1.0, 2.0, 3.0], [5.0, 10.0]
@@ -56,3 +58,41 @@ def test_fill_bound_skips_a_pool_where_no_stage_fits():
     # other pools' (regression: the gallery's mixed cluster once raised IndexError here)
     assert pipeline_fill_bound([(A, 1), ([], 4)], 1, 3, 4, 1, 0.0, float("inf")) == pytest.approx(12.0)
     assert pipeline_fill_bound([([], 2), (B, 1)], 2, 3, 4, 1, 0.0, 99.0) == 99.0
+
+
+def _best_split(profiles: list[list[float]], blocks: int, micro: int) -> tuple[float, float]:
+    """Brute force over every split of `blocks` into one run per stage: (the least (m - 1) max + sum, the least
+    bottleneck among the splits), each inf where no split has every stage within its profile."""
+    best = least_max = float("inf")
+    for cuts in itertools.combinations(range(1, blocks), len(profiles) - 1):
+        sizes = [b - a for a, b in zip((0, *cuts), (*cuts, blocks))]
+        if any(n > len(times) for n, times in zip(sizes, profiles)):
+            continue
+        t = [times[n - 1] for n, times in zip(sizes, profiles)]
+        if max(t) < float("inf"):
+            best, least_max = min(best, (micro - 1) * max(t) + sum(t)), min(least_max, max(t))
+    return best, least_max
+
+
+PROFILE = st.lists(st.one_of(st.integers(1, 60).map(float), st.just(float("inf"))), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(profiles=st.lists(PROFILE, min_size=1, max_size=4), blocks=st.integers(1, 10), micro=st.integers(1, 8))
+def test_stage_sum_bound_never_exceeds_the_best_split(profiles, blocks, micro):
+    best, least_max = _best_split(profiles, blocks, micro)
+    if best == float("inf"):
+        return  # no split: bottleneck_bound's limit is inf there and this bound is not asked
+    # from the least bottleneck a split reaches (or any start below it: a pool's slots may set a higher one)
+    assert stage_sum_bound(profiles, blocks, micro, least_max) <= best + 1e-9
+    assert stage_sum_bound(profiles, blocks, micro, 0.0) <= best + 1e-9
+
+
+def test_stage_sum_bound_counts_every_block_not_only_the_first():
+    # three stages of 1 s per block holding 9 blocks: at best 3 s each, (4 - 1) x 3 + 9; the one-block floor
+    # (bottleneck_bound alone) would give 3 x 3 + 3
+    linear = [float(n) for n in range(1, 8)]
+    assert stage_sum_bound([linear] * 3, 9, 4, 3.0) == pytest.approx(18.0) == pytest.approx(
+        _best_split([linear] * 3, 9, 4)[0])
+    # a bottleneck set above every stage's own times (the pools' slots): still a bound, from that limit
+    assert stage_sum_bound([linear] * 3, 9, 4, 10.0) == pytest.approx(3 * 10.0 + 9)

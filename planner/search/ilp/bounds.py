@@ -43,7 +43,51 @@ def bottleneck_bound(entries: list[list[tuple[int, int]]], blocks: int, micro_ba
 
     limit = smallest_sufficient(sorted({t for stage in entries for t, _ in stage}), held, blocks)
     fastest = sum(stage[0][0] for stage in entries) if fill_floor is None else fill_floor
-    return pipeline_floor(limit, fastest, m, vpp) / NS
+    bound = pipeline_floor(limit, fastest, m, vpp)
+    if fill_floor is None and vpp == 1 and limit < float("inf"):
+        bound = max(bound, stage_sum_bound([_profile(stage) for stage in entries], blocks, m, limit))
+    return bound / NS
+
+
+def _profile(entries: list[tuple[int, int]]) -> list[float]:
+    """times[n-1]: a stage's fastest entry of n blocks, from its (time, blocks) entries (inf where it has none)."""
+    most = max((n for _, n in entries), default=0)
+    times = [float("inf")] * most
+    for t, n in entries:
+        if n and t < times[n - 1]:
+            times[n - 1] = t
+    return times
+
+
+def stage_sum_bound(profiles: list[list[float]], blocks: int, micro: int, start: float) -> float:
+    """A bound on (m - 1) max_s t_s + sum_s t_s, one profile per stage (times[n-1]: the fastest stage s holding n
+    blocks runs; 1F1B, v = 1).  At a bottleneck T each stage holds between 1 and the most blocks it runs within T;
+    its time is at least its one-block time plus the first increments of its profile's lower convex hull (the hull
+    lies below every point, its increments do not decrease), so the stages' sum is at least their one-block times
+    plus the B - pp cheapest increments the stages offer within T.  The least of the step over the bottleneck
+    candidates from `start` (bottleneck_bound's limit) on; inf when no candidate holds every block."""
+    stages = len(profiles)
+    if any(not times or times[0] == float("inf") for times in profiles):
+        return 0.0  # a stage without a one-block entry: no claim (its profile does not start at one block)
+    increments = [_hull_increments(times) for times in profiles]
+    firsts = sum(times[0] for times in profiles)
+    best = float("inf")
+    # the bottleneck itself (the pools' slots may set it above every stage's own times) and the times above it
+    for limit in sorted({start} | {t for times in profiles for t in times if start < t < float("inf")}):
+        if (micro - 1) * limit >= best:
+            break  # the sum only falls as the limit rises, by less than the max term grows
+        offered = sorted(d for times, steps in zip(profiles, increments)
+                         for d in steps[:_most_within(times, limit) - 1])
+        extra = blocks - stages
+        if len(offered) < extra:
+            continue
+        best = min(best, (micro - 1) * limit + firsts + sum(offered[:extra]))
+    return best
+
+
+def _most_within(times: list[float], limit: float) -> int:
+    """The most blocks a stage holds within `limit`: the largest n with times[n-1] <= limit (0 if none)."""
+    return max((n for n, t in enumerate(times, start=1) if t <= limit), default=0)
 
 
 def capacity(slots: list[tuple[int, int]], stages: int) -> int:

@@ -48,17 +48,21 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
         lengths = [blocks // pp]  # interleaved chunks stay even
     else:
         lengths = list(range(1, blocks - pp + 2))
-    options: list[list[dict[tuple[int, ...], tuple[StageOption, ...]]]] = []
-    for stage in range(pp):
+    options: dict[int, list[dict[tuple[int, ...], tuple[StageOption, ...]]]] = {}
+    # the ends first: the embedding's and the head's stages are the likeliest to have no option within the cap,
+    # and a stage without one ends the build
+    for stage in sorted(range(pp), key=lambda s: (0 < s < pp - 1, s)):
         per_pool = []
         for pool in pools:
             site = builder.site(stage, (pool,))
             found: dict[tuple[int, ...], tuple[StageOption, ...]] = {}
+            floors: dict[tuple, int] = {}  # one kind of block: a longer stage recomputes at least what this one did
             for length in lengths:
                 fresh = 0
                 for counts in (stage_contents(bounds, length) if segments else [()]):
                     placed = builder.placed_options(stage, counts, strategy, variants, site, micro_batches, time_cap,
-                                                    prune=prune, every_recompute=every_recompute)
+                                                    prune=prune, every_recompute=every_recompute,
+                                                    floors=floors if len(bounds) == 1 else None)
                     if placed:
                         found[counts] = placed
                         fresh += 1
@@ -67,6 +71,6 @@ def build_tables(builder: TableBuilder, strategy: Strategy, micro_batches: int, 
             per_pool.append(found)
         if not any(per_pool):
             return None
-        options.append(per_pool)
+        options[stage] = per_pool
     return ConfigTables(strategy=strategy, micro_batches=micro_batches, segments=segments, pools=pools,
-                        options=options, variants=variants)
+                        options=[options[stage] for stage in range(pp)], variants=variants)

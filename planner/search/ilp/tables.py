@@ -23,8 +23,9 @@ from typing import Callable
 
 from hardware import Catalog, Pool
 from models.graph import Layer, RecomputeMode
-from planner.cost.layout import COMMS_READS, StageComms, StageSite, make_site, stage_comms
-from planner.cost.memory import RankMemory, saved_bytes, stage_memory
+from planner.cost.comm import boundary_crossings
+from planner.cost.layout import COMMS_READS, StageComms, StageSite, make_site, nvlink_domain_gpus, stage_comms
+from planner.cost.memory import RankMemory, in_flight_microbatches, saved_bytes, stage_memory
 from planner.cost.pipeline import fill_seconds
 from planner.cost.stage import LAYER_SUMS_READS, StageCost, compose_stage, sum_layers
 from planner.cost.sums import StageSums
@@ -32,10 +33,12 @@ from planner.fields import Reader, reads
 from planner.job import Job
 from planner.search.ilp.bounds import NS, bottleneck_bound
 from planner.search.ilp.floors import Floors
-from planner.search.ilp.segments import Segment, block_segments, fixed_layers, offload_pays, offloads
+from planner.search.ilp.segments import (Segment, block_segments, fixed_layers, offload_pays, offloads,
+                                         variants_key)
 from planner.strategy import Strategy, strategy_key
 
 STAGE_SUMS_READS = reads(Reader.STAGE_SUMS)  # stage_sums' cache key (planner.fields)
+_ALL_BUT_PP = tuple(name for name in Strategy.model_fields if name != "pp")  # with the position: a stage's reads
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,11 @@ class TableBuilder(Floors):
         self._site_cache: dict[tuple, StageSite] = {}
         self._stage_sums_cache: dict[tuple, StageSums] = {}
         self._saves_cache: dict[tuple, float] = {}  # a plain block's saved bytes, per segment
+        # per content at a pipeline position, shared by configurations that differ in pp: each option's numbers
+        # (seconds per micro-batch, then StageOption's recompute, time, fill, dp_end, optimizer, offload, variant)
+        # and each placement's fewest recomputed blocks there
+        self._placed_cache: dict[tuple, tuple[tuple[tuple, ...], tuple[tuple[tuple, int], ...]]] = {}
+        self._configurations: dict[tuple, int] = {}  # what the shared options read of a configuration, numbered
 
     def site(self, stage: int, pools: tuple[Pool, ...]) -> StageSite:
         """The site of `stage` on `pools`, cached."""
@@ -228,14 +236,67 @@ class TableBuilder(Floors):
 
     def placed_options(self, stage: int, counts: tuple[int, ...], config: Strategy, variants: tuple[dict, ...],
                        site: StageSite, micro_batches: int, time_cap: float, with_fixed: bool = True,
-                       min_recompute: int = 0, prune: bool = True, every_recompute: bool = False
+                       prune: bool = True, every_recompute: bool = False, floors: dict[tuple, int] | None = None
                        ) -> tuple[StageOption, ...]:
         """The content's option under each placement variant that fits, Pareto-pruned unless `prune` is off.
         `every_recompute`: also every larger recompute count than the fewest that fits (pruned per count),
-        for programs that tie the stages' counts together (SpaceOptions.recompute_counts)."""
+        for programs that tie the stages' counts together (SpaceOptions.recompute_counts).  `floors`: each
+        placement's fewest recomputed blocks in a stage of one block fewer at this position (one kind of block:
+        no fewer fit here), read and updated."""
         if every_recompute:
             return self._every_recompute_options(stage, counts, config, variants, site, micro_batches, time_cap,
                                                  prune)
+        floors = {} if floors is None else floors
+        position = self._position_key(stage, config, site, micro_batches)
+        if position is None:
+            timed, fewest = self._placed(stage, counts, config, variants, site, micro_batches, with_fixed, floors)
+            floors.update((hbm, r) for hbm, r in fewest.items() if r is not None)
+        else:
+            # a stage's options read its position only through `position`: configurations that differ in pp share
+            # them (a middle stage of pp 8 at index 3 is one of pp 12 at index 7), computed without the time cap
+            configuration = self._configurations.setdefault(
+                (strategy_key(config, _ALL_BUT_PP), variants_key(variants), micro_batches), len(self._configurations))
+            key = (configuration, position, counts, tuple(p.name for p in site.pools), with_fixed)
+            shared = self._placed_cache.get(key)
+            if shared is None:
+                placed, fewest = self._placed(stage, counts, config, variants, site, micro_batches, with_fixed,
+                                              floors)
+                # kept as numbers (a compile holds hundreds of thousands): each use composes its own cost when asked
+                shared = self._placed_cache[key] = (
+                    tuple((seconds, o.recompute, o.time, o.fill, o.dp_end, o.optimizer, o.offload, o.variant)
+                          for seconds, o in placed),
+                    tuple((hbm, r) for hbm, r in fewest.items() if r is not None))
+            timed = [(row[0], StageOption(counts=counts, recompute=row[1], time=row[2], fill=row[3], dp_end=row[4],
+                                          optimizer=row[5], offload=row[6], variant=row[7],
+                                          composed=partial(self._recompose, stage, counts, row[1], row[7], config,
+                                                           variants, site, micro_batches, with_fixed)))
+                     for row in shared[0]]
+            floors.update(shared[1])
+        # pareto keeps an option only where none as fast is as good: it commutes with the cap
+        found = [option for seconds, option in timed if seconds <= time_cap]
+        return pareto(found) if prune else tuple(found)
+
+    def _position_key(self, stage: int, config: Strategy, site: StageSite, micro_batches: int) -> tuple | None:
+        """What a stage's options read of its pipeline position under 1F1B (first, last, micro-batches in flight,
+        which sends cross the fabric), or None where they read more (interleaved, V and other schedules)."""
+        if config.pipeline_schedule != "1f1b" or config.vpp != 1:
+            return None
+        crossings = boundary_crossings(config, stage, nvlink_domain_gpus(site.pools), len(self.job.cluster.pools) > 1)
+        return (config.pipelined, stage == 0, stage == config.pp - 1,
+                in_flight_microbatches(config, stage, micro_batches), crossings)
+
+    def _recompose(self, stage: int, counts: tuple[int, ...], recompute: int, index: int, config: Strategy,
+                   variants: tuple[dict, ...], site: StageSite, micro_batches: int, with_fixed: bool) -> StageCost:
+        """The full cost of a shared option (placement variants[index]) at this stage."""
+        variant = variants[index]
+        strategy = config.model_copy(update=variant) if variant else config
+        return self.compose(stage, counts, recompute, strategy, site, micro_batches, with_fixed)
+
+    def _placed(self, stage: int, counts: tuple[int, ...], config: Strategy, variants: tuple[dict, ...],
+                site: StageSite, micro_batches: int, with_fixed: bool, floors: dict[tuple, int]
+                ) -> tuple[list[tuple[float, StageOption]], dict[tuple, int | None]]:
+        """(seconds per micro-batch, option) of the content under each placement variant that fits, any time; and
+        each placement's fewest recomputed blocks (by its HBM-relevant keys; None: it does not fit)."""
         found = []
         fewest: dict[tuple, int | None] = {}  # by the placement's HBM-relevant keys (the FCDP cache is host-only)
         for index, variant in enumerate(variants):  # the variants without offload come first
@@ -245,15 +306,15 @@ class TableBuilder(Floors):
             hbm_key = tuple(sorted((k, v) for k, v in variant.items() if k != "regather"))
             if hbm_key not in fewest:
                 fewest[hbm_key] = self.fewest_recompute(stage, counts, strategy, site, micro_batches, with_fixed,
-                                                        min_recompute)
+                                                        floors.get(hbm_key, 0), near=hbm_key in floors)
             recompute = fewest[hbm_key]
             if recompute is None or not offload_pays(variant, recompute, fewest.get(())):
                 continue  # does not fit (the cache only adds host bytes: neither does its variant)
-            option = self.option(stage, counts, strategy, site, micro_batches, time_cap, recompute, with_fixed,
+            option = self.option(stage, counts, strategy, site, micro_batches, float("inf"), recompute, with_fixed,
                                  variant=index)
             if option is not None:
-                found.append(option)
-        return pareto(found) if prune else tuple(found)
+                found.append((option.cost.microbatch, option))
+        return found, fewest
 
     def _every_recompute_options(self, stage: int, counts: tuple[int, ...], config: Strategy,
                                  variants: tuple[dict, ...], site: StageSite, micro_batches: int, time_cap: float,
@@ -304,12 +365,13 @@ class TableBuilder(Floors):
         return out
 
     def fewest_recompute(self, stage: int, counts: tuple[int, ...], strategy: Strategy, site: StageSite,
-                         micro_batches: int, with_fixed: bool = True, min_recompute: int = 0) -> int | None:
+                         micro_batches: int, with_fixed: bool = True, min_recompute: int = 0,
+                         near: bool = False) -> int | None:
         """The fewest fully recomputed blocks (per chunk) with which the stage fits, or None.
 
         Only memory is evaluated: the host tiers do not depend on recomputation, HBM falls as more
         blocks recompute (bisection).  min_recompute: a known lower bound (e.g. what a stage of one
-        block fewer of the same kind needed), where the search starts."""
+        block fewer of the same kind needed), where the search starts; `near`: the answer is likely close to it."""
         chunk = sum(counts) // strategy.vpp
         can_recompute = strategy.blocks_recomputable
 
@@ -323,9 +385,22 @@ class TableBuilder(Floors):
             return None  # host DRAM or NVMe: no recomputation helps
         if memory.fits_hbm:
             return recompute
-        if not can_recompute or chunk == 0 or not memory_at(chunk).fits_hbm:
+        if not can_recompute or chunk == 0:
             return None
         lo, hi = recompute + 1, chunk
+        if near:
+            # a close lower bound (a stage of one block fewer needed it): the fewest is a block or two above it, so
+            # gallop up from it, then bisect the last step
+            step = 1
+            while True:
+                hi = min(recompute + step, chunk)
+                if memory_at(hi).fits_hbm:
+                    break
+                if hi == chunk:
+                    return None
+                lo, step = hi + 1, 2 * step
+        elif not memory_at(chunk).fits_hbm:
+            return None
         while lo < hi:
             mid = (lo + hi) // 2
             if memory_at(mid).fits_hbm:
