@@ -89,3 +89,39 @@ def test_shared_and_floored_options_equal_the_reference(model, cluster, batch, s
     assert checked == 10
     # the check saw sharing: the second cap re-reads every content the first computed
     assert hits >= 5
+
+
+def test_an_earlier_middle_stage_is_never_faster_on_a_mixed_cluster():
+    """build_tables' prune_at stands the earlier middle stages in with the last one's options: that is a bound only
+    if no earlier middle stage holds a content the last one does not, or runs one faster (on a pool where memory
+    binds, with a placement that offloads as well)."""
+    from planner.search.space import SpaceOptions, placement_variants
+    job = Job(model=load_model("llama3-8b"), cluster=MIXED, global_batch=64, seq_len=4096, memory_margin=0.1,
+              runtime=load_runtime("planner"))
+    builder = TableBuilder(job, load_catalog())
+    compared = slower = relaxed_seen = 0
+    for pp, mbs, zero in ((4, 2, 0), (6, 4, 1), (8, 4, 3), (8, 1, 1), (6, 2, 3)):
+        config = Strategy(pp=pp, tp=1, dp=2, mbs=mbs, zero=zero)
+        m = 64 // (config.data_parallel * mbs)
+        variants = placement_variants(job, config, SpaceOptions(), offload=True)
+        tables = build_tables(builder, config, m, float("inf"), variants)
+        assert tables is not None and not tables.relaxed
+        last = tables.options[pp - 2]
+        for stage in range(1, pp - 2):
+            for pool, (earlier, later) in enumerate(zip(tables.options[stage], last)):
+                assert set(earlier) <= set(later), (pp, stage, pool)
+                for counts, placed in earlier.items():
+                    fastest, stand_in = min(o.time for o in placed), min(o.time for o in later[counts])
+                    assert fastest >= stand_in, (pp, stage, counts)
+                    compared, slower = compared + 1, slower + (fastest > stand_in)
+        # asked to settle at the relaxed bound, the build stops with the relaxed tables; just above, it builds all
+        relaxed = build_tables(builder, config, m, float("inf"), variants, prune_at=0.0)
+        assert relaxed is not None and relaxed.relaxed
+        bound = relaxed.bottleneck_bound()
+        assert bound <= tables.bottleneck_bound() * (1 + 1e-12)
+        if bound < float("inf"):  # (no split at all fits the relaxed tables, nor the whole ones, under ZeRO-0)
+            assert build_tables(builder, config, m, float("inf"), variants, prune_at=bound).relaxed
+            assert not build_tables(builder, config, m, float("inf"), variants, prune_at=bound * 1.000001).relaxed
+            relaxed_seen += 1
+    # memory binds: earlier middle stages recompute more of the same contents (and run slower) on some pool
+    assert compared > 100 and slower > 50 and relaxed_seen == 5

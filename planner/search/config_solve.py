@@ -79,15 +79,17 @@ def solve_config(search: Search, config: Strategy, micro_batches: int, bound: fl
     pools = pools_of(search.job, config)
     floor = rate_floor(search, config, pools)
     cap = _stage_cap(search, config, micro_batches, pools, floor, runner_up)
+    settles = search.incumbent * (1 - 1e-9)  # a bound at least this prunes the configuration
     tables = build_tables(search.builder, config, micro_batches, cap, variants,
                           prune=search.options.space.stage_placement, even=search.options.space.split_shape == "even",
-                          every_recompute=ties_recompute(search.options.space, config))
+                          every_recompute=ties_recompute(search.options.space, config),
+                          prune_at=settles / floor if not runner_up else float("inf"))
     if tables is None:
         if cap < float("inf") and not runner_up:  # nothing within the incumbent's cap: a runner-up candidate
             search.near.append((order, config.spec(), config, micro_batches, variants))
         return float("inf")
     table_bound = tables.bottleneck_bound() * floor
-    if table_bound >= search.incumbent * (1 - 1e-9) and not runner_up:
+    if (table_bound >= settles or tables.relaxed) and not runner_up:
         search.pruned += 1  # its own tables prove it cannot beat the incumbent
         if not runner_up and table_bound < float("inf"):
             search.near.append((table_bound, config.spec(), config, micro_batches, variants))  # a runner-up candidate

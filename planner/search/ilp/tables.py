@@ -87,6 +87,8 @@ class ConfigTables:
     # options[s][pool index] maps stage content -> its Pareto-optimal placements
     options: list[list[dict[tuple[int, ...], tuple[StageOption, ...]]]]
     variants: tuple[dict, ...] = ({},)  # placements a stage may take (planner.search.space.placement_variants)
+    # the earlier middle stages hold a later one's options (build_tables' prune_at): a bound, never a program
+    relaxed: bool = False
 
     @property
     def blocks(self) -> int:
@@ -247,7 +249,7 @@ class TableBuilder(Floors):
             return self._every_recompute_options(stage, counts, config, variants, site, micro_batches, time_cap,
                                                  prune)
         floors = {} if floors is None else floors
-        position = self._position_key(stage, config, site, micro_batches)
+        position = self.position_key(stage, config, site, micro_batches)
         if position is None:
             timed, fewest = self._placed(stage, counts, config, variants, site, micro_batches, with_fixed, floors)
             floors.update((hbm, r) for hbm, r in fewest.items() if r is not None)
@@ -276,7 +278,7 @@ class TableBuilder(Floors):
         found = [option for seconds, option in timed if seconds <= time_cap]
         return pareto(found) if prune else tuple(found)
 
-    def _position_key(self, stage: int, config: Strategy, site: StageSite, micro_batches: int) -> tuple | None:
+    def position_key(self, stage: int, config: Strategy, site: StageSite, micro_batches: int) -> tuple | None:
         """What a stage's options read of its pipeline position under 1F1B (first, last, micro-batches in flight,
         which sends cross the fabric), or None where they read more (interleaved, V and other schedules)."""
         if config.pipeline_schedule != "1f1b" or config.vpp != 1:
