@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.search.ilp.bounds import even_pipeline_bound, pipeline_fill_bound, slots_limit, stage_sum_bound
+from planner.search.ilp.bounds import (NS, bottleneck_bound, even_pipeline_bound, pipeline_fill_bound, slots_limit,
+                                      stage_sum_bound)
 
 # pool A: 1 s per block, pool B: 5 s per block, one stage slot each
 A, B = [1.0, 2.0, 3.0], [5.0, 10.0]
@@ -96,3 +97,16 @@ def test_stage_sum_bound_counts_every_block_not_only_the_first():
         _best_split([linear] * 3, 9, 4)[0])
     # a bottleneck set above every stage's own times (the pools' slots): still a bound, from that limit
     assert stage_sum_bound([linear] * 3, 9, 4, 10.0) == pytest.approx(3 * 10.0 + 9)
+
+
+def test_tables_bound_charges_the_slow_slot_in_the_sum():
+    # two stages, each on pool A (1 s a block, one slot) or B (5 s a block, one slot): one stage must take B.  The
+    # best split is 2 blocks on A and 1 on B: 3 x 5 + 7 = 22.  The bottleneck alone gives 3 x 5 plus the stages'
+    # fastest single blocks (17); per stage (any pool) the sum is 3 blocks at A's 1 s (18); per pool slot, 22.
+    a = [(int(t * NS), n) for n, t in enumerate(A, start=1)]
+    b = [(int(t * NS), n) for n, t in enumerate(B, start=1)]
+    stage = sorted(a + b)
+    bound = bottleneck_bound([stage, stage], 3, 4, 1, None, [(a + a, 1), (b + b, 1)])
+    assert bound == pytest.approx(22.0) == pytest.approx(_best_two_stage(4, 3))
+    # without the pools' slots both stages may sit on A: 2 + 1 blocks, 3 x 2 + 3
+    assert bottleneck_bound([stage, stage], 3, 4, 1, None, None) == pytest.approx(3 * 2.0 + 3)

@@ -46,7 +46,25 @@ def bottleneck_bound(entries: list[list[tuple[int, int]]], blocks: int, micro_ba
     bound = pipeline_floor(limit, fastest, m, vpp)
     if fill_floor is None and vpp == 1 and limit < float("inf"):
         bound = max(bound, stage_sum_bound([_profile(stage) for stage in entries], blocks, m, limit))
+        if pool_entries is not None:
+            # the same by pools: the stages take the pools' slots, each at no less than the pool's fastest stage
+            profiles = [(_floor_profile(_profile(pool)), min(slots, stages)) for pool, slots in pool_entries]
+            bound = max(bound, pipeline_fill_bound(profiles, stages, blocks, m, 1, limit, float("inf")))
     return bound / NS
+
+
+def _floor_profile(times: list[float]) -> list[float]:
+    """The largest non-decreasing profile under `times` (pipeline_fill_bound reads its profiles sorted): each n at
+    the least time of any stage of n or more blocks, no more than its own; without the trailing lengths no stage
+    runs."""
+    out, least = [], float("inf")
+    for t in reversed(times):
+        least = min(least, t)
+        out.append(least)
+    out.reverse()
+    while out and out[-1] == float("inf"):
+        out.pop()
+    return out
 
 
 def _profile(entries: list[tuple[int, int]]) -> list[float]:
@@ -202,7 +220,8 @@ def pipeline_fill_bound(profiles: list[tuple[list[float], int]], stages: int, bl
     """
     increments = [_hull_increments(times) for times, _ in profiles]
     best = enough
-    for limit in sorted({t for times, _ in profiles for t in times if t >= start}):
+    # the bottleneck itself (a pool's slots may set it above every profile's own times) and the times above it
+    for limit in sorted({start} | {t for times, _ in profiles for t in times if t > start}):
         if (micro - 1 / chunks) * limit >= best:
             break  # the sum only adds
         # a pool where no stage fits (no times) offers no slot
