@@ -6,6 +6,8 @@ A step of the branch and bound (`planner.search.branch` decides which configurat
 
 from __future__ import annotations
 
+import hashlib
+
 import math
 
 from ortools.sat.python import cp_model
@@ -100,7 +102,14 @@ def solve_config(search: Search, config: Strategy, micro_batches: int, bound: fl
         search.open_bounds.append(bound)
         search.stopped = True
         return bound
+    digest = None if runner_up else hashlib.blake2b(str(program.model.Proto()).encode(), digest_size=16).digest()
+    if digest in search.infeasible:  # the same program was proved infeasible: so is this one
+        if cutoff is not None:  # a runner-up candidate, as after an INFEASIBLE solve
+            search.near.append((order, config.spec(), config, micro_batches, variants))
+        return bound
     solver, status = _solve(search, program, runner_up)
+    if status == cp_model.INFEASIBLE and digest is not None:
+        search.infeasible.add(digest)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         if status == cp_model.UNKNOWN and not runner_up:
             search.open_bounds.append(bound)

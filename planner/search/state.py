@@ -62,6 +62,9 @@ class Search:
     surcharge: Surcharge | None = None  # a per-step term added to the step time (a re-plan's amortised migration)
     best_step: float = float("inf")  # step time of the best plan (its objective without the surcharge)
     limit: float | None = None  # wall seconds from `start` this search may spend (None: the options' time limit)
+    # digests of the CP-SAT programs proved infeasible: configurations whose tables agree number for number (ZeRO
+    # stages that change no time and no fit) build the same program, and the proof holds for each
+    infeasible: set[bytes] = field(default_factory=set)
 
     def elapsed(self) -> float:
         return now() - self.start
