@@ -79,33 +79,12 @@ def _profile(entries: list[tuple[int, int]]) -> list[float]:
 
 def stage_sum_bound(profiles: list[list[float]], blocks: int, micro: int, start: float) -> float:
     """A bound on (m - 1) max_s t_s + sum_s t_s, one profile per stage (times[n-1]: the fastest stage s holding n
-    blocks runs; 1F1B, v = 1).  At a bottleneck T each stage holds between 1 and the most blocks it runs within T;
-    its time is at least its one-block time plus the first increments of its profile's lower convex hull (the hull
-    lies below every point, its increments do not decrease), so the stages' sum is at least their one-block times
-    plus the B - pp cheapest increments the stages offer within T.  The least of the step over the bottleneck
-    candidates from `start` (bottleneck_bound's limit) on; inf when no candidate holds every block."""
-    stages = len(profiles)
-    if any(not times or times[0] == float("inf") for times in profiles):
-        return 0.0  # a stage without a one-block entry: no claim (its profile does not start at one block)
-    increments = [_hull_increments(times) for times in profiles]
-    firsts = sum(times[0] for times in profiles)
-    best = float("inf")
-    # the bottleneck itself (the pools' slots may set it above every stage's own times) and the times above it
-    for limit in sorted({start} | {t for times in profiles for t in times if start < t < float("inf")}):
-        if (micro - 1) * limit >= best:
-            break  # the sum only falls as the limit rises, by less than the max term grows
-        offered = sorted(d for times, steps in zip(profiles, increments)
-                         for d in steps[:_most_within(times, limit) - 1])
-        extra = blocks - stages
-        if len(offered) < extra:
-            continue
-        best = min(best, (micro - 1) * limit + firsts + sum(offered[:extra]))
-    return best
-
-
-def _most_within(times: list[float], limit: float) -> int:
-    """The most blocks a stage holds within `limit`: the largest n with times[n-1] <= limit (0 if none)."""
-    return max((n for n, t in enumerate(times, start=1) if t <= limit), default=0)
+    blocks runs; 1F1B, v = 1): pipeline_fill_bound with each stage a pool of one slot, at its profile's
+    non-decreasing floor.  At a bottleneck T from `start` (bottleneck_bound's limit) on, the stages' sum is at least
+    their one-block times plus the B - pp cheapest increments of their profiles' convex hulls within T; inf when no
+    limit holds every block."""
+    return pipeline_fill_bound([(_floor_profile(times), 1) for times in profiles], len(profiles), blocks, micro, 1,
+                               start, float("inf"))
 
 
 def capacity(slots: list[tuple[int, int]], stages: int) -> int:
