@@ -18,10 +18,12 @@ from planner.search.exhaustive import batch_splits, exhaustive_groups
 from planner.plan.assemble import build_plan
 from planner.plan.schema import Plan, ReplicaGroupsStrategy, plan_json
 from planner.plan.report import render_report
-from planner.search.compile import compile_job
+from planner.search.compile import _search_groups, compile_job
+from planner.search.ilp.tables import TableBuilder
 from planner.search.result import CompileOptions
 from planner.search.replica_groups import compute_floor, proportional, share_grid
-from planner.search.space import SpaceOptions
+from planner.search.space import SpaceOptions, narrow_to_runtime
+from planner.search.state import Search
 from hardware import load_catalog
 from test_compile import PROPERTY, SMALL, _cluster, _job, _model, assert_matches_oracle
 
@@ -130,6 +132,31 @@ def test_grain_rule_keeps_strategies_legal_on_fewer_shares():
         assert grain % (s.dp * s.mbs) == 0
     oracle = exhaustive_groups(job, SpaceOptions(**SMALL, fixed={"cp": 1}))
     assert oracle is not None and oracle[1] == pytest.approx(result.groups.step_time_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("start", ["none", "above", "below"])
+def test_group_search_from_any_incumbent_ends_at_the_exhaustive_split(start):
+    # the compile hands the groups its configurations' best plan (compile._search_groups); without one they
+    # water-fill.  From no incumbent, or one above the best split, they end at the brute force's split (its shares
+    # compiled to their optimum, whatever the first plan each existence question found); from one below it no
+    # split beats it and the bound is the incumbent itself (the proof completed)
+    job = _job(WIDE, A100X4_H100, batch=16, seq=4096)
+    space = SpaceOptions(**SMALL, fixed={"cp": 1})
+    groups, best = exhaustive_groups(job, space)
+    incumbent = {"none": float("inf"), "above": 1.2 * best, "below": 0.99 * best}[start]
+    options = CompileOptions(space=narrow_to_runtime(space, job.runtime, job))
+    search = Search(job=job, options=options, catalog=load_catalog(), builder=TableBuilder(job, load_catalog()),
+                    progress=None)
+    search.incumbent = incumbent
+    grouped = _search_groups(search)
+    assert not grouped.stopped
+    if start == "below":
+        assert grouped.groups is None and grouped.bound == pytest.approx(incumbent, rel=1e-9)
+        return
+    assert grouped.objective == pytest.approx(best, rel=1e-6) and grouped.bound == grouped.objective
+    assert [(g.pool, g.batch) for g in grouped.groups] == [(g.pool, g.batch) for g in groups]
+    assert evaluate_groups(job, grouped.groups).step_time_s == pytest.approx(best, rel=1e-6)
+    assert all(result.certificate.status == "OPTIMAL" for result in grouped.results.values())
 
 
 # ---------------------------------------------------------------------------- plan, report, CLI

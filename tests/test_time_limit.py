@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
 import planner.search.branch as branch
+import planner.search.compile as compile_module
 import planner.search.state as state
 from hardware import load_cluster
 from models import load_model
@@ -32,6 +33,7 @@ A100_H100 = _cluster("a100-h100", ("a100", "dgx-a100-80g", 2), ("h100", "dgx-h10
 # 5 solves, about 1.5 s in all, under the planner runtime (the default); the reference runtime's bounds now
 # prune all but one, which a 1.5 s budget on the fake clock would not cut
 BIG = ["llama3-70b", "dgx-h100:16", "--batch", "512", "--seq-len", "4096"]
+NS_ROUNDING = 1e-8  # seconds: the programs' stage times are whole nanoseconds, a step sums a few of them
 DONE = ["llama3-8b", "dgx-h100:2", "--batch", "64", "--seq-len", "8192", "--time-limit", "60"]  # well under 1 s
 
 
@@ -283,15 +285,35 @@ def cut_optimum():
     return min(exhaustive_optimum(job, space)[1], exhaustive_groups(job, space)[1])
 
 
-@pytest.mark.parametrize("limit", [0.5, 4.5, 8.5])
+@pytest.mark.parametrize("limit", [0.5, 1.5, 2.5])
 def test_a_cut_search_bounds_every_plan_from_below(monkeypatch, cut_optimum, limit):
-    # the replica groups get half of the budget (compile.GROUP_SHARE) and, cut short, bound the splits they never
-    # compiled from what they know (replica_groups.split_floor: at 4.5 and 8.5 s it binds, at 0.5 s the groups have
-    # no plan yet); the configurations' bounds join them.  Each CP-SAT solve ticks the fake clock by 1 s, so these
-    # limits stop the search at different points: the certificate's bound must stay at most the optimum that the
-    # brute force finds over both kinds of plan
+    # the configurations get three quarters of the budget (compile.GROUP_SHARE) and the replica groups what is
+    # left; cut short, the groups bound the splits they never compiled from what they know (replica_groups.
+    # split_floor), the configurations' open bounds join them.  Each CP-SAT solve ticks the fake clock by 1 s, so
+    # these limits stop the search at different points (0.5 s: in the configurations' walk; 1.5 s: before the
+    # groups ask anything; 2.5 s: inside the groups' proof, which the floors it learnt then settle): the
+    # certificate's bound must stay at most the optimum
+    # that the brute force finds over both kinds of plan, up to the programs' rounding of each stage time to
+    # whole nanoseconds (a step of 0.7 ms: 1e-9 relative is under one nanosecond)
     job, space = _cut_job()
     install_fake_clock(monkeypatch)
     cert = compile_job(job, CompileOptions(time_limit=limit, space=space)).certificate
     assert cert.stopped == "time_limit"
-    assert cert.bound <= cut_optimum * (1 + 1e-9) <= cert.objective * (1 + 2e-9)
+    assert cert.bound <= cut_optimum + NS_ROUNDING <= cert.objective + 2 * NS_ROUNDING
+
+
+def test_the_walk_resumes_where_the_budget_paused_it_when_the_groups_leave_time(monkeypatch, cut_optimum):
+    # the configurations' share of the budget (here a tenth: GROUP_SHARE 0.9) pauses their walk after its first
+    # solve; the replica groups then prove quickly that no split beats it, and the walk resumes with the time
+    # left: the certificate is the one an uncut search gives (OPTIMAL, not cut short), not the paused walk's
+    job, space = _cut_job()
+    clock = install_fake_clock(monkeypatch)
+    monkeypatch.setattr(compile_module, "GROUP_SHARE", 0.9)
+    resumed = []
+    real = compile_module.resume_configs
+    monkeypatch.setattr(compile_module, "resume_configs",
+                        lambda search: (resumed.append((clock.now, len(search.paused))), real(search))[1])
+    cert = compile_job(job, CompileOptions(time_limit=8.0, space=space)).certificate
+    assert resumed and resumed[0][1] > 0  # paused with configurations left, taken up again
+    assert cert.status == "OPTIMAL" and cert.stopped is None
+    assert cut_optimum - NS_ROUNDING <= cert.objective <= cut_optimum + NS_ROUNDING

@@ -11,6 +11,8 @@ which its bounds prune.
    `planner.search.space.families_bounded_by_base`) only once its memory-aware bound and its tables keep it,
    each at no less than the bound they prove; where nothing of it fits, not at all
    (`families_fit_only_where_base_fits`).
+   Once the budget is spent the rest is paused (`Search.pause`: its bounds stay open), and `resume_configs`
+   takes it up again where time is found (a mixed cluster's replica groups finishing early).
 4. `solve_closest_runners_up` solves the closest closed configurations for the report.
 """
 
@@ -74,6 +76,12 @@ def search_configs(search: Search, legal: list[tuple[int, Strategy]], retry_offl
     return configs
 
 
+def resume_configs(search: Search) -> None:
+    """Walk on over the configurations the budget paused (the replica groups left time)."""
+    offload = search.paused_offload
+    branch_and_bound(search, search.resume(), offload)
+
+
 def legal_configs(job: Job, space: SpaceOptions) -> list[tuple[int, Strategy]]:
     """(micro-batches, configuration) of every legal configuration some pool can hold, in space order."""
     return [(job.global_batch // (config.data_parallel * config.mbs), config)
@@ -120,9 +128,11 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             search.near += [(b, c.spec(), c, n, placement_variants(search.job, c, search.options.space, offload))
                             for b, n, c in rest[:search.options.runners_up]]
             return
-        if search.spent():
+        if search.first_plan and search.best is not None:  # a plan within the cap was all that was asked
             search.open_bounds.extend([bound, *(b for b, _, _ in queue.drain())])
-            search.stopped = True
+            return
+        if search.spent():
+            search.pause([(bound, m, config), *queue.drain()], offload)
             return
         pools = pools_of(search.job, config)
         identical = len(search.builder.segments) == 1
@@ -155,7 +165,7 @@ def branch_and_bound(search: Search, configs: list[tuple[float, int, Strategy]],
             order = bound
         if not follow:
             _families(search, queue, config, ks, pools, m, floor=0.0, closed=False)
-        bound = solve_config(search, config, m, bound, variants, order=order)
+        bound = solve_config(search, config, m, bound, variants, order=order, offload=offload)
         if follow:  # what its tables proved bounds its families too
             _families(search, queue, config, ks, pools, m, floor=bound,
                       closed=bound >= search.incumbent * (1 - 1e-9))

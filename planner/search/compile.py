@@ -34,12 +34,12 @@ of its configuration's placement variants (`planner.search.space.placement_varia
 the FCDP host cache; in the offload pass also optimizer and parameter offload
 to host or NVMe and partial optimizer offload).
 
-On a mixed cluster (objective time) replica groups are searched first
-(`planner.search.replica_groups`: a strategy and batch share per pool, each share a
-compile of its pool alone through `_compile_pool`); their best plan is the
-incumbent the configurations must beat, and their bound joins the
-certificate.  They spend at most GROUP_SHARE of the time limit (the configurations need the
-rest to be bounded at all).  A group plan that fits counts as "something fits" for offload.
+On a mixed cluster (objective time) the configurations are walked first, with all but GROUP_SHARE of the
+time limit; then the replica groups (`planner.search.replica_groups`: a strategy and batch share per pool,
+each share a compile of its pool alone through `_compile_pool`) prove that no split beats the configurations'
+incumbent, or find one that does (each pool asked only whether a plan within a limit exists: cheap where the
+incumbent is good).  Their bound joins the certificate.  When they finish inside the budget, the walk resumes
+where the budget paused it (`Search.pause`).  A group plan that fits counts as "something fits" for offload.
 
 The steps live in their own modules: `planner.search.state` (the search's clock, budget and incumbent),
 `planner.search.branch` (the configurations in bound order, pruning), `planner.search.config_solve` (one
@@ -56,7 +56,7 @@ from planner.cost.evaluate import has_shared_experts
 from planner.cost.replica_groups import ReplicaGroup, evaluate_groups, group_job
 from planner.errors import InfeasibleError
 from planner.job import Job
-from planner.search.branch import legal_configs, search_configs, solve_closest_runners_up, warm
+from planner.search.branch import legal_configs, resume_configs, search_configs, solve_closest_runners_up, warm
 from planner.search.ilp.surcharge import Surcharge
 from planner.search.ilp.tables import TableBuilder
 from planner.search.replica_groups import GroupSearch, search_groups, share_grid
@@ -80,31 +80,25 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                               f"({job.model.name} has {job.model.num_experts} experts)")
     search = Search(job=job, options=options, catalog=catalog, builder=TableBuilder(job, catalog), progress=progress,
                      surcharge=surcharge)
-    legal = legal_configs(job, options.space)  # counts the space (bounded after the replica groups)
-    grouped = None
-    if len(job.cluster.pools) > 1 and options.objective == "time" and options.space.replica_groups and not surcharge:
-        # replica groups first: a good plan from them prunes most single-strategy configurations
-        # one table builder per pool: its tables do not depend on the batch share
-        builders = {pool.name: TableBuilder(group_job(job, pool.name, job.global_batch), catalog)
-                    for pool in job.cluster.pools}
-        grain = job.global_batch // share_grid(job.global_batch)
-        # the groups spend at most GROUP_SHARE of the budget: the single-strategy configurations need the rest to
-        # be bounded at all (unvisited, each is bounded by the cluster's compute floor)
-        group_limit = options.time_limit * GROUP_SHARE
-        grouped = search_groups(
-            job, lambda sub, cap: _compile_pool(search, sub, cap, builders[sub.cluster.pools[0].name], grain,
-                                                group_limit),
-            catalog, remaining=lambda: search.remaining(group_limit))
-        search.stopped = search.stopped or grouped.stopped
+    legal = legal_configs(job, options.space)  # counts the space
+    with_groups = (len(job.cluster.pools) > 1 and options.objective == "time" and options.space.replica_groups
+                   and not surcharge)
+    if with_groups:
+        # the configurations first, leaving the replica groups GROUP_SHARE of the budget: their plan is the
+        # incumbent the groups must beat, and proving that none does asks each pool only whether a plan within a
+        # limit exists, which is cheap where the limit is tight
+        search.limit = options.time_limit * (1 - GROUP_SHARE)
+    warm(search, [config for _, config in legal])
+    configs = search_configs(search, legal)
+    search.limit = None
+    grouped = _search_groups(search) if with_groups else None
+    if grouped is not None and search.paused and search.remaining() > 0:
+        # the groups left time: the configurations go on, against the groups' plan where it is the better
         if grouped.groups is not None:
             search.incumbent = grouped.objective * (1 + 1e-9)
-            search.say(f"[{search.elapsed():6.2f}s] replica groups {grouped.objective:.6g} "
-                       f"({grouped.compiled} pool compiles)")
-    has_groups = grouped is not None and grouped.groups is not None
-    if not has_groups:
-        warm(search, [config for _, config in legal])
-    # offload only where nothing fits without it: replica groups that fit count
-    configs = search_configs(search, legal, retry_offload=not has_groups)
+        resume_configs(search)
+    # the groups win when they beat every single strategy found
+    has_groups = grouped is not None and grouped.groups is not None and not search.best_step < grouped.objective
     if search.best is None and not has_groups:
         if not configs:
             raise InfeasibleError("no legal strategy: no combination of tp, pp, cp, dp and micro-batch size "
@@ -112,32 +106,53 @@ def compile_job(job: Job, options: CompileOptions | None = None, catalog: Catalo
                                   + limits_note(options.space))
         raise InfeasibleError(_explain_infeasible(job, catalog, options.space.offload_devices))
     solve_closest_runners_up(search)
-    if search.best is None:  # the replica groups won (the search raised above when it had neither)
-        if grouped is None or grouped.groups is None:
-            raise RuntimeError("no plan: neither a single strategy nor replica groups")
+    if has_groups and grouped is not None and grouped.groups is not None:
         return _group_result(search, grouped, grouped.groups, len(configs))
+    if search.best is None:
+        raise RuntimeError("no plan: neither a single strategy nor replica groups")
     return _result(search, search.best, len(configs), grouped.bound if grouped is not None else float("inf"))
 
 
-GROUP_SHARE = 0.5  # of the time limit, what the replica groups' pool compiles may spend
+def _search_groups(search: Search) -> GroupSearch:
+    """The replica groups of a mixed cluster, against the configurations' incumbent, within the time left."""
+    job, catalog = search.job, search.catalog
+    # one table builder per pool: its tables do not depend on the batch share
+    builders = {pool.name: TableBuilder(group_job(job, pool.name, job.global_batch), catalog)
+                for pool in job.cluster.pools}
+    grain = job.global_batch // share_grid(job.global_batch)
+    limit = search.options.time_limit
+    grouped = search_groups(
+        job, lambda sub, cap, first: _compile_pool(search, sub, cap, builders[sub.cluster.pools[0].name], grain,
+                                                   limit, first),
+        catalog, remaining=lambda: search.remaining(), incumbent=search.incumbent)
+    search.stopped = search.stopped or grouped.stopped
+    if grouped.groups is not None:
+        search.say(f"[{search.elapsed():6.2f}s] replica groups {grouped.objective:.6g} "
+                   f"({grouped.compiled} pool compiles)")
+    return grouped
+
+
+GROUP_SHARE = 0.25  # of the time limit, what the configurations leave to the replica groups' pool compiles
 
 
 def _compile_pool(parent: Search, job: Job, cap: float, builder: TableBuilder, grain: int,
-                  time_limit: float) -> tuple[float, float, "CompileResult | None"]:
+                  time_limit: float, first: bool = False) -> tuple[float, float, "CompileResult | None"]:
     """A replica group's compile: one pool's sub-job under the grain rule, only plans no slower than
-    `cap`, on the parent's clock, within `time_limit` of the parent's start."""
+    `cap`, on the parent's clock, within `time_limit` of the parent's start; `first`: it stops at its
+    first such plan (the question is whether one exists)."""
     space = parent.options.space.model_copy(update={"batch_grain": grain})
     options = parent.options.model_copy(update={"runners_up": 0, "space": space})
     # past the budget, a compile under a cap stops with or without a plan (there is a plan to beat, or the
     # configurations find the first one); one without a cap, asked while no split has a plan, goes on to one
     search = Search(job=job, options=options, catalog=parent.catalog, builder=builder, progress=None,
-                    start=parent.start, need_plan=parent.need_plan and cap == float("inf"), limit=time_limit)
+                    start=parent.start, need_plan=parent.need_plan and cap == float("inf"), limit=time_limit,
+                    first_plan=first)
     if cap < float("inf"):
         search.incumbent = cap * (1 + 1e-9)
     legal = legal_configs(job, space)
     warm(search, [config for _, config in legal])
     configs = search_configs(search, legal)
-    parent.stopped = parent.stopped or search.stopped
+    parent.stopped = parent.stopped or search.cut_short
     if search.best is None:
         return float("inf"), min([cap, *search.open_bounds]), None
     result = _result(search, search.best, len(configs))
@@ -164,7 +179,7 @@ def _certificate(search: Search, objective: float, other_bound: float, configura
     return Certificate(
         status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,
         wall_s=search.elapsed(), configurations=configurations, solved=len(search.solved), pruned=search.pruned,
-        stopped="time_limit" if search.stopped else None,
+        stopped="time_limit" if search.cut_short else None,
     )
 
 

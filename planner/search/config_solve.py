@@ -67,11 +67,13 @@ RUNNER_UP_SOLVES = 4  # at most this many runner-up programs per runner-up repor
 
 
 def solve_config(search: Search, config: Strategy, micro_batches: int, bound: float,
-                 variants: tuple[dict, ...], runner_up: bool = False, order: float | None = None) -> float:
+                 variants: tuple[dict, ...], runner_up: bool = False, order: float | None = None,
+                 offload: bool = False) -> float:
     """Solve one configuration: (1) cap the stage times, (2) build and check its tables, (3) build its
     program, (4) solve it, (5) record the value.  runner_up: only to learn its value for the report (no
     incumbent cap, a short limit, the certificate untouched).  `order`: the key that orders it among the
-    runner-up candidates (default its bound).
+    runner-up candidates (default its bound).  `offload`: the walk's pass (a configuration the budget cuts short
+    is paused with it).
 
     Returns the bound its tables prove for every plan with any per-stage recompute counts (the tables hold
     them whatever counts the program ties: SpaceOptions.recompute_counts), at least `bound`: inf when no
@@ -98,9 +100,8 @@ def solve_config(search: Search, config: Strategy, micro_batches: int, bound: fl
         return table_bound
     bound = max(bound, table_bound)
     program, cutoff = _program(search, tables, micro_batches, runner_up)
-    if not runner_up and search.spent():  # the budget ran out while the tables were built
-        search.open_bounds.append(bound)
-        search.stopped = True
+    if not runner_up and search.spent():  # the budget ran out while the tables were built: visited again on resume
+        search.pause([(bound, micro_batches, config)], offload)
         return bound
     digest = None if runner_up else hashlib.blake2b(str(program.model.Proto()).encode(), digest_size=16).digest()
     if digest in search.infeasible:  # the same program was proved infeasible: so is this one

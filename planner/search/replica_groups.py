@@ -16,17 +16,20 @@ with CP-SAT inside), asked only as "is T[p, n] <= tau?" with tau as the
 compile's step-time cap, so a share that cannot matter costs one pruned
 search.  Then:
 
-1. water-filling: shares in proportion to each pool's measured speed
-   (shares per second), three rounds, give the incumbent U;
+1. the incumbent U: the best single-strategy plan (planner.search.compile walks the
+   configurations first), or, without one, water-filling: shares in proportion to each
+   pool's measured speed (shares per second), three rounds;
 2. proof: for every set S of active pools, a split with max T < U - sync(S)
-   exists iff the pools' largest shares under that limit (binary search over
-   n, by monotonicity) add up to N; if one does, it becomes the incumbent and
+   exists iff the pools' largest shares under that limit add up to N
+   (`_Shares.fitting`, by bisection over n under monotonicity, each question one
+   compile that may stop at its first plan within the limit: `first`); if one
+   does, its shares are compiled to their optimum, it becomes the incumbent and
    the check restarts.  When no set improves, U is optimal over the space.
 
 Past the time limit only the shares of a first split are still compiled (no
 cap: the search has no plan yet); then the search returns what it has, with
-`stopped` set, and the bound falls back to the compute floor of the whole
-cluster for what it never asked.
+`stopped` set, and the bound falls back to what the table knows (`split_floor`)
+for what it never asked.
 """
 
 from __future__ import annotations
@@ -46,18 +49,24 @@ WATER_FILL_ROUNDS = 3
 
 @dataclass
 class Entry:
-    """What is known of T[p, n]: its value (when compiled under a cap it met) or a floor on it."""
+    """What is known of T[p, n]: a plan no slower than `below` (its compile in `result`) and a proof that none is
+    faster than `above`."""
 
-    value: float | None = None  # the certified optimum, when known
-    above: float = 0.0  # T > above (a cap it missed, or the compile's bound)
-    result: CompileResult | None = None  # the pool sub-job's result when value is known
-    exact: bool = True  # False when a compile stopped at the time limit
+    below: float = float("inf")  # the fastest plan found so far
+    above: float = 0.0  # T >= above: a compile's bound, or the pool's compute floor
+    result: CompileResult | None = None  # the compile that found the plan at `below`
+    unproven: bool = False  # once answered "no plan within the cap" by a compile the time limit cut short
+
+    @property
+    def exact(self) -> bool:
+        """Whether `below` is T itself (a compile certified it optimal)."""
+        return self.below <= self.above * (1 + 1e-9)
 
     @property
     def compiled(self) -> CompileResult:
-        """The pool sub-job's result of an entry whose value is known; ValueError for one only bounded."""
+        """The pool sub-job's result of an entry with a plan; ValueError for one only bounded."""
         if self.result is None:
-            raise ValueError("the entry's value is bounded, not compiled")
+            raise ValueError("the entry has no plan, only a bound")
         return self.result
 
 
@@ -117,39 +126,30 @@ class _Shares:
             self.entries[pool, n] = Entry(above=compute_floor(self.job, pool, n * self.grain, self.catalog))
         return self.entries[pool, n]
 
-    def value(self, pool: str, n: int, cap: float = float("inf")) -> float:
-        """T[p, n] if it is at most `cap`, else inf."""
+    def value(self, pool: str, n: int, cap: float = float("inf"), first: bool = False) -> float:
+        """T[p, n] if it is at most `cap`, else inf.  `first`: the time of any plan within `cap` will do (the
+        question is whether one exists), which a compile answers at its first such plan."""
         if n == 0:
             return 0.0
         e = self.entry(pool, n)
-        if e.value is not None:
-            return e.value if e.value <= cap else float("inf")
+        if e.below <= cap and (first or e.exact):
+            return e.below
         if e.above >= cap:
             return float("inf")
         if self.remaining() <= 0:
             self.stopped = True
             if cap < float("inf"):  # past the budget only the first plan is still sought (uncapped)
-                return float("inf")
-        value, bound, result = self.compile_pool(group_job(self.job, pool, n * self.grain), cap)
+                return e.below if e.below <= cap else float("inf")
+        ask = min(cap, e.below)  # a plan at `below` is known: only faster ones are news
+        value, bound, result = self.compile_pool(group_job(self.job, pool, n * self.grain), ask, first)
         self.compiled += 1
-        if result is not None:
-            e.value, e.result, e.exact = value, result, result.certificate.status == "OPTIMAL"
-            e.above = max(e.above, bound)
-            return value if value <= cap else float("inf")
         e.above = max(e.above, bound)
-        e.exact = bound >= cap
+        if result is not None and value <= e.below:  # on a tie the later compile is the certified one
+            e.below, e.result = value, result
+        if e.below <= cap:
+            return e.below
+        e.unproven = e.unproven or e.above < cap  # the compile stopped before it proved "none within the cap"
         return float("inf")
-
-    def most(self, pool: str, limit: float) -> int:
-        """Largest n with T[p, n] <= limit (T is nondecreasing in n), by bisection."""
-        lo, hi = 0, self.shares
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.value(pool, mid, limit) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
     def step(self, split: dict[str, int], cap: float = float("inf")) -> float:
         """max T + sync of a split (inf when some share has no plan, or none under `cap`)."""
@@ -157,6 +157,32 @@ class _Shares:
         sync = sync_seconds(self.job, active, self.catalog)
         times = [self.value(p, split[p], cap - sync) for p in active]
         return max(times) + sync if active else float("inf")
+
+    def fitting(self, active: tuple[str, ...], limit: float) -> dict[str, int] | None:
+        """Shares per pool of `active` (each at least one, N in all) with every T[p, n] <= limit, or None when no
+        such split exists.  Bisects each pool's most shares within the limit (T is nondecreasing in n), the
+        widest interval first, and stops as soon as the pools' ceilings fall short of N or their floors reach it:
+        only the answer is wanted, not each pool's exact most."""
+        lo = {p: 0 for p in active}  # T[p, lo] <= limit: a plan is known
+        hi = {p: bisect.bisect_left(share_floors(self, p), limit) for p in active}  # T[p, hi + 1] > limit
+        for (p, n), e in self.entries.items():
+            if p in lo and n <= hi[p] and e.below <= limit:
+                lo[p] = max(lo[p], n)
+        # the slowest pool first, at one share: where the limit is too tight for it, one compile settles the set
+        slowest = max(active, key=lambda p: compute_floor(self.job, p, 1, self.catalog))
+        if len(active) > 1 and lo[slowest] == 0 < hi[slowest] and self.value(slowest, 1, limit, first=True) > limit:
+            return None
+        while True:
+            if min(hi.values()) == 0 or sum(hi.values()) < self.shares:
+                return None
+            if min(lo.values()) >= 1 and sum(lo.values()) >= self.shares:
+                return _trim(lo, self.shares)
+            pool = max(active, key=lambda p: hi[p] - lo[p])
+            mid = (lo[pool] + hi[pool] + 1) // 2
+            if self.value(pool, mid, limit, first=True) <= limit:
+                lo[pool] = mid
+            else:
+                hi[pool] = mid - 1
 
 
 def proportional(total: int, weights: dict[str, float]) -> dict[str, int]:
@@ -172,15 +198,18 @@ def proportional(total: int, weights: dict[str, float]) -> dict[str, int]:
     return out
 
 
-def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> GroupSearch:
-    """The best replica-group plan and a bound over the group space (objective time).
+def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining,
+                  incumbent: float = float("inf")) -> GroupSearch:
+    """The best replica-group plan faster than `incumbent` (a plan found elsewhere), and a bound over the group
+    space (objective time): at least the incumbent when no split beats it.
 
-    compile_pool(sub_job, cap) -> (value, bound, CompileResult | None): a certified compile of one
-    pool's sub-job restricted to the grain rule, only plans no slower than `cap` (None: none is).
-    remaining() -> seconds left; past it, unasked shares stay unknown and the bound says so.
+    compile_pool(sub_job, cap, first) -> (value, bound, CompileResult | None): a certified compile of one
+    pool's sub-job restricted to the grain rule, only plans no slower than `cap` (None: none is); `first`:
+    it may stop at its first plan within the cap.  remaining() -> seconds left; past it, unasked shares
+    stay unknown and the bound says so.
     """
     table = _Shares(job, compile_pool, catalog, remaining)
-    best, best_split = float("inf"), {}
+    best, best_split = incumbent, {}
 
     def consider(split: dict[str, int]) -> None:
         nonlocal best, best_split
@@ -188,18 +217,8 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
         if step < best:
             best, best_split = step, dict(split)
 
-    # 1. water-filling, on all pools and then without the slowest ones: each round re-splits in
-    # proportion to the speed (shares per second) measured on the previous split
-    subset = sorted(table.pools, key=lambda p: compute_floor(job, p, 1, catalog))
-    while subset:
-        split = proportional(table.shares, {p: 1.0 / compute_floor(job, p, 1, catalog) for p in subset})
-        for _ in range(WATER_FILL_ROUNDS):
-            consider(split)
-            times = {p: table.value(p, n, best) for p, n in split.items()}
-            if not split or any(t == float("inf") for t in times.values()):
-                break
-            split = proportional(table.shares, {p: split[p] / times[p] for p in subset})
-        subset = subset[:-1]
+    if incumbent == float("inf"):
+        _water_fill(table, consider, lambda: best)
     # 2. proof: no set of active pools has a split faster than the incumbent
     improved = True
     while improved:
@@ -212,9 +231,8 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
                 limit = (best - sync_seconds(job, list(active), catalog)) * (1 - 1e-9)
                 if limit <= 0:
                     continue
-                most = {p: table.most(p, limit) for p in active}
-                if min(most.values()) >= 1 and sum(most.values()) >= table.shares:
-                    split = _trim(most, table.shares)
+                split = table.fitting(active, limit)
+                if split is not None:  # each of its shares runs within the limit: at their best, it beats `best`
                     before = best
                     consider(split)
                     improved = improved or best < before
@@ -224,29 +242,48 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining) -> Gro
         result.groups = [ReplicaGroup(pool=p, batch=n * table.grain,
                                       strategy=table.entry(p, n).compiled.single_strategy) for p, n in chosen]
         result.results = {p: table.entry(p, n).compiled for p, n in chosen}
-        result.objective = best
-    # what is not known exactly (a compile at its time limit, or never asked) caps the bound: shares never
-    # asked, past the time limit, by the compute floor of the whole cluster (no split beats it); the floor of
-    # the splits over what the table knows (split_floor) is a bound too, and the better one is kept
-    inexact = [e.above for e in table.entries.values() if not e.exact]
+        result.objective = (max(table.entry(p, n).below for p, n in chosen)
+                            + sync_seconds(job, [p for p, _ in chosen], catalog))
+        result.compiled = table.compiled
+    # a "no" the time limit cut short caps the bound (a better split needs that share: its T is at least the
+    # compile's bound), and so, past the time limit, do the shares never asked (the compute floor of the whole
+    # cluster); the floor of the splits over what the table knows (split_floor) is a bound too: the better is kept
+    objective = min(best, result.objective)
+    unproven = [e.above for e in table.entries.values() if e.unproven]
     if table.stopped:
-        inexact.append(cluster_floor(job, catalog))
-    result.bound = min([best, *inexact])
-    if inexact:
-        result.bound = max(result.bound, min(best, split_floor(table)))
+        unproven.append(cluster_floor(job, catalog))
+    result.bound = min([objective, *unproven])
+    if unproven:
+        result.bound = max(result.bound, min(objective, split_floor(table)))
     return result
 
 
+def _water_fill(table: _Shares, consider, best) -> None:
+    """A first split: shares in proportion to each pool's speed, re-split on the speeds the previous split
+    measured (WATER_FILL_ROUNDS rounds), on all pools and then without the slowest ones."""
+    job, catalog = table.job, table.catalog
+    subset = sorted(table.pools, key=lambda p: compute_floor(job, p, 1, catalog))
+    while subset:
+        split = proportional(table.shares, {p: 1.0 / compute_floor(job, p, 1, catalog) for p in subset})
+        for _ in range(WATER_FILL_ROUNDS):
+            consider(split)
+            times = {p: table.value(p, n, best()) for p, n in split.items()}
+            if not split or any(t == float("inf") for t in times.values()):
+                break
+            split = proportional(table.shares, {p: split[p] / times[p] for p in subset})
+        subset = subset[:-1]
+
+
 def share_floors(table: _Shares, pool: str) -> list[float]:
-    """floors[n-1] <= T[pool, n] for n = 1..N: an exact compile's value, else what is known below it (a compile's
-    bound, or the pool's compute floor), raised to the floor of fewer shares (T is nondecreasing in n)."""
+    """floors[n-1] <= T[pool, n] for n = 1..N: what is known below it (a certified value, a compile's bound,
+    or the pool's compute floor), raised to the floor of fewer shares (T is nondecreasing in n)."""
     floors: list[float] = []
     for n in range(1, table.shares + 1):
         e = table.entries.get((pool, n))
         if e is None:
             known = compute_floor(table.job, pool, n * table.grain, table.catalog)
         else:
-            known = e.value if e.exact and e.value is not None else e.above
+            known = e.below if e.exact else e.above
         floors.append(max(known, floors[-1] if floors else 0.0))
     return floors
 
