@@ -53,8 +53,12 @@ def launch(folder: Path, report: Path, *args: str, env: dict[str, str] | None = 
                "RUN_ID": f"test-{port}", **(env or {})}
     if warm:
         environ["PATH"] = f"{shim_dir(report.parent / 'warm-bin')}{os.pathsep}{environ['PATH']}"
-    run = subprocess.run(["bash", str(folder / "torch" / "launch.sh"), *TRAIN, "--report", str(report), *args],
-                         env=environ, capture_output=True, text=True, timeout=timeout)
+    try:
+        run = subprocess.run(["bash", str(folder / "torch" / "launch.sh"), *TRAIN, "--report", str(report), *args],
+                             env=environ, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:  # with the stacks the warm launcher dumps (warm_torchrun.HANG_DUMP)
+        stderr = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else err.stderr or ""
+        raise AssertionError(f"the launch did not end within {timeout} s; its stderr ends:\n{stderr[-8000:]}") from None
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return json.loads(report.read_text()), run
 

@@ -37,6 +37,7 @@ server, or when it cannot be reached, the launch imports the modules itself as a
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib
 import json
 import os
@@ -60,6 +61,11 @@ WARM = ("torch", "torch.distributed.fsdp", "torch.distributed.tensor", "torch._d
 SERVED = (*WARM, "torch.distributed.run", "torch.distributed.launcher.api", "planner.runtime.train")
 ADDRESS = "PLANNER_WARM_TORCHRUN"  # the environment variable naming the server's socket
 REFUSED = b"refused"  # the server's answer to a launch it does not run
+# seconds after which each rank of a launch prints every thread's Python stack to its stderr, once (faulthandler;
+# the rank goes on): a launch that hangs until its test's timeout then says where its ranks waited.  Armed in the
+# ranks only: an agent that armed it would fork its ranks with the timer's thread holding faulthandler's lock
+HANG_DUMP = "PLANNER_TEST_HANG_DUMP_S"
+HANG_DUMP_S = "150"  # the suite's (start_server); a launch takes 3-30 s, its tests' timeouts are 240-300 s
 
 
 def shim_dir(folder: Path) -> Path:
@@ -82,10 +88,18 @@ def _leave(exit_code: int) -> NoReturn:
     raise SystemExit(exit_code)
 
 
+def _dump_stacks_if_hung() -> None:
+    """Arm faulthandler's one-shot stack dump in this rank when $PLANNER_TEST_HANG_DUMP_S asks for it."""
+    seconds = os.environ.get(HANG_DUMP)
+    if seconds:
+        faulthandler.dump_traceback_later(float(seconds), exit=False)
+
+
 def _rank(target: str, is_module: bool, argv: list[str]) -> None:
     """One forked rank: the module or script as `__main__` with `argv`, leaving through SystemExit."""
     from planner.runtime import shutdown
 
+    _dump_stacks_if_hung()
     shutdown._leave = _leave  # noqa: SLF001 (the module docstring says why)
     sys.argv = [target, *argv]
     if is_module:
@@ -119,6 +133,7 @@ def start_server() -> None:
     """Start this process's server once and name it in os.environ (children of this process inherit it)."""
     if os.environ.get(ADDRESS):
         return
+    os.environ.setdefault(HANG_DUMP, HANG_DUMP_S)  # every launch's environment is this process's
     address = str(Path(tempfile.mkdtemp(prefix="warm-torchrun-")) / "socket")
     # its stdin is a pipe from this process: at this process's exit the server reads its end and leaves
     server = subprocess.Popen([sys.executable, str(HERE), "--serve", address], stdin=subprocess.PIPE,
