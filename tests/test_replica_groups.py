@@ -144,7 +144,7 @@ def test_group_search_from_any_incumbent_ends_at_the_exhaustive_split(start):
     space = SpaceOptions(**SMALL, fixed={"cp": 1})
     groups, best = exhaustive_groups(job, space)
     incumbent = {"none": float("inf"), "above": 1.2 * best, "below": 0.99 * best}[start]
-    options = CompileOptions(space=narrow_to_runtime(space, job.runtime, job))
+    options = CompileOptions(space=narrow_to_runtime(space, job.runtime, job), work_limit=10)  # no wall clock
     search = Search(job=job, options=options, catalog=load_catalog(), builder=TableBuilder(job, load_catalog()),
                     progress=None)
     search.incumbent = incumbent
