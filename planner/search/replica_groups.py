@@ -170,8 +170,10 @@ class _Shares:
                 lo[p] = max(lo[p], n)
         # the slowest pool first, at one share: where the limit is too tight for it, one compile settles the set
         slowest = max(active, key=lambda p: compute_floor(self.job, p, 1, self.catalog))
-        if len(active) > 1 and lo[slowest] == 0 < hi[slowest] and self.value(slowest, 1, limit, first=True) > limit:
-            return None
+        if len(active) > 1 and lo[slowest] == 0 < hi[slowest]:
+            if self.value(slowest, 1, limit, first=True) > limit:
+                return None
+            lo[slowest] = 1
         while True:
             if min(hi.values()) == 0 or sum(hi.values()) < self.shares:
                 return None
