@@ -154,7 +154,7 @@ def _compile_pool(parent: Search, job: Job, cap: float, builder: TableBuilder, g
     configs = search_configs(search, legal)
     parent.stopped = parent.stopped or search.cut_short
     if search.best is None:
-        return float("inf"), min([cap, *search.open_bounds]), None
+        return float("inf"), min([cap, *search.bounds_left]), None
     result = _result(search, search.best, len(configs))
     return result.certificate.objective, result.certificate.bound, result
 
@@ -174,7 +174,7 @@ def _group_result(search: Search, grouped: GroupSearch, groups: list[ReplicaGrou
 
 def _certificate(search: Search, objective: float, other_bound: float, configurations: int) -> Certificate:
     """The certificate of `objective`: the bound is the least of it, `other_bound` and the open bounds."""
-    bound = min([objective, other_bound, *search.open_bounds])
+    bound = min([objective, other_bound, *search.bounds_left])
     gap = 0.0 if objective <= 0 else max(0.0, (objective - bound) / objective)
     return Certificate(
         status="OPTIMAL" if gap <= 1e-9 else "FEASIBLE", objective=objective, bound=bound, gap=gap,

@@ -244,19 +244,16 @@ def search_groups(job: Job, compile_pool, catalog: Catalog, *, remaining,
         result.groups = [ReplicaGroup(pool=p, batch=n * table.grain,
                                       strategy=table.entry(p, n).compiled.single_strategy) for p, n in chosen]
         result.results = {p: table.entry(p, n).compiled for p, n in chosen}
-        result.objective = (max(table.entry(p, n).below for p, n in chosen)
-                            + sync_seconds(job, [p for p, _ in chosen], catalog))
-        result.compiled = table.compiled
+        result.objective = best
     # a "no" the time limit cut short caps the bound (a better split needs that share: its T is at least the
     # compile's bound), and so, past the time limit, do the shares never asked (the compute floor of the whole
     # cluster); the floor of the splits over what the table knows (split_floor) is a bound too: the better is kept
-    objective = min(best, result.objective)
     unproven = [e.above for e in table.entries.values() if e.unproven]
     if table.stopped:
         unproven.append(cluster_floor(job, catalog))
-    result.bound = min([objective, *unproven])
+    result.bound = min([best, *unproven])
     if unproven:
-        result.bound = max(result.bound, min(objective, split_floor(table)))
+        result.bound = max(result.bound, min(best, split_floor(table)))
     return result
 
 

@@ -66,10 +66,9 @@ class Search:
     # stages that change no time and no fit) build the same program, and the proof holds for each
     infeasible: set[bytes] = field(default_factory=set)
     first_plan: bool = False  # stop at the first plan under the incumbent (a replica group asks whether one exists)
-    # configurations the budget left unvisited, (bound, micro-batches, configuration): their bounds are open (in
-    # open_bounds from index paused_from on) until `resume` hands them back to the walk
+    # configurations the budget left unvisited, (bound, micro-batches, configuration): their bounds are open
+    # (bounds_left) until `resume` hands them back to the walk
     paused: list = field(default_factory=list)
-    paused_from: int = 0
     paused_offload: bool = False  # whether the paused walk was the offload pass
 
     def elapsed(self) -> float:
@@ -94,18 +93,21 @@ class Search:
         """Whether the wall clock cut something short (a solve, a compile, configurations left unvisited)."""
         return self.stopped or bool(self.paused)
 
+    @property
+    def bounds_left(self) -> list[float]:
+        """The bounds of what the search has not settled: programs stopped early, configurations paused."""
+        return [*self.open_bounds, *(bound for bound, _, _ in self.paused)]
+
     def pause(self, items: list, offload: bool) -> None:
         """Leave the configurations `items` of the walk (`offload`: the offload pass) unvisited for now (the budget
         is spent): their bounds stay open."""
         if not self.paused:
-            self.paused_from, self.paused_offload = len(self.open_bounds), offload
+            self.paused_offload = offload
         self.paused.extend(items)
-        self.open_bounds.extend(bound for bound, _, _ in items)
 
     def resume(self) -> list:
-        """The paused configurations, in bound order, no longer open: the walk takes them up again."""
+        """The paused configurations, in bound order: the walk takes them up again."""
         items = sorted(self.paused, key=lambda item: (item[0], item[2].spec()))
-        del self.open_bounds[self.paused_from:]
         self.paused = []
         return items
 

@@ -137,9 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         search.incumbent = args.incumbent
         _frontier(search)
         branch.search_configs(search, legal, retry_offload=False)
-        frontier = min(search.open_bounds, default=search.incumbent)
+        frontier = min(search.bounds_left, default=search.incumbent)
         print(f"incumbent {search.incumbent:.6g} s, bound {min(frontier, search.incumbent):.6g} s, "
-              f"{search.pruned} pruned, {len(search.solved)} solved, stopped: {search.stopped}")
+              f"{search.pruned} pruned, {len(search.solved)} solved, stopped: {search.cut_short}")
     print(f"wall {time.perf_counter() - start:.2f} s")
     for phase in SECONDS:
         print(f"  {phase:<22} {CALLS[phase]:>8} calls {SECONDS[phase]:>8.2f} s")
