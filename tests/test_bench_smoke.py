@@ -91,7 +91,7 @@ def test_compiled_plan_matches_published_mbs6_row(published_runs, published_comp
 def test_published_runs_every_row_renders_with_runtime_summaries(published_runs):
     results = published_runs.run("all")
     assert {r.case.row["tier"] for r in results} >= {"A", "B"}
-    assert all(r.case.job.runtime.name == r.case.row["runtime"] for r in results)
+    assert all(r.case.job.runtime.name == published_runs.runtime_name(r.case.row) for r in results)
     out = io.StringIO()
     published_runs.print_table(results, out=out)
     text = out.getvalue()
@@ -220,12 +220,34 @@ def test_nvlink_domain_bench_prices_the_rack_below_the_trays():
     assert "tok/s/GPU" in bench.render(rows)
 
 
+def test_nemo_rows_keep_the_gradient_buffers_their_script_sets(published_runs):
+    """A NeMo or Megatron-Bridge row is costed under megatron-bridge (bf16 gradient buffers and reduction) where the
+    script that ran it sets them, read in code: NeMo 2.x performance recipes and Bridge always, DeepSeek-V3's BF16
+    runs before NeMo 2.4 not; NeMo 1.x as its yaml's grad_sync_dtype (bf16 in the dgxc yamls read, none in the
+    dgxc Nemotron-4 15B yaml and in the 2023 launcher configs).  Other frameworks keep their own profile."""
+    base = next(row for row in published_runs.read_rows("all") if row["id"] == "58")  # dgxc Nemotron-4 340B (1.x)
+    assert published_runs.gradient_dtype(base) == "bf16" and published_runs.runtime_name(base) == "megatron-bridge"
+    assert published_runs.build_case(base).job.runtime.name == "megatron-bridge"
+    nemotron15 = dict(base, source="NVIDIA/dgxc-benchmarking nemotron/README_15b.md 'Expected Slurm Performance'")
+    assert published_runs.runtime_name(nemotron15) == "megatron"
+    deepseek = dict(base, model="DeepSeek-V3 671B (NeMo 25.04 dgxc benchmark, BF16)")
+    assert published_runs.gradient_dtype(deepseek) == "fp32"
+    assert published_runs.gradient_dtype(dict(deepseek, model="DeepSeek-V3 671B (NeMo 25.07.01 dgxc)")) == "bf16"
+    launcher = dict(base, model="GPT-3 5B (NeMo Framework Launcher predefined config)",
+                    source="NVIDIA/NeMo-Framework-Launcher README.md (commit f854ec2f)")
+    assert published_runs.gradient_dtype(launcher) is None and published_runs.runtime_name(launcher) == "megatron"
+    megatron_lm = dict(base, model="Nemotron-4 340B (Megatron-LM run)", source="NVIDIA/Megatron-LM examples/x.md")
+    assert published_runs.runtime_name(megatron_lm) == "megatron"
+    graphs = dict(base, runtime="megatron-cudagraphs")  # a profile of its own is kept
+    assert published_runs.runtime_name(graphs) == "megatron-cudagraphs"
+
+
 def test_unpublished_recompute_takes_the_framework_default(published_runs):
-    """An act_recompute that states nothing takes the framework's default where it has one: NeMo 2.0 (a 25.xx
-    container) and Megatron-Bridge recipes recompute nothing (Megatron-Core recompute_granularity None; NeMo's H100
-    performance configs recompute_layers 0), NeMo 1.x launcher yamls recompute selectively; the default is kept
-    even where the model says it does not fit, as a stated setting is; other frameworks keep the cheapest
-    setting that fits."""
+    """An act_recompute that states nothing takes the framework's default where it has one: NeMo 2.x (a 25.xx
+    container, or notes naming a NeMo 2.0 recipe or performance script) and Megatron-Bridge recipes recompute
+    nothing (Megatron-Core recompute_granularity None; NeMo's H100 performance configs recompute_layers 0), NeMo
+    1.x launcher yamls recompute selectively; the default is kept even where the model says it does not fit, as
+    a stated setting is; other frameworks keep the cheapest setting that fits."""
     base = next(row for row in published_runs.read_rows("all") if row["id"] == "58")  # NeMo dgxc Nemotron-4 340B
     assert base["act_recompute"].strip() == "" and published_runs.framework(base) == "nemo"
     assert published_runs._recompute_options(base, 2) == [dict(recompute="selective")]
@@ -234,6 +256,11 @@ def test_unpublished_recompute_takes_the_framework_default(published_runs):
     assert published_runs._recompute_options(nemo2, 2) == [dict(recompute="none")]
     bridge = dict(base, model="Nemotron-4 340B", source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md")
     assert published_runs.unpublished_recompute(bridge) == "none"
+    # NeMo 2.x's recipe API ran in a 24.xx container: its recipes set no recompute either (NeMo v2.1.0)
+    sft = dict(base, model="Llama 3 8B full SFT (NeMo 24.12 dgxc fine-tuning benchmark)",
+               notes="NeMo 2.0 performance fine-tuning script (llama3_finetune.py)")
+    assert published_runs.unpublished_recompute(sft) == "none"
+    assert published_runs.unpublished_recompute(dict(sft, notes="launcher yaml of NeMo 1.x")) == "selective"
     # 'Nemotron' is a model: the same row run by Megatron-LM's own scripts tries none, selective, full of 1
     # block, full (the first that fits wins)
     megatron_lm = dict(base, model="Nemotron-4 340B (Megatron-LM run)", source="NVIDIA/Megatron-LM examples/x.md")

@@ -57,17 +57,19 @@ def test_an_estimates_interval_comes_from_its_regimes_runs():
     residuals = load_residuals()
     job = make_job("llama3-70b", "dgx-h100:96", batch=1536, seq=2048).on(load_runtime("megatron"))
     estimate = evaluate(job, parse_strategy("tp=8,pp=2,zero=1"))
-    same = [r.log_ratio for r in residuals.rows
-            if (r.runtime, r.device, r.family, r.seq) == ("megatron", "H100", "TP+PP", "<=4K")]
-    three = [r.log_ratio for r in residuals.rows
-             if sum((r.runtime == "megatron", r.device == "H100", r.family == "TP+PP", r.seq == "<=4K")) >= 3]
+    regime = {"runtime": "megatron", "device": "H100", "family": "TP+PP", "seq": "<=4K"}
+    same = [r for r in residuals.rows if all(getattr(r, k) == v for k, v in regime.items())]
+    three = [r for r in residuals.rows if sum(getattr(r, k) == v for k, v in regime.items()) >= 3]
     i = estimate.interval
-    # the runs of exactly this regime when there are enough of them, else those sharing three of its keys
+    # the runs of exactly this regime when there are enough of them, else those sharing three of its keys; the
+    # keys it names are those every one of them shares
     expected = same if len(same) >= residuals.neighbours else three
     assert len(same) > 0 and len(expected) >= residuals.neighbours
-    assert i.runs == len(expected) and len(i.matched) == (4 if expected is same else 3)
+    shared = [k for k, v in regime.items() if all(getattr(r, k) == v for r in expected)]
+    assert i.runs == len(expected) and i.matched == shared and len(shared) >= 2
+    assert len(shared) == 4 or expected is three
     tail = (1 - residuals.coverage) / 2
-    ordered = sorted(expected)
+    ordered = sorted(r.log_ratio for r in expected)
     k_low, k_high = math.floor(tail * (len(expected) - 1)), math.ceil((1 - tail) * (len(expected) - 1))
     assert i.low_s == pytest.approx(estimate.step_time_s * math.exp(ordered[k_low]))
     assert i.high_s == pytest.approx(estimate.step_time_s * math.exp(ordered[k_high]))

@@ -373,16 +373,71 @@ def _megatron_split(row: dict, blocks: int, pp: int) -> tuple[int, ...] | None:
 #     llama3.1/configure.sh @ 143b90dd): selective (NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml
 #     @ 8f5cbb37: activations_checkpoint_granularity selective, method null; the NeMo 24.07 performance rows'
 #     launcher yamls likewise, published_runs 229-232)
+#   NeMo 2.x's recipe API in an earlier container (the row's notes name a "NeMo 2.0 recipe" or "NeMo 2.0
+#     performance" script): none as well.  NeMo v2.1.0 (the 24.12 container) llama3_8b.finetune_recipe,
+#     default_finetune_recipe, finetune_performance_optimizations, Llama3Config8B and GPTConfig set no
+#     recompute field (NVIDIA/NeMo tag v2.1.0, nemo/collections/llm/recipes/llama3_8b.py, finetune_default.py,
+#     gpt/model/llama.py, gpt/model/base.py), which the dgxc 24.12 fine-tuning script runs
+#     (NVIDIA/dgxc-benchmarking llama3/finetuning/llama3_finetune.py @ 8f5cbb3: finetune_recipe(...,
+#     performance_mode=True), no recompute set)
 #   any other framework: the cheapest setting that fits memory, as a user tunes a script (`_recompute_options`)
 _NEMO2 = re.compile(r"(?<![a-z])nemo 2[5-9]\.|megatron-bridge")
+_NEMO2_NOTES = re.compile(r"(?<![a-z])nemo ?2\.\d+ (?:recipe|performance)")
 
 
 def unpublished_recompute(row: dict) -> str | None:
-    """The recompute a row's framework runs when its act_recompute states none: 'none' for NeMo 2.0 and
+    """The recompute a row's framework runs when its act_recompute states none: 'none' for NeMo 2.x and
     Megatron-Bridge, 'selective' for NeMo 1.x, None (no default: the cheapest that fits) otherwise."""
     if framework(row) != "nemo":
         return None
-    return "none" if _NEMO2.search((row["model"] + " " + row["source"]).lower()) else "selective"
+    nemo2 = _NEMO2.search((row["model"] + " " + row["source"]).lower()) or _NEMO2_NOTES.search(row["notes"].lower())
+    return "none" if nemo2 else "selective"
+
+
+# Gradient buffers of a NeMo or Megatron-Bridge row, read in the script that ran it: bf16 (the megatron-bridge
+# profile, hardware/data/runtimes/megatron-bridge.yaml: grad_reduce_in_fp32 = False) or fp32 (the megatron profile):
+#   Megatron-Bridge: bf16 (its scripts/performance configs; megatron-bridge.yaml cites them)
+#   NeMo 2.x: bf16.  pretrain_performance_optimizations / finetune_performance_optimizations, which every
+#     performance script and dgxc benchmark runs (performance_mode=True), set trainer.plugins.grad_reduce_in_fp32
+#     = False (NVIDIA/NeMo d2b21556 (25.02) llama3_8b.py, llama3_70b.py, llama31_405b.py; b4148d21 (r2.3.0, 25.04)
+#     nemotron4_15b.py, nemotron4_340b.py, llama4_e128.py; the grok1 script at 6f2c6fda); the FP8 scripts set it
+#     again after bf16_with_fp8_mixed(); from v2.4.0 (25.07) scripts/performance/helpers.py set_precision_configs
+#     sets it for every compute dtype; the 24.12 fine-tuning script sets it (dgxc llama3/finetuning @ 8f5cbb3).
+#     Except DeepSeek-V3 before v2.4.0: its recipe sets none (NeMo 7a8f1cc7, the dgxc 25.04 benchmark's commit,
+#     deepseek_v3.py; pretrain_deepseek_v3.py rejects FP8), so its BF16 runs keep fp32
+#   NeMo 1.x: what the yaml's optim.grad_sync_dtype says (megatron_gpt_model.py, NeMo v2.0.0: grad_reduce_in_fp32 =
+#     grad_sync_dtype == 'fp32', default fp32; apex distributed_fused_adam: default the state dtype, fp32).  The
+#     dgxc-benchmarking yamls set bf16 (llama3.1 8b/70b/405b, gpt3_175b_hydra, nemotron4-340b-synth, grok1_314b @
+#     143b90dd, 8f5cbb37, 0b71cfda) except nemotron4-15b-synth (@ 0b71cfda: none, fp32); the Framework Launcher's
+#     *_fp8_performance.yaml set bf16 (NeMo-Framework-Launcher 1e46ac6c "gpt pretrain configs with fp8 + bf16
+#     grad"); its 2023 predefined gpt3 configs set none (@ f854ec2f: fp32)
+#   anything else (MLPerf's NeMo, unread): the profile the row names
+_DEEPSEEK_BEFORE_NEMO24 = re.compile(r"deepseek.*nemo 25\.0[0-4]")
+_NEMO1_BF16_GRADS = re.compile(r"dgxc-benchmarking|_fp8_performance\.yaml")
+_NEMO1_FP32_GRADS = re.compile(r"nemotron/readme_15b")
+
+
+def gradient_dtype(row: dict) -> str | None:
+    """'bf16' or 'fp32': the gradient buffers the script that ran a NeMo or Megatron-Bridge row keeps and reduces;
+    None where the row's own runtime profile says it (any other framework, or a script not read)."""
+    if framework(row) != "nemo":
+        return None
+    text = (row["model"] + " " + row["source"]).lower()
+    if "megatron-bridge" in text:
+        return "bf16"
+    if _NEMO2.search(text) or _NEMO2_NOTES.search(row["notes"].lower()):
+        return "fp32" if _DEEPSEEK_BEFORE_NEMO24.search(text) and _precision(row) == "bf16" else "bf16"
+    if _NEMO1_FP32_GRADS.search(text):
+        return "fp32"
+    return "bf16" if _NEMO1_BF16_GRADS.search(text) else None
+
+
+def runtime_name(row: dict) -> str:
+    """The runtime profile a row is costed under: its own, or megatron-bridge (megatron's, with bf16 gradient
+    buffers) for a Megatron-Core row whose script keeps its gradients in bf16 (`gradient_dtype`)."""
+    if row["runtime"] == "megatron" and gradient_dtype(row) == "bf16":
+        return "megatron-bridge"
+    return row["runtime"]
 
 
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
@@ -401,8 +456,8 @@ def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
 
 
 def build_case(row: dict) -> Case:
-    """The job and strategy of one published row, under the row's runtime profile."""
-    runtime = load_runtime(row["runtime"])
+    """The job and strategy of one published row, under the row's runtime profile (`runtime_name`)."""
+    runtime = load_runtime(runtime_name(row))
     model = _model(row, runtime.name)
     # the job allows flash attention and fused kernels; the runtime profile says whether the framework has them
     routing = "balanced" if "balanced routing" in row["notes"].lower() else "learned"
