@@ -242,6 +242,23 @@ def test_nemo_rows_keep_the_gradient_buffers_their_script_sets(published_runs):
     assert published_runs.runtime_name(graphs) == "megatron-cudagraphs"
 
 
+def test_nemo_rows_overlap_tensor_parallel_communication_as_their_recipe_does(published_runs):
+    """A NeMo or Megatron-Bridge row with tp > 1 that says nothing of TP overlap takes its recipe's setting (on, but
+    for Bridge's Qwen3-235B, NeMo's DeepSeek-V3 before 2.4, NeMo's Llama 3 8B and the launcher's fp8_performance
+    yamls); a stated setting wins; other frameworks overlap only where the notes say so."""
+    base = next(row for row in published_runs.read_rows("all") if row["id"] == "58")  # dgxc Nemotron-4 340B, tp 8
+    assert published_runs.tp_overlap(base, 8) and not published_runs.tp_overlap(base, 1)
+    assert published_runs.build_case(base).strategy.tp_overlap
+    assert not published_runs.tp_overlap(dict(base, notes="... no TP comm overlap."), 8)
+    qwen = dict(base, model="Qwen3-235B-A22B (Megatron-Bridge 26.04.01 perf summary)")
+    assert not published_runs.tp_overlap(qwen, 2)
+    launcher = dict(base, source="NVIDIA/NeMo docs (arch NeMo-Framework-Launcher gpt3/20b_fp8_performance.yaml)")
+    assert not published_runs.tp_overlap(launcher, 4)
+    megatron_lm = dict(base, model="Nemotron-4 340B (Megatron-LM run)", source="NVIDIA/Megatron-LM examples/x.md")
+    assert not published_runs.tp_overlap(megatron_lm, 8)
+    assert published_runs.tp_overlap(dict(megatron_lm, notes="TP comm overlap on"), 8)
+
+
 def test_unpublished_recompute_takes_the_framework_default(published_runs):
     """An act_recompute that states nothing takes the framework's default where it has one: NeMo 2.x (a 25.xx
     container, or notes naming a NeMo 2.0 recipe or performance script) and Megatron-Bridge recipes recompute

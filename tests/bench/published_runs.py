@@ -70,7 +70,9 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   the torchtitan profiles cost with their `selective` section (the op outputs
   the policy saves and the GEMMs it redoes), not Megatron's attention-core
   recompute;
-* "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on;
+* "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on, "no TP comm overlap" off; a NeMo or
+  Megatron-Bridge row that says neither takes its recipe's setting (`tp_overlap`: on, but for the recipes
+  read that turn it off);
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs;
 * a gpu_type saying "power limited to N W" runs the preset's GPUs under that
@@ -333,7 +335,7 @@ def _base_strategy(row: dict) -> dict:
         schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
         sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,
         zero=_zero(row), shard="node" if _hybrid_shard(row) else "full",
-        tp_overlap=tp > 1 and ("comm overlap on" in notes or "asynctp" in row["model"].lower() + notes),
+        tp_overlap=tp_overlap(row, tp),
     )
 
 
@@ -438,6 +440,34 @@ def runtime_name(row: dict) -> str:
     if row["runtime"] == "megatron" and gradient_dtype(row) == "bf16":
         return "megatron-bridge"
     return row["runtime"]
+
+
+# Tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) of a NeMo or
+# Megatron-Bridge row with tp > 1 whose notes state none, read in the recipe or yaml that ran it: on, except
+#   Megatron-Bridge Qwen3-235B-A22B: qwen3_235b_a22b_h100/_b200 CommOverlapConfig(tp_comm_overlap=False)
+#     (hardware/data/recipes/nemo-qwen3-235b-a22b-h100-bf16.yaml cites it); its Llama 3.1 405B and Llama 3 70B
+#     configs set True (nemo-llama31-405b-h100-bf16.yaml, nemo-llama3-70b-h100-bf16.yaml)
+#   NeMo 2.x DeepSeek-V3 before v2.4 (7a8f1cc7 deepseek_v3.py: no MegatronCommOverlapCallback with tp overlap) and
+#     Llama 3 8B (llama3_8b.py pretrain_performance_optimizations: MegatronCommOverlapCallback(tp_comm_overlap=
+#     False), d2b21556 and b4148d21); llama3_70b, llama31_405b, nemotron4_15b, nemotron4_340b and llama4_e128 set
+#     True at those commits (v2.1.0's fine-tuning recipes for 70B and 405B too), the grok1 script at 6f2c6fda too
+#   the NeMo Framework Launcher's *_fp8_performance.yaml (ub_tp_comm_overlap: False, @ 949f53b3 / b1a59070); its 2023
+#     gpt3/175b.yaml sets True (@ f854ec2f); the dgxc NeMo 1.x yamls set it (llama3.1_70b/405b.yaml and
+#     gpt3_175b_hydra.yaml true @ 143b90dd) or their configure.sh does (nemotron, grok1: model.ub_tp_comm_overlap=True)
+# Any other framework: off unless the notes say "comm overlap on" or AsyncTP.
+_TP_OVERLAP_OFF = re.compile(r"qwen3-235b|deepseek-v3|llama 3 8b|_fp8_performance\.yaml")
+_TP_OVERLAP_STATED_OFF = re.compile(r"no tp comm overlap|tp_comm_overlap false|comm overlap off")
+
+
+def tp_overlap(row: dict, tp: int) -> bool:
+    """Whether a row overlaps its tensor-parallel communication: as its notes say, else its framework's default
+    (on for the NeMo and Megatron-Bridge recipes read, but those listed above)."""
+    notes = (row["notes"] + " " + row["zero_fsdp"] + " " + row["precision"]).lower()
+    if tp == 1 or _TP_OVERLAP_STATED_OFF.search(notes):
+        return False
+    if "comm overlap on" in notes or "asynctp" in row["model"].lower() + notes:
+        return True
+    return framework(row) == "nemo" and not _TP_OVERLAP_OFF.search((row["model"] + " " + row["source"]).lower())
 
 
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
