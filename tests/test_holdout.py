@@ -2,8 +2,8 @@
 docs/benchmarks.md "Frozen holdout", "Second holdout", "Third holdout" and "Fourth holdout").
 
 Published training runs from documents that no earlier file cites, each frozen before it is scored and scored
-once (the first three were scored and are in-sample since; the third was frozen to score the model as it stood,
-the fourth before the next modelling change, as out-of-sample evidence for it).  These tests hold each file to
+once (all four have been scored and are in-sample since; the third was frozen to score the model as it stood,
+the fourth before the modelling change it was scored after).  These tests hold each file to
 that: it reads as the published runs do, every row builds into a job and a strategy, no row comes from a document
 an earlier file cites, its ids follow the earlier files', its documents table lists every document once, and the
 file is byte for byte the one whose SHA-256 the docs record.  Nothing here evaluates a row.
