@@ -97,6 +97,7 @@ FIELD_ROLES: Mapping[str, FieldRole] = {
     # a zero-bubble V (zbv, dualpipev) puts the head on the first stage and changes the bubble's floor
     "schedule": FieldRole(reads=_as("pipeline_schedule", Reader.COMPOSE, Reader.LOWER), layout=True, fixable=True),
     "tp_overlap": FieldRole(reads=_as("tp_overlap", *LAYER)),
+    "dp_overlap": FieldRole(reads=_as("dp_overlap", Reader.COMPOSE)),  # the step's dp sync, hidden or not
     "split": FieldRole(layout=True),  # the tables choose each stage's blocks themselves
     "stage_pools": FieldRole(layout=True),  # the tables choose each stage's pool themselves
     # a configuration's tables take each stage's placement from its variants (search.space.placement_variants);

@@ -30,6 +30,8 @@ Regather = Literal["network", "host"]
 # MoE token dispatchers (hardware/data/dispatchers.yaml): Megatron's NCCL all-to-all, or its flex dispatcher
 # with the DeepEP backend (a token crosses the fabric once per destination node) or the HybridEP one
 Dispatcher = Literal["alltoall", "deepep", "hybridep"]
+# how much of the data-parallel sync overlaps compute: all the runtime hides, the gradient reduction only, nothing
+DpOverlap = Literal["on", "grad", "off"]
 
 
 PLACEMENT_KEYS = ("offload", "offload_device", "offload_ratio", "regather")
@@ -110,6 +112,13 @@ class Strategy(BaseModel):
     tp_overlap: bool = Field(
         False, description="Overlap TP collectives with GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)."
     )
+    dp_overlap: DpOverlap = Field(
+        "on", description="Data-parallel sync that overlaps compute: on, what the runtime hides (its profile's "
+        "`overlap`: Megatron --overlap-grad-reduce and --overlap-param-gather, FSDP2's and DeepSpeed's buckets); "
+        "grad, the gradient reduction only (--overlap-grad-reduce alone: the distributed optimizer's parameter "
+        "all-gather runs after the step); off, neither (Megatron-LM's defaults without those flags: the reduction "
+        "after the last backward, the all-gather after the optimizer step); grad and off need zero 0 or 1."
+    )
     split: tuple[int, ...] | None = Field(
         None, description="Transformer blocks per pipeline stage (uneven splits); default even."
     )
@@ -160,6 +169,8 @@ class Strategy(BaseModel):
             raise ValueError("vpp > 1 needs pp > 1")
         if self.sp and self.tp == 1:
             raise ValueError("sp=on needs tp > 1")
+        if self.dp_overlap != "on" and self.zero > 1:  # sharded gradients or weights sync per micro-batch
+            raise ValueError(f"dp_overlap={self.dp_overlap} needs zero 0 or 1 (the step's sync is what it exposes)")
         if self.ep_overlap:  # Megatron-Core's TransformerConfig asserts these for the all-to-all overlap
             if self.ep == 1:
                 raise ValueError("ep_overlap=on needs ep > 1")
@@ -360,6 +371,7 @@ class Strategy(BaseModel):
             self._placement_spec("offload", None), self._placement_spec("offload_device", None),
             self._placement_spec("offload_ratio", 1.0),
             f"schedule={self.pipeline_schedule}", f"tp_overlap={'on' if self.tp_overlap else 'off'}",
+            f"dp_overlap={self.dp_overlap}" if self.dp_overlap != "on" else None,
             "ep_overlap=on" if self.ep_overlap else None,
             f"dispatcher={self.dispatcher}" if self.dispatcher != "alltoall" else None,
             f"split={'/'.join(map(str, self.split))}" if self.split else None,

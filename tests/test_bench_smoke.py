@@ -259,6 +259,21 @@ def test_nemo_rows_overlap_tensor_parallel_communication_as_their_recipe_does(pu
     assert published_runs.tp_overlap(dict(megatron_lm, notes="TP comm overlap on"), 8)
 
 
+def test_megatron_lm_rows_run_the_data_parallel_overlap_their_flags_ask_for(published_runs):
+    """A Megatron-LM row whose notes quote its launch flags runs Megatron-LM's defaults for what they leave out:
+    no --overlap-grad-reduce, dp_overlap off; that flag without --overlap-param-gather, grad.  NeMo rows and rows
+    that quote no flags keep the profile's overlap."""
+    base = next(row for row in published_runs.read_rows("all", published_runs.ROOT / "tests" / "data" /
+                                                        "holdout4_runs.csv") if row["id"] == "4001")
+    assert published_runs.dp_overlap(base) == "off" and published_runs.build_case(base).strategy.dp_overlap == "off"
+    flags = base["notes"] + " --overlap-grad-reduce"
+    assert published_runs.dp_overlap(dict(base, notes=flags)) == "grad"
+    assert published_runs.dp_overlap(dict(base, notes=flags + " --overlap-param-gather")) == "on"
+    assert published_runs.dp_overlap(dict(base, notes="pretrain_gpt.py with the README's settings")) == "on"
+    nemo = dict(base, model="Llama 3 8B (NeMo 25.04 dgxc benchmark)")
+    assert published_runs.dp_overlap(nemo) == "on"
+
+
 def test_unpublished_recompute_takes_the_framework_default(published_runs):
     """An act_recompute that states nothing takes the framework's default where it has one: NeMo 2.x (a 25.xx
     container, or notes naming a NeMo 2.0 recipe or performance script) and Megatron-Bridge recipes recompute

@@ -41,7 +41,7 @@ DENSE_SPECS = ["tp=2,pp=2,zero=1", "tp=2,pp=4,vpp=1,zero=0", "pp=2,vpp=2,zero=1"
                "tp=2,zero=3,offload=all", "pp=2,zero=1,offload=optimizer,offload_device=nvme",
                "tp=2,zero=3,offload=optimizer,offload_ratio=0.5", "tp=2,zero=2,shard=node", "cp=2,zero=3",
                "tp=2,sp=off,zero=3,tp_overlap=on,recompute=selective", "pp=2,schedule=gpipe,recompute=full",
-               "pp=4,zero=3,mbs=2"]
+               "pp=4,zero=3,mbs=2", "tp=2,zero=1,dp_overlap=off", "pp=2,zero=1,dp_overlap=grad"]
 MOE_SPECS = ["tp=2,ep=4,zero=1", "tp=2,ep=2,etp=1,zero=1,pp=2", "ep=2,ep_overlap=on,zero=3",
              "tp=2,pp=2,vpp=2,ep=2,ep_overlap=on", "tp=2,ep=4,zero=1,dispatcher=deepep"]
 

@@ -69,6 +69,8 @@ CASES.update({
     "optimizer-per-node": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,shard=node", {}),
     "no-sp": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,sp=0,zero=1", {}),
     "tp-overlap": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=4,tp_overlap=1,zero=1", {}),
+    "dp-overlap-off": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,dp_overlap=off", {}),
+    "dp-overlap-grad": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,dp_overlap=grad", {}),
     "fp8": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp8"}),
     "mxfp8-gb200": ("llama3-70b", "gb200-nvl72:18", 576, 4096, "tp=2,pp=4,zero=1", {"precision": "mxfp8"}),
     "fp16": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp16"}),
@@ -201,6 +203,11 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     assert megatron_split(mlm, args) == list(written.split or (model.num_blocks,))
     assert args.sequence_parallel == (s.sequence_parallel and s.tp > 1)
     assert (args.recompute_granularity or "none", args.tp_comm_overlap) == (written.recompute, written.tp_overlap)
+    # the data-parallel overlap costed is the one Megatron runs (dp_overlap=off: Megatron-LM's own defaults)
+    reduced = s.dp * s.cp > 1
+    assert args.overlap_grad_reduce == (reduced and s.dp_overlap != "off")
+    assert args.overlap_param_gather == (reduced and s.zero >= 1 and s.dp_overlap == "on")
+    assert written.dp_overlap == (s.dp_overlap if reduced else "on")
     if written.recompute_layers is not None:
         assert (args.recompute_method, (args.recompute_num_layers,)) == ("block", written.recompute_layers)
     assert args.use_distributed_optimizer == (written.zero >= 1)
@@ -215,9 +222,8 @@ def test_megatron_lm_reads_the_plan(mlm, tmp_path, name):
     assert (args.num_distributed_optimizer_instances > 1) == (written.shard == "node")
     assert (args.optimizer_cpu_offload, args.optimizer_offload_fraction) == \
         (written.offload == "optimizer", written.offload_ratio)
-    # the megatron profile hides dp x cp gradient traffic, and the distributed optimizer's gather, behind compute
-    assert args.overlap_grad_reduce == (s.dp * s.cp > 1)
-    assert args.overlap_param_gather == (s.dp * s.cp > 1 and s.zero >= 1)
+    # the megatron profile hides dp x cp gradient traffic, and the distributed optimizer's gather, behind compute,
+    # as far as the strategy's dp_overlap says (off: Megatron-LM's defaults, neither flag)
     dtype = {"fp16": "float16"}.get(job.precision, "bfloat16")
     fp8 = {"fp8": "hybrid", "mxfp8": "e4m3"}.get(job.precision)  # MXFP8BlockScaling is E4M3 in both passes
     assert (str(args.params_dtype), args.fp8) == (f"torch.{dtype}", fp8)

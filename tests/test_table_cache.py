@@ -44,6 +44,7 @@ CASES = [
     ("dense", DENSE, "offload_ratio", 0.5, {**ZERO3, "offload": "optimizer"}),
     ("dense", DENSE, "schedule", "gpipe", {}), ("dense", DENSE, "schedule", "interleaved", {"vpp": 2}),
     ("dense", DENSE, "tp_overlap", True, {}), ("dense", DENSE, "split", (12, 20), {}),
+    ("dense", DENSE, "dp_overlap", "off", {}), ("dense", DENSE, "dp_overlap", "grad", {}),
     ("dense", DENSE, "stage_offload", ("optimizer", "none"), {}),
     ("dense", DENSE, "stage_offload_device", ("nvme", "cpu"), {"offload": "optimizer"}),
     ("dense", DENSE, "stage_offload_ratio", (0.5, 1.0), {**ZERO3, "offload": "optimizer"}),

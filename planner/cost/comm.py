@@ -241,6 +241,8 @@ class DataParallelComm:
     step_end: float  # gradient sync / parameter gather once per step
     total: float  # everything, for the breakdown
     reduce: float = 0.0  # the reduce-scatter share of per_microbatch_backward
+    after_step: float = 0.0  # after the optimizer step, behind nothing: the distributed optimizer's gather when
+    # the strategy does not overlap it (dp_overlap grad or off)
     regather: float = 0.0  # per micro-batch: the recomputed forward's own gather (GatherCalls.regather_for_recompute)
     host: float = 0.0  # per micro-batch: host-side copies of list-based collectives (GatherCalls.per_rank_copies)
     host_gather: float = 0.0  # of `host`: the copies of the forward's gathers
@@ -302,7 +304,7 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
     grad_bytes = params * grad_reduce_bytes(job)
     shard, replicate = groups.dp_shard, groups.dp_replicate
     policy = gathered_policy(job, s, groups)
-    fwd = bwd = end = first = start = reduce = regather = 0.0
+    fwd = bwd = end = first = start = reduce = regather = after = 0.0
     host_gather = host_regather = host_reduce = regather_copies = 0.0
     if s.zero == 0:
         end = coll.all_reduce(grad_bytes, groups.dp, catalog)
@@ -313,7 +315,9 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
         else:
             end += rs
         gather = coll.all_gather(params * WEIGHT_BYTES, shard, catalog)
-        if runtime.overlap.param_gather:
+        if s.dp_overlap != "on":
+            after = gather  # Megatron-LM without --overlap-param-gather: after the step, nothing to hide behind
+        elif runtime.overlap.param_gather:
             start = gather  # Megatron --overlap-param-gather: behind the next step's first forward
         else:
             end += gather
@@ -349,6 +353,6 @@ def data_parallel_comm(params: float, largest_layer_params: float, job: Job, str
             host_gather, host_regather, host_reduce = gather_copies, gather_copies, reduce_copies
         end += coll.all_reduce(grad_bytes / shard.size, replicate, catalog)
     host = host_gather + host_regather + host_reduce
-    total = micro_batches * (fwd + bwd + regather + host) + start + end
-    return DataParallelComm(fwd, bwd, first, start, end, total, reduce, regather, host, host_gather, host_regather,
-                            host_reduce, regather_copies)
+    total = micro_batches * (fwd + bwd + regather + host) + start + end + after
+    return DataParallelComm(fwd, bwd, first, start, end, total, reduce, after, regather, host, host_gather,
+                            host_regather, host_reduce, regather_copies)

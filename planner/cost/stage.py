@@ -224,13 +224,14 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageCo
     dp_micro += dp.regather + dp.host
     # the step-end sync hides behind the last micro-batch where the runtime overlaps it; a once-per-step
     # gather hides behind the first forward
-    hidden = overlap * sums.compute if job.runtime.overlap.grad_reduce else 0.0
+    hidden = overlap * sums.compute if job.runtime.overlap.grad_reduce and strategy.dp_overlap != "off" else 0.0
     # replicated experts' gradients are summed among their replicas at the step's end, beside the dp sync
     replicas = replica_sync_seconds(sums.replica_params, job, groups, catalog)
     step_end = dp.step_end + replicas
     dp_end = max(0.0, step_end - hidden) if step_end else 0.0
     if dp.step_start:
         dp_end += max(0.0, dp.step_start - overlap * forward)
+    dp_end += dp.after_step
 
     optimizer = 0.0
     on_gpu = 1.0 - strategy.offload_ratio if strategy.offloads_optimizer else 1.0

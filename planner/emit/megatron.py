@@ -9,7 +9,8 @@ lists every flag written here).  `args.txt` holds every flag with a fixed value,
   recomputation, the distributed optimizer and its CPU offload, micro/global batch, sequence length,
   precision, and the overlap the megatron runtime profile costs (hardware/data/runtimes/megatron.yaml
   `overlap`): --overlap-grad-reduce whenever gradients are reduced over dp x cp > 1 ranks, and
-  --overlap-param-gather with the distributed optimizer;
+  --overlap-param-gather with the distributed optimizer (the strategy's dp_overlap: grad drops the second,
+  off both, as Megatron-LM's defaults do);
 * the model (planner.emit.megatron_model): the architecture whose graph is the plan's model, with the
   all-to-all token dispatcher, grouped expert GEMMs, fp32 router and balancing loss of MoE models;
 * --make-vocab-size-divisible-by chosen so that Megatron's padded vocabulary is the model's;
@@ -122,11 +123,24 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     if s.regather == "host":
         notes.append("regather=host (a host-memory weight cache) has no Megatron counterpart; weights are not "
                      "sharded, so nothing is re-gathered.")
-    if s.data_parallel * s.cp > 1:  # gradients are reduced over dp x cp ranks: hide it behind the backward pass
+    # gradients are reduced over dp x cp ranks: hide it behind the backward pass (unless the strategy says not)
+    if s.data_parallel * s.cp > 1 and s.dp_overlap != "off":
         args["overlap-grad-reduce"] = True
-        if s.zero >= 1:  # and gather the updated weights during the next forward
+        if s.zero >= 1 and s.dp_overlap == "on":  # and gather the updated weights during the next forward
             args["overlap-param-gather"] = True
     return args, notes
+
+
+def _dp_overlap(args: dict[str, Any], dp_cp: int) -> str:
+    """How much of the data-parallel sync the arguments overlap: on (--overlap-grad-reduce, with
+    --overlap-param-gather where the distributed optimizer gathers), grad (the reduction only) or off; on when
+    nothing is reduced (dp x cp = 1), the flags then changing nothing."""
+    if dp_cp == 1:
+        return "on"
+    if not args.get("overlap-grad-reduce"):
+        return "off"
+    gathers = args.get("use-distributed-optimizer") or megatron_fsdp(args)
+    return "grad" if gathers and not args.get("overlap-param-gather") else "on"
 
 
 # ZeRO stage -> Megatron FSDP's --data-parallel-sharding-strategy (megatron_fsdp/param_and_grad_buffer.py
@@ -326,6 +340,7 @@ def strategy_of_args(args: dict[str, Any], world_size: int, stage_pools: tuple[s
         "recompute": recompute, "recompute_layers": recompute_layers, "offload": offload,
         "offload_ratio": float(args.get("optimizer-offload-fraction", 1.0)),
         "schedule": "interleaved" if vpp > 1 else "1f1b", "tp_overlap": bool(args.get("tp-comm-overlap")),
+        "dp_overlap": _dp_overlap(args, world_size // (tp * pp)),
         "split": split, "stage_pools": stage_pools,
     }
     try:

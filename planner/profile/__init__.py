@@ -108,6 +108,7 @@ class RuntimeProfile(BaseModel):
             (s.recompute_every is not None and not sp.recompute_every,
              "recompute_every={s.recompute_every} (every k-th block)"),
             (s.tp_overlap and s.tp > 1 and not sp.tp_overlap, "tp_overlap"),
+            (s.dp_overlap != "on" and not sp.dp_overlap_off, "dp_overlap={s.dp_overlap}"),
             (micro_batches is not None and s.pp > 1 and s.pipeline_schedule == "1f1b" and sp.one_f_one_b_needs_stages
              and micro_batches < s.pp, "1F1B over {micro_batches} micro-batches on {s.pp} stages (needs >= pp)"),
         )

@@ -49,6 +49,9 @@ class Space(BaseModel):
         False, description="recompute_every=k: full recompute of every k-th block (torchtitan's layer SAC, an "
         "FSDP check_fn).")
     tp_overlap: bool = Field(description="Overlap of TP collectives with GEMMs.")
+    dp_overlap_off: bool = Field(
+        False, description="dp_overlap=grad or off: the data-parallel sync left (partly) exposed, as a run "
+        "without the framework's overlap flags does (Megatron-LM's defaults); elsewhere it always overlaps.")
     moe_zero_stages: tuple[int, ...] | None = Field(
         None, description="ZeRO stages it runs for a mixture-of-experts model (null: zero_stages): DeepSpeed's "
         "own MoE layer is refused under ZeRO-3.")

@@ -279,7 +279,8 @@ def build_graph(works: list[StageWork], schedule: str, micro_batches: int, chunk
 
 
 def _step_end(tasks: list[Task], works: list[StageWork]) -> None:
-    """Barrier after every stream drains, then each stage's optimizer step and offload."""
+    """Barrier after every stream drains, then each stage's optimizer step and offload, and the data-parallel
+    sync a strategy without its overlap leaves exposed (the gradients' before the step, the gather's after)."""
     lasts: dict[tuple[int, str], int] = {}
     for index, task in enumerate(tasks):
         lasts[(task.stage, task.stream)] = index
@@ -288,9 +289,17 @@ def _step_end(tasks: list[Task], works: list[StageWork]) -> None:
                       after_end=sorted(lasts.values())))
     for work in works:
         after = [barrier]
+        if work.exposed_sync > 0.0:  # dp_overlap=off: the gradient sync starts once the backward is done
+            tasks.append(Task(work.index, "dp", "sync", "grad sync (not overlapped)", work.exposed_sync,
+                              after_end=after))
+            after = [len(tasks) - 1]
         if work.optimizer > 0.0:
             tasks.append(Task(work.index, "compute", "optimizer", "optimizer step", work.optimizer, after_end=after,
                               computes=True))
             after = [len(tasks) - 1]
         if work.offload > 0.0:
             tasks.append(Task(work.index, "host", "offload", "offload + CPU Adam", work.offload, after_end=after))
+            after = [len(tasks) - 1]
+        if work.after_step > 0.0:  # dp_overlap grad/off: the updated weights gathered after the step
+            tasks.append(Task(work.index, "dp", "gather", "param gather (not overlapped)", work.after_step,
+                              after_end=after))

@@ -89,6 +89,8 @@ class StageWork:
     static_bytes: float  # weights + grads + optimizer + buffers in HBM
     capacity: float  # HBM bytes of the device
     cost: StageCost  # the analytic stage cost (for the comparison)
+    exposed_sync: float = 0.0  # the step-end sync with nothing to hide behind (dp_overlap=off): after the barrier
+    after_step: float = 0.0  # after the optimizer step (dp_overlap grad/off: the distributed optimizer's gather)
 
     def _total(self, part: str) -> float:
         return sum(getattr(unit.dp, part) for chunk in self.chunks for unit in chunk)
@@ -211,8 +213,10 @@ def price_units(units: list[LayerWork], job: Job, strategy: Strategy, stage: Sta
             base = UnitComm(gather=share * whole.per_microbatch_forward,
                             regather=share * (whole.per_microbatch_backward - whole.reduce),
                             reduce=share * whole.reduce)
+        # without the overlap the step-end sync waits for the whole backward (StageWork.exposed_sync)
+        sync = 0.0 if strategy.dp_overlap == "off" else share * (whole.step_end + whole.step_start)
         dp = replace(base, gather=base.gather + share * fetch / 2, regather=base.regather + share * fetch / 2,
-                     sync=share * (whole.step_end + whole.step_start))
+                     sync=sync)
         out.append(replace(unit, dp=dp))
     return out
 
@@ -245,6 +249,12 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
               for layer, mode in zip(stage.layers, modes)]
     units, blocks_of = merge_units(layers, [layer.block for layer in stage.layers])
     units = price_units(units, job, strategy, stage, groups, cost, catalog)
+    exposed = after_step = 0.0
+    if strategy.dp_overlap != "on":  # the sync the strategy leaves behind nothing (zero 0 or 1: no host cache)
+        whole = data_parallel_comm(cost.sums.params, cost.sums.largest_layer_params, job, strategy, groups,
+                                   micro_batches(job, strategy), catalog, 0.0, cost.sums)
+        exposed = whole.step_end + whole.step_start if strategy.dp_overlap == "off" else 0.0
+        after_step = whole.after_step
     fraction = catalog.constant("pp_p2p_exposed_fraction")
     transfer = cost.pp / (2 * strategy.vpp * fraction) if cost.pp and fraction > 0 else 0.0
     mem = cost.memory
@@ -253,6 +263,7 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
         prefetch=job.runtime.gathering.calls.prefetch, transfer=transfer, send_block=fraction * transfer,
         optimizer=cost.optimizer, offload=cost.offload,
         static_bytes=mem.weights + mem.grads + mem.optimizer + mem.buffers, capacity=mem.capacity, cost=cost,
+        exposed_sync=exposed, after_step=after_step,
     )
 
 

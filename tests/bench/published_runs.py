@@ -70,6 +70,8 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   the torchtitan profiles cost with their `selective` section (the op outputs
   the policy saves and the GEMMs it redoes), not Megatron's attention-core
   recompute;
+* a Megatron-LM row whose notes quote its launch flags without --overlap-grad-reduce runs dp_overlap=off
+  (with it but without --overlap-param-gather: grad), Megatron-LM's defaults (`dp_overlap`);
 * "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on, "no TP comm overlap" off; a NeMo or
   Megatron-Bridge row that says neither takes its recipe's setting (`tp_overlap`: on, but for the recipes
   read that turn it off);
@@ -335,7 +337,7 @@ def _base_strategy(row: dict) -> dict:
         schedule="gpipe" if pp > 1 and vpp == 1 and "gpipe" in schedule_text else None,
         sp=(sp == "yes") if sp in ("yes", "no") else None if tp > 1 else False,
         zero=_zero(row), shard="node" if _hybrid_shard(row) else "full",
-        tp_overlap=tp_overlap(row, tp),
+        tp_overlap=tp_overlap(row, tp), dp_overlap=dp_overlap(row),
     )
 
 
@@ -468,6 +470,25 @@ def tp_overlap(row: dict, tp: int) -> bool:
     if "comm overlap on" in notes or "asynctp" in row["model"].lower() + notes:
         return True
     return framework(row) == "nemo" and not _TP_OVERLAP_OFF.search((row["model"] + " " + row["source"]).lower())
+
+
+# Data-parallel overlap of a Megatron-LM row whose notes quote its launch flags (five or more `--flags`): Megatron-LM's
+# defaults unless they are among them.  --overlap-grad-reduce and --overlap-param-gather are store_true flags, off by
+# default (megatron/training/arguments.py _add_distributed_args, core_v0.6.0 through core_v0.16.1): without them the
+# gradients are reduced after the last backward and the distributed optimizer's parameters gathered after the step
+# (Strategy.dp_overlap off; the first alone: grad).  NeMo and Megatron-Bridge rows, and rows that quote no flags,
+# keep the profile's overlap (their recipes set both flags: hardware/data/runtimes/megatron.yaml `overlap`).
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")
+
+
+def dp_overlap(row: dict) -> str:
+    """The Strategy.dp_overlap a row ran with (on unless its quoted Megatron-LM flags leave the overlap out)."""
+    flags = set(_FLAG.findall(row["notes"]))
+    if not row["runtime"].startswith("megatron") or framework(row) == "nemo" or len(flags) < 5:
+        return "on"
+    if "--overlap-grad-reduce" not in flags:
+        return "off"
+    return "on" if "--overlap-param-gather" in flags else "grad"
 
 
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
