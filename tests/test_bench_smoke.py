@@ -274,6 +274,28 @@ def test_megatron_lm_rows_run_the_data_parallel_overlap_their_flags_ask_for(publ
     assert published_runs.dp_overlap(nemo) == "on"
 
 
+def test_a_published_peak_is_compared_with_the_model_counted_as_it_is(published_runs):
+    """nvidia-smi's figure is the device's whole use; PyTorch's reserved figure leaves out the CUDA context and NCCL
+    (memory_reserve_bytes); an allocated one leaves out the caching allocator's fragmentation too."""
+    from hardware import load_catalog
+
+    data = published_runs.ROOT / "tests" / "data"
+    rows = {row["id"]: row for path in (data / "published_runs.csv", data / "holdout4_runs.csv")
+            for row in published_runs.read_rows("all", path)}
+    fixed = load_catalog().constant("memory_reserve_bytes") / 2**30
+    kinds = {}
+    for row_id in ("201", "431", "4015"):
+        (result,) = published_runs.evaluate_cases([published_runs.build_case(rows[row_id])])
+        stage = max(result.estimate.memory.per_stage, key=lambda st: st.peak_bytes)
+        kinds[result.case.published_peak_kind] = (result, stage)
+    assert set(kinds) == set(published_runs.PEAK_KINDS)
+    device, reserved, allocated = (kinds[k] for k in published_runs.PEAK_KINDS)
+    assert device[0].compared_peak_gib == pytest.approx(device[0].peak_gib)
+    assert reserved[0].compared_peak_gib == pytest.approx(reserved[0].peak_gib - fixed)
+    assert allocated[0].compared_peak_gib == pytest.approx(allocated[0].peak_gib - allocated[1].reserve_bytes / 2**30)
+    assert allocated[1].reserve_bytes / 2**30 > fixed  # the fragmentation share on top of the fixed part
+
+
 def test_unpublished_recompute_takes_the_framework_default(published_runs):
     """An act_recompute that states nothing takes the framework's default where it has one: NeMo 2.x (a 25.xx
     container, or notes naming a NeMo 2.0 recipe or performance script) and Megatron-Bridge recipes recompute

@@ -4,8 +4,9 @@ Reads tests/data/published_runs.csv (shared/data/published_runs.csv plus a
 `runtime` column), rebuilds each row's model, cluster and published strategy,
 runs `evaluate` under the row's runtime profile, and prints predicted vs
 published tokens/s per GPU, predicted vs published peak HBM where the row
-publishes it, and the errors per runtime, separately for the rows with ids
-< 200 (the in-sample set the cost model was developed against) and the rows
+publishes it (the predicted peak counted as the published figure is: nvidia-smi's
+whole use, PyTorch's reserved or its allocated bytes, `PEAK_KINDS`), and the errors per
+runtime, separately for the rows with ids < 200 (the in-sample set the cost model was developed against) and the rows
 above 200 added since (201-232 with the runtime profiles, 301-308 the context-parallel runs, 431-439 more
 torchtitan runs that publish their peak memory).
 
@@ -157,6 +158,17 @@ _POWER_LIMIT = re.compile(r"power[- ]limit(?:ed)?(?: to)? (\d+(?:\.\d+)?) ?W", r
 DROPOUT = {"megatron-2021": True, "megatron-2021-torchddp": True, "deepspeed-2021": True, "pytorch-ddp": True}
 
 
+# What a published peak memory counts, and what of the model's per-GPU peak (weights, gradients, optimizer,
+# activations, buffers, and the reserve: memory_reserve_bytes outside PyTorch, CUDA context and NCCL, plus
+# memory_fragmentation of the allocated bytes inside its caching allocator) is compared with it:
+#   device     nvidia-smi's memory in use: the whole peak
+#   reserved   torch.cuda.max_memory_reserved (torchtitan's max_reserved_gib): the peak less memory_reserve_bytes
+#   allocated  torch.cuda.max_memory_allocated (Megatron's "peak allocated", torchtitan's "active"): the peak less
+#              the whole reserve
+PEAK_KINDS = ("device", "reserved", "allocated")
+_ALLOCATED = re.compile(r"peak allocated|max_memory_allocated|max allocated|allocated memory|peak active")
+
+
 @dataclass(frozen=True)
 class Case:
     """One published run turned into a job and a strategy."""
@@ -176,6 +188,15 @@ class Case:
         """Published peak HBM per GPU in GiB (None where the row has none)."""
         value = (self.row.get("peak_mem_gib") or "").strip()
         return float(value) if value else None
+
+    @property
+    def published_peak_kind(self) -> str:
+        """What the published peak counts (`PEAK_KINDS`), read in the row's notes: a PyTorch allocated figure, the
+        device's whole use (nvidia-smi) or, as torchtitan and torch.cuda.max_memory_reserved report, reserved."""
+        notes = self.row["notes"].lower()
+        if _ALLOCATED.search(notes):
+            return "allocated"
+        return "device" if "nvidia-smi" in notes else "reserved"
 
     @property
     def runtime(self) -> str:
@@ -579,10 +600,19 @@ class Result:
         return self.estimate.memory.peak_bytes / GIB
 
     @property
+    def compared_peak_gib(self) -> float:
+        """The predicted peak as the published figure counts it (`PEAK_KINDS`), GiB: the fullest stage's."""
+        kind = self.case.published_peak_kind
+        fixed = load_catalog().constant("memory_reserve_bytes")
+        less = {"device": lambda st: 0.0, "reserved": lambda st: fixed, "allocated": lambda st: st.reserve_bytes}[kind]
+        return max(st.peak_bytes - less(st) for st in self.estimate.memory.per_stage) / GIB
+
+    @property
     def memory_error(self) -> float | None:
-        """Relative error of predicted vs published peak HBM (None: nothing published)."""
+        """Relative error of the predicted peak, counted as the published one is, against it (None: nothing
+        published)."""
         published = self.case.published_peak_gib
-        return None if published is None else self.peak_gib / published - 1.0
+        return None if published is None else self.compared_peak_gib / published - 1.0
 
 
 def run(tier: str = "A", catalog: Catalog | None = None, path: Path = CSV_PATH) -> list[Result]:
@@ -747,7 +777,8 @@ def print_groups(results: list[Result], kind: str = "throughput", out=sys.stdout
 
 def print_table(results: list[Result], out=sys.stdout) -> None:
     header = (f"{'id':>3} {'model':<44} {'runtime':<22} {'gpus':>5} {'strategy':<34} {'published':>9} "
-              f"{'predicted':>9} {'error':>7} {'mfu':>5} fits {'peak GiB':>8} {'publ.':>6} {'mem err':>7}")
+              f"{'predicted':>9} {'error':>7} {'mfu':>5} fits {'peak GiB':>8} {'as publ.':>8} {'publ.':>7} "
+              f"{'mem err':>7}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for r in results:
@@ -757,7 +788,9 @@ def print_table(results: list[Result], out=sys.stdout) -> None:
         published = f"{r.case.published:>9.1f}" if r.case.published is not None else f"{'-':>9}"
         error = f"{r.error:>+7.1%}" if r.error is not None else f"{'-':>7}"
         peak = r.case.published_peak_gib
-        memory = (f"{peak:>6.1f} {r.memory_error:>+7.1%}" if peak is not None else f"{'-':>6} {'-':>7}")
+        # the predicted peak counted as the published one is (d: device, r: reserved, a: allocated)
+        memory = (f"{r.compared_peak_gib:>8.1f} {peak:>6.1f}{r.case.published_peak_kind[0]} {r.memory_error:>+7.1%}"
+                  if peak is not None else f"{'-':>8} {'-':>7} {'-':>7}")
         print(f"{r.case.row['id']:>3} {r.case.row['model'][:44]:<44} {r.case.runtime:<22} {r.estimate.num_gpus:>5} "
               f"{short:<34} {published} {r.estimate.tokens_per_s_per_gpu:>9.1f} {error} "
               f"{r.estimate.mfu:>5.1%} {'yes' if r.estimate.memory.fits else 'NO ':<4} {r.peak_gib:>8.1f} {memory}",
@@ -827,14 +860,17 @@ def main() -> None:
         with args.csv.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["id", "model", "runtime", "strategy", "published", "predicted", "error", "mfu", "fits",
-                             "peak_gib", "published_peak_gib", "memory_error"])
+                             "peak_gib", "published_peak_gib", "memory_error", "published_peak_kind",
+                             "compared_peak_gib"])
             for r in results:
                 optional = lambda value, fmt: "" if value is None else format(value, fmt)  # noqa: E731
                 writer.writerow([r.case.row["id"], r.case.row["model"], r.case.runtime, r.estimate.strategy_spec,
                                  optional(r.case.published, "g"), f"{r.estimate.tokens_per_s_per_gpu:.2f}",
                                  optional(r.error, ".4f"), f"{r.estimate.mfu:.4f}", r.estimate.memory.fits,
                                  f"{r.peak_gib:.2f}", optional(r.case.published_peak_gib, "g"),
-                                 optional(r.memory_error, ".4f")])
+                                 optional(r.memory_error, ".4f"),
+                                 r.case.published_peak_kind if r.case.published_peak_gib is not None else "",
+                                 f"{r.compared_peak_gib:.2f}" if r.case.published_peak_gib is not None else ""])
 
 
 if __name__ == "__main__":
