@@ -187,11 +187,12 @@ def _own_comm(dp: DataParallelComm) -> UnitComm:
 
 
 def price_units(units: list[LayerWork], job: Job, strategy: Strategy, stage: StagePlacement, groups: StageComms,
-                cost: StageCost, catalog: Catalog) -> list[LayerWork]:
+                cost: StageCost, catalog: Catalog) -> tuple[list[LayerWork], DataParallelComm]:
     """Each unit with its data-parallel work: weights gathered per layer or per micro-batch are priced by
     `data_parallel_comm` on the unit's own layers (its collectives, with their latency steps and host copies);
     everything else of the stage (ZeRO-1/2 reduce-scatters, once-per-step gathers, the step-end sync, the
-    offloaded-weight fetch) is shared among the units by parameters."""
+    offloaded-weight fetch) is shared among the units by parameters.  Also the stage's whole data-parallel
+    traffic, which prices what no unit carries (the sync a strategy leaves exposed)."""
     m = micro_batches(job, strategy)
     cache_rate = host_rate(stage.site, catalog) if strategy.regather == "host" else 0.0
     sums = cost.sums
@@ -218,7 +219,7 @@ def price_units(units: list[LayerWork], job: Job, strategy: Strategy, stage: Sta
         dp = replace(base, gather=base.gather + share * fetch / 2, regather=base.regather + share * fetch / 2,
                      sync=sync)
         out.append(replace(unit, dp=dp))
-    return out
+    return out, whole
 
 
 def split_chunks(units: list[LayerWork], blocks_of: list[int | None], vpp: int) -> tuple[tuple[LayerWork, ...], ...]:
@@ -248,13 +249,9 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
     layers = [layer_work(layer, mode, job, strategy, stage, groups, catalog)
               for layer, mode in zip(stage.layers, modes)]
     units, blocks_of = merge_units(layers, [layer.block for layer in stage.layers])
-    units = price_units(units, job, strategy, stage, groups, cost, catalog)
-    exposed = after_step = 0.0
-    if strategy.dp_overlap != "on":  # the sync the strategy leaves behind nothing (zero 0 or 1: no host cache)
-        whole = data_parallel_comm(cost.sums.params, cost.sums.largest_layer_params, job, strategy, groups,
-                                   micro_batches(job, strategy), catalog, 0.0, cost.sums)
-        exposed = whole.step_end + whole.step_start if strategy.dp_overlap == "off" else 0.0
-        after_step = whole.after_step
+    units, whole = price_units(units, job, strategy, stage, groups, cost, catalog)
+    # the sync the strategy leaves behind nothing: the gradients' without any overlap, the gather's after the step
+    exposed = whole.step_end + whole.step_start if strategy.dp_overlap == "off" else 0.0
     fraction = catalog.constant("pp_p2p_exposed_fraction")
     transfer = cost.pp / (2 * strategy.vpp * fraction) if cost.pp and fraction > 0 else 0.0
     mem = cost.memory
@@ -263,7 +260,7 @@ def stage_work(job: Job, strategy: Strategy, stage: StagePlacement, catalog: Cat
         prefetch=job.runtime.gathering.calls.prefetch, transfer=transfer, send_block=fraction * transfer,
         optimizer=cost.optimizer, offload=cost.offload,
         static_bytes=mem.weights + mem.grads + mem.optimizer + mem.buffers, capacity=mem.capacity, cost=cost,
-        exposed_sync=exposed, after_step=after_step,
+        exposed_sync=exposed, after_step=whole.after_step,
     )
 
 

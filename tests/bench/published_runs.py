@@ -415,8 +415,14 @@ def unpublished_recompute(row: dict) -> str | None:
     Megatron-Bridge, 'selective' for NeMo 1.x, None (no default: the cheapest that fits) otherwise."""
     if framework(row) != "nemo":
         return None
-    nemo2 = _NEMO2.search((row["model"] + " " + row["source"]).lower()) or _NEMO2_NOTES.search(row["notes"].lower())
-    return "none" if nemo2 else "selective"
+    return "none" if _nemo2(row) else "selective"
+
+
+def _nemo2(row: dict) -> bool:
+    """Whether a NeMo row ran NeMo 2.x's recipe API or Megatron-Bridge (a 25.xx container or Bridge named in its
+    title or source, or its notes naming a NeMo 2.0 recipe or performance script)."""
+    return bool(_NEMO2.search((row["model"] + " " + row["source"]).lower())
+                or _NEMO2_NOTES.search(row["notes"].lower()))
 
 
 # Gradient buffers of a NeMo or Megatron-Bridge row, read in the script that ran it: bf16 (the megatron-bridge
@@ -448,9 +454,7 @@ def gradient_dtype(row: dict) -> str | None:
     if framework(row) != "nemo":
         return None
     text = (row["model"] + " " + row["source"]).lower()
-    if "megatron-bridge" in text:
-        return "bf16"
-    if _NEMO2.search(text) or _NEMO2_NOTES.search(row["notes"].lower()):
+    if _nemo2(row):
         return "fp32" if _DEEPSEEK_BEFORE_NEMO24.search(text) and _precision(row) == "bf16" else "bf16"
     if _NEMO1_FP32_GRADS.search(text):
         return "fp32"
@@ -603,9 +607,9 @@ class Result:
     def compared_peak_gib(self) -> float:
         """The predicted peak as the published figure counts it (`PEAK_KINDS`), GiB: the fullest stage's."""
         kind = self.case.published_peak_kind
-        fixed = load_catalog().constant("memory_reserve_bytes")
-        less = {"device": lambda st: 0.0, "reserved": lambda st: fixed, "allocated": lambda st: st.reserve_bytes}[kind]
-        return max(st.peak_bytes - less(st) for st in self.estimate.memory.per_stage) / GIB
+        fixed = load_catalog().constant("memory_reserve_bytes")  # outside PyTorch: CUDA context and NCCL
+        outside = {"device": lambda st: 0.0, "reserved": lambda st: fixed, "allocated": lambda st: st.reserve_bytes}
+        return max(st.peak_bytes - outside[kind](st) for st in self.estimate.memory.per_stage) / GIB
 
     @property
     def memory_error(self) -> float | None:
