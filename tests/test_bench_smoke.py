@@ -274,6 +274,26 @@ def test_megatron_lm_rows_run_the_data_parallel_overlap_their_flags_ask_for(publ
     assert published_runs.dp_overlap(nemo) == "on"
 
 
+def test_rows_run_the_attention_kernel_their_library_or_torchtitan_release_chose(published_runs):
+    """A row naming FlashAttention-3 runs flash3 and FlashAttention-4 cuDNN's figures; a torchtitan row dated before
+    October 2025 runs PyTorch's flash-first order off Blackwell, later ones and B200 rows cuDNN (the profile)."""
+    data = published_runs.ROOT / "tests" / "data" / "published_runs.csv"
+    rows = {row["id"]: row for row in published_runs.read_rows("all", data)}
+    kernel = lambda row_id: published_runs.build_case(rows[row_id]).job.runtime.kernels.attention_kernel  # noqa: E731
+    assert kernel("458") == "flash3" and kernel("459") == "cudnn"  # HF + FA3 on H200, + FA4 on B200
+    assert kernel("456") == "flash2"  # torchtitan e7c0cae (June 2025) on H200
+    assert kernel("451") == "cudnn"  # torchtitan of August 2025 on B200 (#1196)
+    june = rows["456"]
+    assert published_runs.attention_kernel(june, "b200", "cudnn") == "cudnn"
+    assert published_runs.attention_kernel(june, "h200", "cudnn") == "flash2"
+    undated = dict(june, notes="torchtitan v0.2.2, FSDP2", source="a 2026 blog post")
+    assert published_runs.attention_kernel(undated, "h200", "cudnn") == "cudnn"
+    paper = dict(undated, source="arXiv 2407.21783 Table 4")
+    assert published_runs.attention_kernel(paper, "h100-sxm", "cudnn") == "flash2"
+    megatron = dict(june, runtime="megatron")
+    assert published_runs.attention_kernel(megatron, "h200", "cudnn") == "cudnn"
+
+
 def test_a_published_peak_is_compared_with_the_model_counted_as_it_is(published_runs):
     """nvidia-smi's figure is the device's whole use; PyTorch's reserved figure leaves out the CUDA context and NCCL
     (memory_reserve_bytes); an allocated one leaves out the caching allocator's fragmentation too."""

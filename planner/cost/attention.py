@@ -1,7 +1,9 @@
 """The flash-attention core's throughput per kernel and device (hardware/data/attention.yaml).
 
 Each runtime names the attention kernel it runs (RuntimeProfile.kernels.attention_kernel: PyTorch's
-scaled_dot_product_attention runs FlashAttention-2; Transformer Engine runs cuDNN's fused attention on Hopper).
+scaled_dot_product_attention in its default order runs FlashAttention-2; Transformer Engine and torchtitan 0.2 run
+cuDNN's fused attention).  The kernel matters most on Blackwell, where FlashAttention-2's sm80 kernels reach about a
+fifth of the GEMM rate and cuDNN's about two thirds (tests/data/terms/attention.csv).
 The core's throughput is the device's GEMM rate at the core's size times the kernel's efficiency relative to
 it, measured on that device by the kernels' own benchmarks (tests/bench/terms/attention.py --implied derives
 every value from tests/data/terms/attention.csv); a kernel the device has no measurement of falls back to

@@ -153,8 +153,9 @@ class Kernels(BaseModel):
     flash_attention: bool = Field(description="Fused flash attention (no s^2 score tensors).")
     attention_kernel: Literal["flash2", "flash3", "cudnn"] = Field(
         "flash2", description="The flash-attention kernel it runs where the device has it "
-        "(hardware/data/attention.yaml): flash2 (FlashAttention-2, PyTorch's scaled_dot_product_attention), flash3, "
-        "cudnn (Transformer Engine's fused attention on Hopper).")
+        "(hardware/data/attention.yaml): flash2 (FlashAttention-2, PyTorch's scaled_dot_product_attention in its "
+        "default order), flash3, cudnn (cuDNN's fused attention: Transformer Engine on Hopper and Blackwell, "
+        "torchtitan 0.2's sdpa_kernel priority).")
     fused_elementwise: bool = Field(description="Element-wise work in fused kernels (Transformer Engine, apex "
                                     "fusions or torch.compile); False: eager PyTorch kernels.")
     autocast_weight_copy_bytes: float = Field(

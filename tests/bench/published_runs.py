@@ -76,6 +76,10 @@ How a row becomes a job (one rule for every row, never a per-row constant):
 * "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on, "no TP comm overlap" off; a NeMo or
   Megatron-Bridge row that says neither takes its recipe's setting (`tp_overlap`: on, but for the recipes
   read that turn it off);
+* the attention kernel is the one the row ran (`attention_kernel`): a row naming FlashAttention-3 runs flash3,
+  FlashAttention-4 cuDNN's figures; a torchtitan row dated before October 2025 runs PyTorch's flash-first order
+  off Blackwell (torchtitan put cuDNN first on B200 in May 2025 and everywhere in v0.2.0); otherwise the
+  profile's kernel;
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs;
 * a gpu_type saying "power limited to N W" runs the preset's GPUs under that
@@ -516,6 +520,39 @@ def dp_overlap(row: dict) -> str:
     return "on" if "--overlap-param-gather" in flags else "grad"
 
 
+# The attention kernel a row ran (Kernels.attention_kernel, hardware/data/attention.yaml), where its notes or its
+# framework's release say so; the profile's otherwise:
+#   a row naming its attention library: FlashAttention-3 -> flash3; FlashAttention-4 -> cudnn.  FlashAttention-4
+#     publishes no table as text; its paper puts it at or above cuDNN 9.13 on B200 (up to 1.3x forward), so cuDNN's
+#     B200 measurement (tests/data/terms/attention.csv) stands for it as the nearest lower bound
+#   torchtitan before October 2025: its attention called F.scaled_dot_product_attention in PyTorch's default order,
+#     flash first (torchtitan commit 9dec370 models/llama/model.py), until torchtitan #1196 (3b85aa31f, 2025-05-14,
+#     "Use cudnn backend on B200") put cuDNN first on compute capability 10.0 only; #1776 (6a3a9da95, 2025-10-09,
+#     in v0.2.0) put cuDNN first on every device, as the torchtitan profiles (0.2.2) say.  A torchtitan row whose
+#     notes or source date the run before October 2025 (a date, a dated benchmark file, an arXiv id before 2510)
+#     runs flash2 off Blackwell
+_FLASH3 = re.compile(r"flashattention-3|flash-attn-3|flash_attn_3|\bfa3\b")
+_FLASH4 = re.compile(r"flashattention-4|flash-attn-4|flash_attn_4|\bfa4\b")
+_BEFORE_OCT_2025 = re.compile(r"_2024\d\d_|_20250\d_|\b2024\b|\b2025-0\d\b|commit 9dec370|"
+                              r"arxiv:? ?(?:2[0-4]\d\d|250\d)\.\d|"
+                              r"(?:january|february|march|april|may|june|july|august|september) 2025")
+BLACKWELL = ("b200", "gb200")  # compute capability 10.0 (catalog device names)
+
+
+def attention_kernel(row: dict, device: str, profile_kernel: str) -> str:
+    """The attention kernel a row ran on `device` (catalog name): as its notes name it, else as the torchtitan
+    release that ran it chose, else `profile_kernel`."""
+    text = (row["model"] + " " + row["precision"] + " " + row["notes"]).lower()
+    if _FLASH4.search(text):
+        return "cudnn"
+    if _FLASH3.search(text):
+        return "flash3"
+    dated = (row["notes"] + " " + row["source"]).lower()
+    if row["runtime"].startswith("torchtitan") and device not in BLACKWELL and _BEFORE_OCT_2025.search(dated):
+        return "flash2"
+    return profile_kernel
+
+
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
@@ -534,10 +571,16 @@ def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
 def build_case(row: dict) -> Case:
     """The job and strategy of one published row, under the row's runtime profile (`runtime_name`)."""
     runtime = load_runtime(runtime_name(row))
+    cluster = _cluster(row)
+    kernel = attention_kernel(row, load_catalog().node_device(cluster.pools[0].node).name,
+                              runtime.kernels.attention_kernel)
+    if kernel != runtime.kernels.attention_kernel:
+        kernels = runtime.kernels.model_copy(update={"attention_kernel": kernel})
+        runtime = runtime.model_copy(update={"kernels": kernels})
     model = _model(row, runtime.name)
     # the job allows flash attention and fused kernels; the runtime profile says whether the framework has them
     routing = "balanced" if "balanced routing" in row["notes"].lower() else "learned"
-    job = Job(model=model, cluster=_cluster(row), global_batch=int(row["global_batch_seqs"]),
+    job = Job(model=model, cluster=cluster, global_batch=int(row["global_batch_seqs"]),
               seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime, moe_routing=routing)
     base = _base_strategy(row)
     if base["vpp"] > 1:

@@ -8,8 +8,11 @@ head dimension and causality, forward and forward+backward.
 Measurements (tests/data/terms/attention.csv): FlashAttention-2 forward+backward on A100 80GB SXM4 and H100
 SXM5 (the flash-attention README plots), and FlashAttention-2, FlashAttention-3 and cuDNN forward on H100 SXM5
 (FlashAttention-3 paper, Fig. 5): hidden 2048 (32, 16 or 8 heads of 64, 128 or 256), batch x seqlen = 16k
-tokens, fp16; and FlashAttention-2 forward on an A100 with 32 heads of 128, MHA and GQA (8 KV heads), from a
-third party's table.  Every source counts FLOPs as 4*batch*seqlen^2*heads*head_dim forward, HALVED when causal
+tokens, fp16; FlashAttention-2 forward on an A100 with 32 heads of 128, MHA and GQA (8 KV heads), from a
+third party's table; and cuDNN and FlashAttention-2 (PyTorch's SDPA backends, flash-attn 2.7.4) forward and
+backward on a B200 (NVIDIA/cudnn-frontend's SDPA training benchmark: 128 query heads, 8 KV heads of 128, causal,
+bf16, one sequence of 512 to 131072 tokens; forward+backward rows are its forward and backward times added).
+Every source counts FLOPs as 4*batch*seqlen^2*heads*head_dim forward, HALVED when causal
 (the kernels skip the masked blocks), backward 2.5x forward; the measured seconds are those FLOPs over the
 published TFLOP/s.
 
@@ -45,7 +48,7 @@ from planner.strategy import Strategy  # noqa: E402
 
 KERNELS = {"FlashAttention-2": "flash2", "FlashAttention-3": "flash3", "cuDNN": "cudnn"}  # attention.yaml's names
 # one node of the measured GPU (the single-GPU kernels do not use the rest)
-NODE = {"a100-80g": "dgx-a100-80g:1", "h100-sxm": "dgx-h100:1"}
+NODE = {"a100-80g": "dgx-a100-80g:1", "h100-sxm": "dgx-h100:1", "b200": "dgx-b200:1"}
 HIDDEN = 2048  # every source's setting
 BACKWARD_FLOPS = 2.5  # the sources' convention: backward FLOPs over forward FLOPs
 
