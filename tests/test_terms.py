@@ -93,6 +93,35 @@ def test_bus_bandwidth_converts_to_the_time_nccl_tests_printed():
     assert collectives.measured_seconds(as_time, ranks=8) == pytest.approx(0.127997)
 
 
+def test_grouped_gemm_table_is_what_the_benchmarks_imply(common):
+    # hardware/data/grouped_gemm.yaml is the bench's --implied output; the cost model applies it to the routed
+    # experts of the runtime whose kernel was measured, on that chip, in bf16 only
+    from hardware import load_catalog, load_cluster
+    from planner.cost.compute import grouped_gemm_efficiency
+    from planner.cost.kernel_tables import load_kernel_table
+    from planner.job import Job
+    from planner.profile import load_runtime
+
+    bench = load_script("grouped_gemm")
+    table = load_kernel_table("grouped_gemm").relative_efficiency
+    assert bench.implied(common.load_rows("grouped_gemm")) == {k: d for k, d in table.items() if d}
+    catalog = load_catalog()
+
+    def efficiency(node: str, runtime: str, precision: str = "bf16") -> float:
+        cluster = load_cluster(node)
+        job = Job(model=bench.TINY, cluster=cluster, global_batch=1, seq_len=1024, precision=precision,
+                  runtime=load_runtime(runtime))
+        return grouped_gemm_efficiency(catalog.node_device(cluster.pools[0].node), job)
+
+    measured = table["torch_grouped_mm"]["b200"]
+    assert 0.0 < measured < 1.0
+    assert efficiency("dgx-b200:1", "torchtitan") == measured
+    assert efficiency("gb200-nvl72:1", "torchtitan") == measured  # the B200's chip
+    assert efficiency("dgx-h100:1", "torchtitan") == 1.0  # unmeasured there: the GEMM curve
+    assert efficiency("dgx-b200:1", "megatron") == 1.0  # another kernel
+    assert efficiency("dgx-b200:1", "torchtitan", "mxfp8") == 1.0  # the scaled grouped GEMMs, unmeasured
+
+
 def test_attention_kernels_table_is_what_the_benchmarks_imply(common):
     # hardware/data/attention.yaml is the bench's --implied output: each measured kernel and device's relative
     # efficiency, at which the model's median time over that kernel's rows is the measured one

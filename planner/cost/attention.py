@@ -12,39 +12,18 @@ FlashAttention-2's there, then to constants.yaml's attention_relative_efficiency
 
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
-
 from hardware import Catalog
+from planner.cost.kernel_tables import KernelTable, load_kernel_table
 
 FALLBACK_KERNEL = "flash2"
 
 
-class AttentionKernels(BaseModel):
+def load_attention_kernels() -> KernelTable:
     """hardware/data/attention.yaml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    relative_efficiency: dict[str, dict[str, float]] = Field(
-        description="kernel -> device -> the core's throughput over the device's GEMM rate at the same FLOPs.")
-    same_chip: dict[str, str] = Field(description="device -> the measured device whose chip it runs (its values "
-                                      "stand for it).")
-    sources: dict[str, str] = Field(description="kernel -> the measurements behind its values.")
-
-
-@lru_cache(maxsize=1)
-def load_attention_kernels() -> AttentionKernels:
-    text = resources.files("hardware").joinpath("data", "attention.yaml").read_text()
-    return AttentionKernels.model_validate(yaml.safe_load(text))
+    return load_kernel_table("attention")
 
 
 def attention_efficiency(device: str, kernel: str, catalog: Catalog) -> float:
     """Relative efficiency of `kernel` on `device` (catalog device name), with the fallbacks above."""
-    data = load_attention_kernels()
-    table, device = data.relative_efficiency, data.same_chip.get(device, device)
-    for name in (kernel, FALLBACK_KERNEL):
-        if device in table.get(name, {}):
-            return table[name][device]
-    return catalog.constant("attention_relative_efficiency")
+    value = load_attention_kernels().lookup(device, (kernel, FALLBACK_KERNEL))
+    return catalog.constant("attention_relative_efficiency") if value is None else value

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from hardware import Catalog, DeviceSpec
 from models.graph import Layer, RecomputeMode
 from planner.cost.attention import attention_efficiency
+from planner.cost.kernel_tables import load_kernel_table
 from planner.cost.launches import launch_overhead
 from planner.cost.layout import tp_divisor
 from planner.cost.memory import layer_width
@@ -183,19 +184,31 @@ def expert_load_ratio(layer: Layer, job: Job, strategy: Strategy, catalog: Catal
     return capacity.load_ratio(_tokens(job, strategy), moe.top_k, moe.num_experts)
 
 
+def grouped_gemm_efficiency(device: DeviceSpec, job: Job) -> float:
+    """The routed experts' GEMM rate over the device's GEMM curve at the same size: the runtime's grouped-GEMM kernel
+    as measured on that device (hardware/data/grouped_gemm.yaml), 1 where it is not.  The measurements are bf16
+    (torch._grouped_mm); scaled fp8 / mxfp8 grouped GEMMs are other kernels (torchao's _scaled_grouped_mm, TE's
+    fp8 GroupedLinear), unmeasured here, so they keep the curve."""
+    if job.precision != "bf16":
+        return 1.0
+    value = load_kernel_table("grouped_gemm").lookup(device.name, (job.runtime.kernels.grouped_gemm,))
+    return 1.0 if value is None else value
+
+
 def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog) -> float:
     """Forward GEMM seconds of a MoE layer on the busiest rank for one micro-batch.
 
     Routed experts: a rank computes top_k expert passes for each of its tokens (its sequence shard under
     tensor parallelism; the same FLOPs when each expert is instead split over etp ranks), as grouped GEMMs
-    whose rows are one expert's tokens: tokens x top_k x etp x ep / (experts x tp), the same for any etp.
-    The router and the shared experts run over all the rank's tokens."""
+    whose rows are one expert's tokens: tokens x top_k x etp x ep / (experts x tp), the same for any etp, at the
+    grouped-GEMM kernel's rate (`grouped_gemm_efficiency`).  The router and the shared experts run over all the
+    rank's tokens, as dense GEMMs."""
     moe, tokens, tp = layer.moe_shape, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
     per_expert = expert_flops_per_token(layer)
     routed_flops = tokens * moe.top_k * per_expert / tp * expert_load_ratio(layer, job, strategy, catalog)
     expert_tokens = tokens * moe.top_k * strategy.expert_tp * strategy.ep / (moe.num_experts * tp)
     one_gemm = expert_tokens * per_expert / strategy.expert_tp / GEMMS_PER_LAYER
-    seconds = routed_flops / gemm_rate(device, job, one_gemm, catalog)
+    seconds = routed_flops / (gemm_rate(device, job, one_gemm, catalog) * grouped_gemm_efficiency(device, job))
     dense_flops = tokens * (layer.flops_per_token - moe.top_k * per_expert) / tp
     if dense_flops:
         seconds += dense_flops / gemm_rate(device, job, dense_flops / GEMMS_PER_LAYER, catalog)

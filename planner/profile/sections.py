@@ -156,6 +156,10 @@ class Kernels(BaseModel):
         "(hardware/data/attention.yaml): flash2 (FlashAttention-2, PyTorch's scaled_dot_product_attention in its "
         "default order), flash3, cudnn (cuDNN's fused attention: Transformer Engine on Hopper and Blackwell, "
         "torchtitan 0.2's sdpa_kernel priority).")
+    grouped_gemm: Literal["torch_grouped_mm", "te_grouped_linear", "per_expert"] = Field(
+        "per_expert", description="The kernel the routed experts' GEMMs run as (hardware/data/grouped_gemm.yaml): "
+        "torch_grouped_mm (torch._grouped_mm, torchtitan's GroupedExperts), te_grouped_linear (Transformer Engine's "
+        "GroupedLinear, Megatron-Core --moe-grouped-gemm), per_expert (one GEMM per expert: DeepSpeed-MoE).")
     fused_elementwise: bool = Field(description="Element-wise work in fused kernels (Transformer Engine, apex "
                                     "fusions or torch.compile); False: eager PyTorch kernels.")
     autocast_weight_copy_bytes: float = Field(

@@ -1,0 +1,107 @@
+"""The routed experts' grouped GEMMs against the kernels' published microbenchmarks, forward and backward.
+
+    python tests/bench/terms/grouped_gemm.py [--quick]
+    python tests/bench/terms/grouped_gemm.py --implied   # the relative efficiency per kernel and device the rows
+                                                         # imply (hardware/data/grouped_gemm.yaml holds them)
+
+Measurements (tests/data/terms/grouped_gemm.csv): torch._grouped_mm in bf16 on a B200, forward and backward of one
+grouped GEMM of 128,000 tokens split over 1 to 8 experts, Llama 4 Scout (5,120 x 8,192) and DeepSeek-V3 (7,168 x
+2,048) expert shapes, from torchao's MoE training README.  The timed region also runs an MSE loss over the M x N
+bf16 output and its backward (benchmarks/utils.py bench_fwd_bwd_microseconds), compiled into one fused kernel that
+reads the output and the labels and writes the gradient: 6 bytes per output element at the model's HBM rate
+(hbm_bandwidth x hbm_efficiency) are added to the model's seconds so that both sides time the same work.
+
+Model: the forward of one group's GEMM, 2 x (M / G) x N x K FLOPs, at `planner.cost.compute.gemm_rate` times
+`grouped_gemm_efficiency` (the runtime's grouped-GEMM kernel on that device: torchtitan's torch._grouped_mm), all
+G groups, and the backward at `backward_gemm_ratio` times the forward, as `backward_seconds` costs a layer's GEMMs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hardware import load_catalog, load_cluster  # noqa: E402
+from models.transformer import build_transformer, llama  # noqa: E402
+from planner.cost.compute import gemm_rate, grouped_gemm_efficiency  # noqa: E402
+from planner.job import Job  # noqa: E402
+from planner.profile import load_runtime  # noqa: E402
+
+KERNELS = {"torch._grouped_mm": ("torch_grouped_mm", "torchtitan")}  # grouped_gemm.yaml's name, a runtime running it
+NODE = {"b200": "dgx-b200:1"}
+LOSS_BYTES_PER_ELEMENT = 6.0  # the fused MSE loss and its backward: read the output and the labels, write the gradient
+# the job only carries the precision and runtime to gemm_rate; its model is never costed
+TINY = build_transformer(llama(name="grouped-gemm-bench", num_layers=1, hidden=256, heads=4, ffn=512, vocab=1024))
+
+
+def model_seconds(row: dict[str, str]) -> float:
+    """The cost model's seconds for the row's grouped GEMM forward and backward, plus the benchmark's loss."""
+    kernel, runtime = KERNELS[row["kernel"]]
+    cluster = load_cluster(NODE[row["device"]])
+    job = Job(model=TINY, cluster=cluster, global_batch=1, seq_len=1024, precision=row["dtype"],
+              runtime=load_runtime(runtime))
+    assert job.runtime.kernels.grouped_gemm == kernel
+    catalog = load_catalog()
+    device = catalog.node_device(cluster.pools[0].node)
+    m, k, n, groups = (int(row[c]) for c in ("tokens", "k", "n", "groups"))
+    flops = 2.0 * m * n * k
+    forward = flops / (gemm_rate(device, job, flops / groups, catalog) * grouped_gemm_efficiency(device, job))
+    loss = LOSS_BYTES_PER_ELEMENT * m * n / (device.hbm_bandwidth * catalog.constant("hbm_efficiency"))
+    return forward * (1.0 + catalog.constant("backward_gemm_ratio")) + loss
+
+
+def compare(row: dict[str, str]) -> Compared:
+    measured_s = float(row["measured_us"]) * 1e-6
+    model_s = model_seconds(row)
+    m, k, n, groups = (int(row[c]) for c in ("tokens", "k", "n", "groups"))
+    config = f"{row['kernel']} {row['device']} {row['dtype']} {row['direction']} M={m} K={k} N={n} G={groups}"
+    return Compared(config=config, measured=f"{measured_s * 1e3:.1f} ms", modelled=f"{model_s * 1e3:.1f} ms",
+                    ratio=model_s / measured_s, source=row["source_id"])
+
+
+def implied(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
+    """kernel -> device -> the relative efficiency that makes the model's median GEMM time match the rows' (the
+    benchmark's loss, which the kernel does not run, held out of the ratio), to three digits."""
+    catalog = load_catalog()
+    groups: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        kernel, runtime = KERNELS[row["kernel"]]
+        cluster = load_cluster(NODE[row["device"]])
+        device = catalog.node_device(cluster.pools[0].node)
+        m, n = int(row["tokens"]), int(row["n"])
+        loss = LOSS_BYTES_PER_ELEMENT * m * n / (device.hbm_bandwidth * catalog.constant("hbm_efficiency"))
+        gemm_model = model_seconds(row) - loss
+        gemm_measured = float(row["measured_us"]) * 1e-6 - loss
+        job = Job(model=TINY, cluster=cluster, global_batch=1, seq_len=1024, precision=row["dtype"],
+                  runtime=load_runtime(runtime))
+        used = grouped_gemm_efficiency(device, job)
+        groups.setdefault((kernel, row["device"]), []).append(used * gemm_model / gemm_measured)
+    return {kernel: {device: round(statistics.median(values), 3)}
+            for (kernel, device), values in sorted(groups.items())}
+
+
+def main(argv: list[str] | None = None) -> list[Compared]:
+    if argv is None and "--implied" in sys.argv:
+        for kernel, devices in implied(load_rows("grouped_gemm")).items():
+            print(kernel, devices)
+        return []
+    args = parse_args(__doc__.splitlines()[0], argv)
+    rows = load_rows("grouped_gemm")
+    if args.quick:
+        rows = rows[:QUICK_ROWS]
+    compared = [compare(row) for row in rows]
+    print_table("Grouped GEMMs: measured vs planner.cost.compute.gemm_rate x grouped_gemm_efficiency", compared)
+    print("by kernel, device and expert shape (model/measured in time):")
+    group_summaries(compared, key=lambda r: " ".join(r.config.split()[:4]) + " " + r.config.split()[6])
+    return compared
+
+
+if __name__ == "__main__":
+    main()
