@@ -294,6 +294,18 @@ def test_rows_run_the_attention_kernel_their_library_or_torchtitan_release_chose
     assert published_runs.attention_kernel(megatron, "h200", "cudnn") == "cudnn"
 
 
+def test_rows_whose_model_code_has_no_flash_attention_run_without_it(published_runs):
+    """HuggingFace's eager GPT-2 (the notes say "eager attention, no flash attention") runs with the scores
+    materialised and unfused kernels whatever the runtime profile's own model code has; other rows keep both."""
+    data = published_runs.ROOT / "tests" / "data" / "holdout5_runs.csv"
+    rows = {row["id"]: row for row in published_runs.read_rows("all", data)}
+    assert published_runs.model_kernels(rows["5013"]) == (False, False)
+    job = published_runs.build_case(rows["5013"]).job
+    assert job.runtime.kernels.flash_attention and not job.flash and not job.fused
+    assert published_runs.model_kernels(rows["5009"]) == (False, True)  # Megatron's GPT: fused, no flash
+    assert published_runs.model_kernels(rows["5016"]) == (True, True)
+
+
 def test_a_published_peak_is_compared_with_the_model_counted_as_it_is(published_runs):
     """nvidia-smi's figure is the device's whole use; PyTorch's reserved figure leaves out the CUDA context and NCCL
     (memory_reserve_bytes); an allocated one leaves out the caching allocator's fragmentation too."""

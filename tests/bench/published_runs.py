@@ -80,6 +80,8 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   FlashAttention-4 cuDNN's figures; a torchtitan row dated before October 2025 runs PyTorch's flash-first order
   off Blackwell (torchtitan put cuDNN first on B200 in May 2025 and everywhere in v0.2.0); otherwise the
   profile's kernel;
+* a row whose notes say its model code has "no flash attention" runs without it, and one running HuggingFace's
+  "eager attention" runs unfused element-wise kernels too (`model_kernels`);
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs;
 * a gpu_type saying "power limited to N W" runs the preset's GPUs under that
@@ -553,6 +555,21 @@ def attention_kernel(row: dict, device: str, profile_kernel: str) -> str:
     return profile_kernel
 
 
+# Kernels of the model code a row ran where its notes say it is not the code the runtime profile describes: a row
+# whose notes say the model has no flash attention runs without it (the s^2 scores materialised), and one whose
+# model runs HuggingFace's "eager attention" runs eager element-wise kernels too (transformers' GPT2Attention with
+# attn_implementation "eager": matmul, softmax and dropout as separate PyTorch ops, no fusions)
+_NO_FLASH = re.compile(r"\bno flash attention\b")
+_EAGER_MODEL = re.compile(r"\beager attention\b")
+
+
+def model_kernels(row: dict) -> tuple[bool, bool]:
+    """(flash attention allowed, fused kernels allowed) for a row's model code (`Job.flash_attention`,
+    `Job.fused_kernels`): both unless its notes say otherwise."""
+    notes = row["notes"].lower()
+    return not _NO_FLASH.search(notes), not _EAGER_MODEL.search(notes)
+
+
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
@@ -578,10 +595,13 @@ def build_case(row: dict) -> Case:
         kernels = runtime.kernels.model_copy(update={"attention_kernel": kernel})
         runtime = runtime.model_copy(update={"kernels": kernels})
     model = _model(row, runtime.name)
-    # the job allows flash attention and fused kernels; the runtime profile says whether the framework has them
+    # the job allows flash attention and fused kernels unless the row's model code has neither (`model_kernels`); the
+    # runtime profile says whether the framework has them
     routing = "balanced" if "balanced routing" in row["notes"].lower() else "learned"
+    flash, fused = model_kernels(row)
     job = Job(model=model, cluster=cluster, global_batch=int(row["global_batch_seqs"]),
-              seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime, moe_routing=routing)
+              seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime, moe_routing=routing,
+              flash_attention=flash, fused_kernels=fused)
     base = _base_strategy(row)
     if base["vpp"] > 1:
         base["split"] = _interleaved_split(model.num_blocks, base["pp"], base["vpp"])
