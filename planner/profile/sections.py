@@ -151,11 +151,12 @@ class Kernels(BaseModel):
 
     model_config = _FIELD
     flash_attention: bool = Field(description="Fused flash attention (no s^2 score tensors).")
-    attention_kernel: Literal["flash2", "flash3", "cudnn"] = Field(
+    attention_kernel: Literal["flash2", "flash3", "cudnn", "flash_triton"] = Field(
         "flash2", description="The flash-attention kernel it runs where the device has it "
         "(hardware/data/attention.yaml): flash2 (FlashAttention-2, PyTorch's scaled_dot_product_attention in its "
         "default order), flash3, cudnn (cuDNN's fused attention: Transformer Engine on Hopper and Blackwell, "
-        "torchtitan 0.2's sdpa_kernel priority).")
+        "torchtitan 0.2's sdpa_kernel priority), flash_triton (flash-attn's Triton FlashAttention, Megatron-DeepSpeed "
+        "--use-flash-attn-triton).")
     grouped_gemm: Literal["torch_grouped_mm", "te_grouped_linear", "per_expert"] = Field(
         "per_expert", description="The kernel the routed experts' GEMMs run as (hardware/data/grouped_gemm.yaml): "
         "torch_grouped_mm (torch._grouped_mm, torchtitan's GroupedExperts), te_grouped_linear (Transformer Engine's "

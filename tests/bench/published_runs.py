@@ -76,7 +76,8 @@ How a row becomes a job (one rule for every row, never a per-row constant):
 * "comm overlap on" / AsyncTP in a row's notes turns tp_overlap on, "no TP comm overlap" off; a NeMo or
   Megatron-Bridge row that says neither takes its recipe's setting (`tp_overlap`: on, but for the recipes
   read that turn it off);
-* the attention kernel is the one the row ran (`attention_kernel`): a row naming FlashAttention-3 runs flash3,
+* the attention kernel is the one the row ran (`attention_kernel`): Megatron-DeepSpeed's --use-flash-attn-triton runs
+  flash_triton, a row naming FlashAttention-3 runs flash3,
   FlashAttention-4 cuDNN's figures; a torchtitan row dated before October 2025 runs PyTorch's flash-first order
   off Blackwell (torchtitan put cuDNN first on B200 in May 2025 and everywhere in v0.2.0); otherwise the
   profile's kernel;
@@ -524,7 +525,9 @@ def dp_overlap(row: dict) -> str:
 
 # The attention kernel a row ran (Kernels.attention_kernel, hardware/data/attention.yaml), where its notes or its
 # framework's release say so; the profile's otherwise:
-#   a row naming its attention library: FlashAttention-3 -> flash3; FlashAttention-4 -> cudnn.  FlashAttention-4
+#   a row naming its attention library: Megatron-DeepSpeed's --use-flash-attn-triton -> flash_triton (flash-attn's
+#     Triton kernel, measured on A100 in the flash-attention README's plot); FlashAttention-3 -> flash3;
+#     FlashAttention-4 -> cudnn.  FlashAttention-4
 #     publishes no table as text; its paper puts it at or above cuDNN 9.13 on B200 (up to 1.3x forward), so cuDNN's
 #     B200 measurement (tests/data/terms/attention.csv) stands for it as the nearest lower bound
 #   torchtitan before October 2025: its attention called F.scaled_dot_product_attention in PyTorch's default order,
@@ -533,6 +536,7 @@ def dp_overlap(row: dict) -> str:
 #     in v0.2.0) put cuDNN first on every device, as the torchtitan profiles (0.2.2) say.  A torchtitan row whose
 #     notes or source date the run before October 2025 (a date, a dated benchmark file, an arXiv id before 2510)
 #     runs flash2 off Blackwell
+_FLASH_TRITON = re.compile(r"flash-attn-triton|flash_attn_triton")
 _FLASH3 = re.compile(r"flashattention-3|flash-attn-3|flash_attn_3|\bfa3\b")
 _FLASH4 = re.compile(r"flashattention-4|flash-attn-4|flash_attn_4|\bfa4\b")
 _BEFORE_OCT_2025 = re.compile(r"_2024\d\d_|_20250\d_|\b2024\b|\b2025-0\d\b|commit 9dec370|"
@@ -545,6 +549,8 @@ def attention_kernel(row: dict, device: str, profile_kernel: str) -> str:
     """The attention kernel a row ran on `device` (catalog name): as its notes name it, else as the torchtitan
     release that ran it chose, else `profile_kernel`."""
     text = (row["model"] + " " + row["precision"] + " " + row["notes"]).lower()
+    if _FLASH_TRITON.search(text):
+        return "flash_triton"
     if _FLASH4.search(text):
         return "cudnn"
     if _FLASH3.search(text):

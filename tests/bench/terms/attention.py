@@ -46,7 +46,8 @@ from planner.job import Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
-KERNELS = {"FlashAttention-2": "flash2", "FlashAttention-3": "flash3", "cuDNN": "cudnn"}  # attention.yaml's names
+KERNELS = {"FlashAttention-2": "flash2", "FlashAttention-3": "flash3", "cuDNN": "cudnn",
+           "FlashAttention-Triton": "flash_triton"}  # attention.yaml's names
 # one node of the measured GPU (the single-GPU kernels do not use the rest)
 NODE = {"a100-80g": "dgx-a100-80g:1", "h100-sxm": "dgx-h100:1", "b200": "dgx-b200:1"}
 HIDDEN = 2048  # every source's setting
