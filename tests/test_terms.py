@@ -131,6 +131,13 @@ def test_attention_kernels_table_is_what_the_benchmarks_imply(common):
     implied = attention.implied(common.load_rows("attention"))
     table = load_attention_kernels().relative_efficiency
     assert implied == {kernel: devices for kernel, devices in table.items() if devices}
+    # a kernel with power-of-two tiles runs a 96-wide head as a 128-wide one; the others run it as it is
+    from hardware import load_catalog as _catalog
+    from planner.cost.attention import attention_efficiency
+    triton = table["flash_triton"]["a100-80g"]
+    assert attention_efficiency("a100-80g", "flash_triton", _catalog(), 96) == pytest.approx(0.75 * triton)
+    assert attention_efficiency("a100-80g", "flash_triton", _catalog(), 64) == triton
+    assert attention_efficiency("a100-80g", "flash2", _catalog(), 96) == table["flash2"]["a100-80g"]
     # causal attention costs about half the unmasked core at length (the kernels skip the masked blocks)
     from hardware import load_catalog
     from planner.cost.compute import causal_time_ratio

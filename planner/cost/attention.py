@@ -23,7 +23,12 @@ def load_attention_kernels() -> KernelTable:
     return load_kernel_table("attention")
 
 
-def attention_efficiency(device: str, kernel: str, catalog: Catalog) -> float:
-    """Relative efficiency of `kernel` on `device` (catalog device name), with the fallbacks above."""
-    value = load_attention_kernels().lookup(device, (kernel, FALLBACK_KERNEL))
-    return catalog.constant("attention_relative_efficiency") if value is None else value
+def attention_efficiency(device: str, kernel: str, catalog: Catalog, head_dim: int = 128) -> float:
+    """Relative efficiency of `kernel` on `device` (catalog device name) for heads `head_dim` wide, with the fallbacks
+    above; a kernel that rounds the head dimension up to a power of two runs d / next_power_of_two(d) of it."""
+    table = load_attention_kernels()
+    value = table.lookup(device, (kernel, FALLBACK_KERNEL))
+    value = catalog.constant("attention_relative_efficiency") if value is None else value
+    if kernel in table.power_of_two_tiles:
+        value *= head_dim / (1 << (head_dim - 1).bit_length())
+    return value

@@ -23,6 +23,9 @@ class KernelTable(BaseModel):
     same_chip: dict[str, str] = Field(description="device -> the measured device whose chip it runs (its values "
                                       "stand for it).")
     sources: dict[str, str] = Field(description="kernel -> the measurements behind its values.")
+    power_of_two_tiles: tuple[str, ...] = Field(
+        (), description="Kernels whose tiles round the head dimension up to a power of two, so a head of d runs "
+        "the work of next_power_of_two(d); their measurements are at powers of two.")
 
     def lookup(self, device: str, kernels: tuple[str, ...]) -> float | None:
         """The first of `kernels` measured on `device` (or on the chip it runs), None if none is."""
