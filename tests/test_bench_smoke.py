@@ -259,6 +259,18 @@ def test_nemo_rows_overlap_tensor_parallel_communication_as_their_recipe_does(pu
     assert published_runs.tp_overlap(dict(megatron_lm, notes="TP comm overlap on"), 8)
 
 
+def test_a_configuration_that_follows_nemos_performance_scripts_runs_nemos_defaults(published_runs):
+    """Megatron-LM's examples/llama FP8 table says its configuration follows NeMo's performance scripts: the
+    distributed optimizer, bf16 gradient buffers (megatron-bridge) and no recompute, as its example script sets."""
+    data = published_runs.ROOT / "tests" / "data" / "holdout_runs.csv"
+    row = next(row for row in published_runs.read_rows("all", data) if row["id"] == "1031")
+    assert published_runs.framework(row) == "nemo" and published_runs.runtime_name(row) == "megatron-bridge"
+    case = published_runs.build_case(row)
+    assert case.strategy.zero == 1 and case.strategy.recompute == "none"
+    plain = dict(row, notes="Table row 'LLAMA3-8B | 8 | GBS 128 | ...'")
+    assert published_runs.framework(plain) == "megatron" and published_runs.runtime_name(plain) == "megatron"
+
+
 def test_megatron_lm_rows_run_the_data_parallel_overlap_their_flags_ask_for(published_runs):
     """A Megatron-LM row whose notes quote its launch flags runs Megatron-LM's defaults for what they leave out:
     no --overlap-grad-reduce, dp_overlap off; that flag without --overlap-param-gather, grad.  NeMo rows and rows

@@ -298,8 +298,13 @@ def _cluster(row: dict) -> Cluster:
 
 
 # NeMo (its 1.x launcher and its 2.0 recipes) and Megatron-Bridge run Megatron-Core, costed under the same runtime
-# profiles as Megatron-LM's own scripts, but with their own defaults: the row's model title or source names them
+# profiles as Megatron-LM's own scripts, but with their own defaults: the row's model title or source names them, or
+# its notes quote a document saying its configuration follows NeMo's performance scripts (Megatron-LM
+# examples/llama/README.md's FP8 table: "This configuration follows those defined in NeMo Framework's performance
+# scripts"; its train_llama3_8b_h100_fp8.sh passes --use-distributed-optimizer, --grad-reduce-in-bf16 and no
+# recompute flag, as NeMo 2.x's scripts/performance recipes set them)
 _NEMO = re.compile(r"(?<![a-z])nemo(?![a-z])|megatron-bridge")
+_NEMO_PERFORMANCE_CONFIG = re.compile(r"nemo framework's performance scripts")
 
 # ZeRO stage of a row whose zero_fsdp publishes none, by the framework that ran it (its documented default):
 #   nemo: the distributed optimizer.  NeMo 2.0 nemo/collections/llm/recipes/optim/adam.py
@@ -317,7 +322,8 @@ def framework(row: dict) -> str:
     NeMo or Megatron-Bridge recipe ran (named in its model title or source; 'Nemotron' is a model, not NeMo),
     otherwise the row's runtime."""
     text = (row["model"] + " " + row["source"]).lower()
-    return "nemo" if row["runtime"].startswith("megatron") and _NEMO.search(text) else row["runtime"]
+    named = _NEMO.search(text) or _NEMO_PERFORMANCE_CONFIG.search(row["notes"].lower())
+    return "nemo" if row["runtime"].startswith("megatron") and named else row["runtime"]
 
 
 def _zero_published(row: dict) -> bool:
@@ -428,8 +434,9 @@ def unpublished_recompute(row: dict) -> str | None:
 def _nemo2(row: dict) -> bool:
     """Whether a NeMo row ran NeMo 2.x's recipe API or Megatron-Bridge (a 25.xx container or Bridge named in its
     title or source, or its notes naming a NeMo 2.0 recipe or performance script)."""
+    notes = row["notes"].lower()
     return bool(_NEMO2.search((row["model"] + " " + row["source"]).lower())
-                or _NEMO2_NOTES.search(row["notes"].lower()))
+                or _NEMO2_NOTES.search(notes) or _NEMO_PERFORMANCE_CONFIG.search(notes))
 
 
 # Gradient buffers of a NeMo or Megatron-Bridge row, read in the script that ran it: bf16 (the megatron-bridge
