@@ -304,6 +304,8 @@ def test_rows_run_the_attention_kernel_their_library_or_torchtitan_release_chose
     assert published_runs.attention_kernel(paper, "h100-sxm", "cudnn") == "flash2"
     megatron = dict(june, runtime="megatron")
     assert published_runs.attention_kernel(megatron, "h200", "cudnn") == "cudnn"
+    flagperf = dict(megatron, notes="README optimizations 'flash attention 2', 'transformer-engine impl'")
+    assert published_runs.attention_kernel(flagperf, "h100-sxm", "cudnn") == "flash2"
     triton = dict(megatron, runtime="deepspeed", notes="pretrain_gpt.py ... --use-flash-attn-triton ...")
     assert published_runs.attention_kernel(triton, "a100-40g", "flash2") == "flash_triton"
 

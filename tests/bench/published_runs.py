@@ -77,7 +77,7 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   Megatron-Bridge row that says neither takes its recipe's setting (`tp_overlap`: on, but for the recipes
   read that turn it off);
 * the attention kernel is the one the row ran (`attention_kernel`): Megatron-DeepSpeed's --use-flash-attn-triton runs
-  flash_triton, a row naming FlashAttention-3 runs flash3,
+  flash_triton, a row naming FlashAttention-3 runs flash3, FlashAttention-2 flash2,
   FlashAttention-4 cuDNN's figures; a torchtitan row dated before October 2025 runs PyTorch's flash-first order
   off Blackwell (torchtitan put cuDNN first on B200 in May 2025 and everywhere in v0.2.0); otherwise the
   profile's kernel;
@@ -534,9 +534,10 @@ def dp_overlap(row: dict) -> str:
 # framework's release say so; the profile's otherwise:
 #   a row naming its attention library: Megatron-DeepSpeed's --use-flash-attn-triton -> flash_triton (flash-attn's
 #     Triton kernel, measured on A100 in the flash-attention README's plot); FlashAttention-3 -> flash3;
-#     FlashAttention-4 -> cudnn.  FlashAttention-4
-#     publishes no table as text; its paper puts it at or above cuDNN 9.13 on B200 (up to 1.3x forward), so cuDNN's
-#     B200 measurement (tests/data/terms/attention.csv) stands for it as the nearest lower bound
+#     FlashAttention-2 -> flash2 (FlagPerf's Megatron-Core README lists 'flash attention 2' among its optimizations,
+#     where the megatron profile's default is Transformer Engine's cuDNN attention); FlashAttention-4 -> cudnn.
+#     FlashAttention-4 publishes no table as text; its paper puts it at or above cuDNN 9.13 on B200 (up to 1.3x
+#     forward), so cuDNN's B200 measurement (tests/data/terms/attention.csv) stands for it as the nearest lower bound
 #   torchtitan before October 2025: its attention called F.scaled_dot_product_attention in PyTorch's default order,
 #     flash first (torchtitan commit 9dec370 models/llama/model.py), until torchtitan #1196 (3b85aa31f, 2025-05-14,
 #     "Use cudnn backend on B200") put cuDNN first on compute capability 10.0 only; #1776 (6a3a9da95, 2025-10-09,
@@ -544,6 +545,7 @@ def dp_overlap(row: dict) -> str:
 #     notes or source date the run before October 2025 (a date, a dated benchmark file, an arXiv id before 2510)
 #     runs flash2 off Blackwell
 _FLASH_TRITON = re.compile(r"flash-attn-triton|flash_attn_triton")
+_FLASH2 = re.compile(r"flash ?attention[- ]2\b|flash-attn 2\b|\bfa2\b")
 _FLASH3 = re.compile(r"flashattention-3|flash-attn-3|flash_attn_3|\bfa3\b")
 _FLASH4 = re.compile(r"flashattention-4|flash-attn-4|flash_attn_4|\bfa4\b")
 _BEFORE_OCT_2025 = re.compile(r"_2024\d\d_|_20250\d_|\b2024\b|\b2025-0\d\b|commit 9dec370|"
@@ -562,6 +564,8 @@ def attention_kernel(row: dict, device: str, profile_kernel: str) -> str:
         return "cudnn"
     if _FLASH3.search(text):
         return "flash3"
+    if _FLASH2.search(text):
+        return "flash2"
     dated = (row["notes"] + " " + row["source"]).lower()
     if row["runtime"].startswith("torchtitan") and device not in BLACKWELL and _BEFORE_OCT_2025.search(dated):
         return "flash2"
