@@ -23,12 +23,13 @@ def load_attention_kernels() -> KernelTable:
     return load_kernel_table("attention")
 
 
-def attention_efficiency(device: str, kernel: str, catalog: Catalog, head_dim: int = 128) -> float:
-    """Relative efficiency of `kernel` on `device` (catalog device name) for heads `head_dim` wide, with the fallbacks
-    above; a kernel that rounds the head dimension up to a power of two runs d / next_power_of_two(d) of it."""
+def attention_efficiency(device: str, kernel: str, catalog: Catalog, head_dim: int | None = None) -> float:
+    """Relative efficiency of `kernel` on `device` (catalog device name), with the fallbacks above; for heads
+    `head_dim` wide, a kernel that rounds the head dimension up to a power of two runs d / next_power_of_two(d) of
+    it (None: the measured widths, powers of two)."""
     table = load_attention_kernels()
     value = table.lookup(device, (kernel, FALLBACK_KERNEL))
     value = catalog.constant("attention_relative_efficiency") if value is None else value
-    if kernel in table.power_of_two_tiles:
+    if head_dim is not None and kernel in table.power_of_two_tiles:
         value *= head_dim / (1 << (head_dim - 1).bit_length())
     return value

@@ -107,7 +107,7 @@ def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, c
         # rank's keys each: the efficiency is that of a block, so short chunks fall down the device's curve
         plain_rate = device.sustained_peak(job.compute_dtype) * device.efficiency(attn_flops / 2 / strategy.cp)
         if job.flash:
-            head_dim = layer.attention.head_dim if layer.attention is not None else 128
+            head_dim = layer.attention.head_dim if layer.attention is not None else None
             plain_rate *= attention_efficiency(device.name, job.runtime.kernels.attention_kernel, catalog, head_dim)
         if strategy.cp > 1:
             plain_rate *= catalog.constant("context_parallel_attention_efficiency")

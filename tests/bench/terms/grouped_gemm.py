@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,8 +42,18 @@ LOSS_BYTES_PER_ELEMENT = 6.0  # the fused MSE loss and its backward: read the ou
 TINY = build_transformer(llama(name="grouped-gemm-bench", num_layers=1, hidden=256, heads=4, ffn=512, vocab=1024))
 
 
-def model_seconds(row: dict[str, str]) -> float:
-    """The cost model's seconds for the row's grouped GEMM forward and backward, plus the benchmark's loss."""
+@dataclass(frozen=True)
+class Modelled:
+    """The cost model's seconds for one row: the grouped GEMM forward and backward, the benchmark's loss beside it,
+    and the grouped-GEMM efficiency the GEMM was priced at."""
+
+    gemm: float
+    loss: float
+    efficiency: float
+
+
+def modelled(row: dict[str, str]) -> Modelled:
+    """The row's grouped GEMM, forward and backward, as the cost model prices it, and the benchmark's loss."""
     kernel, runtime = KERNELS[row["kernel"]]
     cluster = load_cluster(NODE[row["device"]])
     job = Job(model=TINY, cluster=cluster, global_batch=1, seq_len=1024, precision=row["dtype"],
@@ -52,9 +63,16 @@ def model_seconds(row: dict[str, str]) -> float:
     device = catalog.node_device(cluster.pools[0].node)
     m, k, n, groups = (int(row[c]) for c in ("tokens", "k", "n", "groups"))
     flops = 2.0 * m * n * k
-    forward = flops / (gemm_rate(device, job, flops / groups, catalog) * grouped_gemm_efficiency(device, job))
+    efficiency = grouped_gemm_efficiency(device, job)
+    forward = flops / (gemm_rate(device, job, flops / groups, catalog) * efficiency)
     loss = LOSS_BYTES_PER_ELEMENT * m * n / (device.hbm_bandwidth * catalog.constant("hbm_efficiency"))
-    return forward * (1.0 + catalog.constant("backward_gemm_ratio")) + loss
+    return Modelled(gemm=forward * (1.0 + catalog.constant("backward_gemm_ratio")), loss=loss, efficiency=efficiency)
+
+
+def model_seconds(row: dict[str, str]) -> float:
+    """The cost model's seconds for the row's grouped GEMM forward and backward, plus the benchmark's loss."""
+    model = modelled(row)
+    return model.gemm + model.loss
 
 
 def compare(row: dict[str, str]) -> Compared:
@@ -69,20 +87,12 @@ def compare(row: dict[str, str]) -> Compared:
 def implied(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
     """kernel -> device -> the relative efficiency that makes the model's median GEMM time match the rows' (the
     benchmark's loss, which the kernel does not run, held out of the ratio), to three digits."""
-    catalog = load_catalog()
     groups: dict[tuple[str, str], list[float]] = {}
     for row in rows:
-        kernel, runtime = KERNELS[row["kernel"]]
-        cluster = load_cluster(NODE[row["device"]])
-        device = catalog.node_device(cluster.pools[0].node)
-        m, n = int(row["tokens"]), int(row["n"])
-        loss = LOSS_BYTES_PER_ELEMENT * m * n / (device.hbm_bandwidth * catalog.constant("hbm_efficiency"))
-        gemm_model = model_seconds(row) - loss
-        gemm_measured = float(row["measured_us"]) * 1e-6 - loss
-        job = Job(model=TINY, cluster=cluster, global_batch=1, seq_len=1024, precision=row["dtype"],
-                  runtime=load_runtime(runtime))
-        used = grouped_gemm_efficiency(device, job)
-        groups.setdefault((kernel, row["device"]), []).append(used * gemm_model / gemm_measured)
+        model = modelled(row)
+        measured = float(row["measured_us"]) * 1e-6 - model.loss
+        groups.setdefault((KERNELS[row["kernel"]][0], row["device"]), []).append(
+            model.efficiency * model.gemm / measured)
     return {kernel: {device: round(statistics.median(values), 3)}
             for (kernel, device), values in sorted(groups.items())}
 
