@@ -64,6 +64,10 @@ class DeviceSpec(BaseModel):
         description="Achieved matmul efficiency by matmul size, ascending min_flops; the last "
         "step whose min_flops <= the matmul's FLOPs applies.",
     )
+    fp8_gemm_gain: float = Field(
+        1.0, gt=0, description="How much more of its FP8 peak this device's FP8 GEMMs realise than H100's do, "
+        "relative to BF16: the measured FP8/BF16 matmul ratio over H100 SXM's.  A runtime's fp8_gemm_speedup is "
+        "an H100 measurement; gemm_rate multiplies it by this (1: as on H100).")
     price_per_hour: float = Field(ge=0, description="Default on-demand price, USD per GPU-hour.")
     tdp_watts: float | None = Field(
         None, gt=0, description="Board power (W) at which peak_flops are quoted: the default power limit.")

@@ -4,7 +4,8 @@ Three parts, each bounded by a different resource of the device:
 
 * GEMMs: FLOPs / (peak x achieved efficiency for that GEMM size), the
   Calculon-style step curve of the device catalog; FP8 runs speed GEMMs up by
-  the realised FP8/BF16 ratio, capped (`fp8_gemm_speedup_cap`).  A MoE
+  the realised FP8/BF16 ratio, capped (`fp8_gemm_speedup_cap`), as measured on
+  H100 and scaled by the device's `fp8_gemm_gain`.  A MoE
   layer's routed experts run as grouped GEMMs of one expert's tokens each
   (tokens x top_k x etp x ep / (experts x tp) rows), so their efficiency is
   the curve's at one expert's GEMM, and the busiest expert-parallel rank
@@ -70,7 +71,7 @@ def gemm_rate(device: DeviceSpec, job: Job, flops: float, catalog: Catalog) -> f
     if job.precision == "fp8" and "fp8" in device.peak_flops:
         ratio = device.peak("fp8") / device.peak(job.compute_dtype)
         realised = job.runtime.kernels.fp8_gemm_speedup or catalog.constant("fp8_gemm_speedup_cap")
-        base *= min(ratio, realised)
+        base *= min(ratio, realised * device.fp8_gemm_gain)  # the speed-ups were measured on H100
     elif job.precision == "mxfp8":  # Job admits it only where the tensor cores run MX blocks at the fp8 peak
         ratio = device.peak("fp8") / device.peak(job.compute_dtype)
         base *= min(ratio, catalog.constant("mxfp8_gemm_speedup"))

@@ -2,11 +2,11 @@
 
 The issue names the families the model gets wrong systematically (attention by sequence length, expert
 parallelism across or within nodes, FSDP-style runtimes on H100, small models on A100, Megatron FP8 recipes,
-memory) and is done when no family is off by more than 15% median |error| on the project's data.  Every
-holdout has been scored and read (docs/benchmarks.md "Frozen holdout", "Second holdout", "Third holdout", "Fourth
-holdout", "Fifth holdout"), so every file is in-sample now; this table is the in-sample view per family, not
-out-of-sample evidence.  Rows are read and scored exactly as `published_runs.py` does (`run`): this script only
-groups them.
+power-limited B200, memory) and is done when no family is off by more than 15% median |error| on the project's
+data.  Every holdout has been scored and read (docs/benchmarks.md "Frozen holdout", "Second holdout", "Third
+holdout", "Fourth holdout", "Fifth holdout"), so every file is in-sample now; this table is the in-sample view
+per family, not out-of-sample evidence.  Rows are read and scored exactly as `published_runs.py` does (`run`):
+this script only groups them.
 
     python tests/bench/families.py                  # the six files, pooled and per file
     python tests/bench/families.py --runs F [F ...] # other runs files
@@ -19,6 +19,8 @@ Family membership (a row may sit in several):
 * FSDP-style on H100 / on A100: weights sharded over data parallel (ZeRO-3 / FSDP, `zero == 3`), per device;
 * small models on A100: under 1e9 parameters (the issue's 125M-355M rows), on A100;
 * Megatron FP8: a Megatron-Core runtime (`megatron*`) at FP8;
+* power-limited GPUs: the node runs its GPUs under a board power or clock limit (the issue's "power-limited
+  B200 over-predicted 75-110%": torchao's B200 rows at Meta's 750 W);
 * memory: the rows that publish a peak memory, error of the predicted peak HBM; and, listed below the table,
   the runs predicted not to fit (every row ran, so each is a memory error).
 """
@@ -49,6 +51,12 @@ def _ep_span_nodes(r: Result) -> bool:
     return s.ep * s.expert_tp > r.case.job.cluster.pools[0].node.gpus_per_node
 
 
+def _power_limited(r: Result) -> bool:
+    """Whether the row's GPUs ran under a board power or clock limit (issue #28's power-limited B200 rows)."""
+    node = r.case.job.cluster.pools[0].node
+    return node.gpu_power_limit is not None or node.gpu_clock_limit is not None
+
+
 def _member(predicate: Callable[[Result], bool]) -> Callable[[Result], float | None]:
     return lambda r: r.error if predicate(r) else None
 
@@ -66,6 +74,7 @@ def families() -> list[tuple[str, Callable[[Result], float | None]]]:
         ("FSDP-style on A100", _member(lambda r: r.case.strategy.zero == 3 and device(r) == "A100")),
         ("small models on A100", _member(lambda r: r.case.job.model.params < SMALL_PARAMS and device(r) == "A100")),
         ("Megatron FP8", _member(lambda r: r.case.runtime.startswith("megatron") and r.case.job.precision == "fp8")),
+        ("power-limited GPUs", _member(_power_limited)),
         ("memory (peak HBM)", lambda r: r.memory_error),
         ("all rows (throughput)", lambda r: r.error),
     ]

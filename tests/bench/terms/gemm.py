@@ -3,8 +3,9 @@
     python tests/bench/terms/gemm.py [--quick]
 
 Measurements (tests/data/terms/gemm.csv): the Maximum Achievable Matmul FLOPS table of stas00/ml-engineering
-(torch.matmul, i.e. cuBLAS / hipBLASLt, BF16 and FP8, the best shape of a brute-force search per device) and
-DeepGEMM's FP8 table on H800 (the H100 SXM's GPU) by shape, M from 64 to 4096 rows.  One M x K by K x N matmul
+(torch.matmul, i.e. cuBLAS / hipBLASLt, BF16 and FP8, the best shape of a brute-force search per device),
+DeepGEMM's FP8 table on H800 (the H100 SXM's GPU) by shape, M from 64 to 4096 rows, and BF16 torch.mm at
+training shapes: vLLM's GEMM benchmark on B200 and H100, torchao's square sweep on B200.  One M x K by K x N matmul
 is 2*M*N*K FLOPs; the measured seconds are those over the published TFLOP/s.
 
 Model: `planner.cost.compute.gemm_rate` (the device's `matmul_efficiency` step at the GEMM's FLOPs, x the dense
