@@ -222,9 +222,10 @@ def compose_stage(job: Job, strategy: Strategy, site: StageSite, groups: StageCo
             )
     # the recomputed forward's own gathers and the host's per-rank copies hide behind nothing
     dp_micro += dp.regather + dp.host
-    # the step-end sync hides behind the last micro-batch where the runtime overlaps it; a once-per-step
-    # gather hides behind the first forward
-    hidden = overlap * sums.compute if job.runtime.overlap.grad_reduce and strategy.dp_overlap != "off" else 0.0
+    # the step-end sync hides behind the last micro-batch's backward where the runtime overlaps it (gradients
+    # exist only from the backward on: the buckets reduce from its hooks); a once-per-step gather hides behind the
+    # first forward
+    hidden = overlap * backward if job.runtime.overlap.grad_reduce and strategy.dp_overlap != "off" else 0.0
     # replicated experts' gradients are summed among their replicas at the step's end, beside the dp sync
     replicas = replica_sync_seconds(sums.replica_params, job, groups, catalog)
     step_end = dp.step_end + replicas
