@@ -14,7 +14,8 @@ import planner
 from conftest import make_job
 from hardware import load_catalog
 from planner.cost import evaluate
-from planner.cost.interval import Regime, Residual, Residuals, interval, load_residuals, nearest, quantiles
+from planner.cost.interval import (Interval, Regime, Residual, Residuals, interval, load_residuals, nearest,
+                                   quantiles)
 from planner.profile import load_runtime
 from planner.strategy import parse_strategy
 
@@ -66,7 +67,8 @@ def test_an_estimates_interval_comes_from_its_regimes_runs():
     expected = same if len(same) >= residuals.neighbours else three
     assert len(same) > 0 and len(expected) >= residuals.neighbours
     shared = [k for k, v in regime.items() if all(getattr(r, k) == v for r in expected)]
-    assert i.runs == len(expected) and i.matched == shared and len(shared) >= 2
+    assert i.runs == len(expected) and i.matched == shared
+    assert i.shared == (4 if expected is same else 3)
     assert len(shared) == 4 or expected is three
     tail = (1 - residuals.coverage) / 2
     ordered = sorted(r.log_ratio for r in expected)
@@ -76,16 +78,19 @@ def test_an_estimates_interval_comes_from_its_regimes_runs():
     assert i.low_s < estimate.step_time_s * 1.5 and i.high_s > i.low_s
 
 
-def test_the_residuals_file_matches_the_published_runs():
-    # each residual names a tier-A row with a published throughput, with that row's regime as the bench builds it
+def test_the_residuals_file_matches_the_scored_runs():
+    # one residual per run with a published throughput in the scored files (families.py RUNS), none from an
+    # unscored holdout, each with that row's source and regime as the bench builds it
     sys.path.insert(0, str(BENCH))
     import published_runs as bench
-    rows = {r["id"]: r for r in csv.DictReader(ROWS.open())}
+    from families import RUNS
+    rows = {r["id"]: r for path in RUNS for r in csv.DictReader(path.open())}
+    published = {i for i, r in rows.items() if r["tokens_per_s_per_gpu"].strip()}
     residuals = load_residuals()
-    assert len({r.id for r in residuals.rows}) == len(residuals.rows) >= 50
-    for r in residuals.rows[::5]:  # every fifth: building a case prices its recompute options
+    assert {str(r.id) for r in residuals.rows} == published
+    assert len({r.id for r in residuals.rows}) == len(residuals.rows) >= 200
+    for r in residuals.rows[::9]:  # building a case prices its recompute options: a sample
         row = rows[str(r.id)]
-        assert row["tier"] == "A" and row["tokens_per_s_per_gpu"].strip()
         assert r.source == bench.source_key(row)
         case = bench.build_case(row)
         assert r.runtime == case.runtime and r.seq == {True: "<=4K", False: r.seq}[case.job.seq_len <= 4096]
@@ -104,8 +109,11 @@ def test_comparison_error_is_the_quantile_of_same_source_gaps():
     i = interval(2.0, Regime(runtime="m", device="H100", family="TP", seq="<=4K"), r)
     assert (i.low_s, i.high_s) == (pytest.approx(2.0), pytest.approx(2.0 * math.exp(0.1)))
     assert i.indistinguishable(2.9, 2.0) and not i.indistinguishable(3.1, 2.0)
+    # the file's value is that of the runs the constants are fitted on (the tier-A published runs)
+    tier_a = {int(r["id"]) for r in csv.DictReader(ROWS.open()) if r["tier"] == "A"}
+    fitted = [x for x in load_residuals().rows if x.id in tier_a]
     assert np.isclose(load_residuals().comparison_error,
-                      comparison_error(load_residuals().rows, load_residuals().coverage), atol=1e-4)
+                      comparison_error(fitted, load_residuals().coverage), atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +148,12 @@ def test_prefer_validated_sets_aside_an_optimum_that_spends_the_last_gigabytes(m
     assert validated.runners_up[0].strategy_spec == fastest.strategy_spec
     report = megatron_70b["validated"].files()["report.md"]
     assert "## Preference" in report and fastest.strategy_spec in report and "HBM free" in report
+
+
+def test_an_interval_says_how_alike_its_runs_are():
+    regime = Regime(runtime="m", device="H100", family="TP", seq="<=4K")
+    base = dict(coverage=0.8, low_s=1.0, high_s=1.5, runs=24, regime=regime, comparison_error=0.1)
+    assert Interval(**base, matched=["runtime", "device"], shared=2).text().endswith("alike in runtime, device")
+    # every run shares three keys, not the same three
+    assert Interval(**base, matched=[], shared=3).text().endswith("alike in 3 of runtime, device, family, seq")
+    assert Interval(**base, matched=[], shared=0).text().endswith("24 published runs of every regime")

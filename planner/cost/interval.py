@@ -1,9 +1,11 @@
 """How sure an estimate is: a prediction interval from the residuals of published runs like it.
 
-`hardware/data/residuals.yaml` holds, per tier-A published run with a measured throughput, the
-leave-one-source-out error of the cost model (log of predicted over published tokens/s, with the
-calibrated constants refitted without the run's source) and the run's regime: runtime, device family,
-parallel family and sequence range.  It is written by `python tests/bench/intervals.py`; nobody edits it.
+`hardware/data/residuals.yaml` holds, per published run with a measured throughput in the project's scored
+files (tests/data/published_runs.csv and the holdouts scored so far), the error of the cost model with
+constants not fitted to that run (log of predicted over published tokens/s: leave one source out for the
+tier-A runs the calibrated constants are fitted on, the constants as they are for every other run) and the
+run's regime: runtime, device family, parallel family and sequence range.  It is written by
+`python tests/bench/intervals.py`; nobody edits it.
 
 An estimate's interval comes from its nearest regime: the published runs that share the most of the
 four regime keys with it, widened to the next-best match until at least `neighbours` runs are in (ties at
@@ -48,12 +50,13 @@ class Regime(BaseModel):
 
 
 class Residual(Regime):
-    """One published run's regime and its leave-one-source-out error."""
+    """One published run's regime and its error with constants not fitted to it."""
 
-    id: int = Field(description="Row id in tests/data/published_runs.csv.")
+    id: int = Field(description="Row id in the project's runs files (tests/data/published_runs.csv, holdout*_runs.csv; "
+                    "ids are unique across them).")
     source: str = Field(description="The publication or repository the row comes from (its LOSO group).")
     log_ratio: float = Field(description="log(predicted / published tokens/s per GPU), constants fitted without "
-                             "the row's source.")
+                             "the row's source (tier-A rows) or not fitted to it at all (every other row).")
 
 
 class Residuals(BaseModel):
@@ -65,10 +68,10 @@ class Residuals(BaseModel):
     loso_coverage: float = Field(description="Share of the runs whose error falls inside the interval computed "
                                  "from the other sources' runs (the calibration the bench measured).")
     comparison_error: float = Field(
-        description="How far apart the model's errors on two runs of one source (same runtime and device) lie: "
-        "the `coverage` quantile of |difference of their log ratios|, as a fraction.  Two plans of one job "
+        description="How far apart the model's errors on two tier-A runs of one source (same runtime and device) "
+        "lie: the `coverage` quantile of |difference of their log ratios|, as a fraction.  Two plans of one job "
         "whose step times differ by less cannot be ranked by the model (comparison_error).")
-    rows: list[Residual] = Field(description="One per tier-A run with a published throughput.")
+    rows: list[Residual] = Field(description="One per scored run with a published throughput.")
 
 
 class Interval(BaseModel):
@@ -79,15 +82,23 @@ class Interval(BaseModel):
     low_s: float = Field(description="Low end of the step time, seconds.")
     high_s: float = Field(description="High end of the step time, seconds.")
     runs: int = Field(description="Published runs the interval comes from.")
-    matched: list[str] = Field(description="The regime keys those runs share with the estimate (REGIME_KEYS; "
-                               "empty: the runs of every regime).")
+    matched: list[str] = Field(description="The regime keys every one of those runs shares with the estimate "
+                               "(REGIME_KEYS; empty: no single key is common to all of them).")
+    shared: int = Field(0, ge=0, le=len(REGIME_KEYS), description="The fewest regime keys any of those runs shares "
+                        "with the estimate (0: the runs of every regime).")
     regime: Regime = Field(description="The estimate's regime.")
     comparison_error: float = Field(description="Two plans whose step times differ by less than this fraction are "
                                     "indistinguishable within the model's error (Residuals.comparison_error).")
 
     def text(self) -> str:
-        """'80%: 1.02-1.31 s, 14 runs alike in runtime, device'."""
-        alike = f"alike in {', '.join(self.matched)}" if self.matched else "of every regime"
+        """'80%: 1.02-1.31 s, 14 runs alike in runtime, device' (or 'alike in 3 of runtime, device, family, seq'
+        where the runs share as many keys but not the same ones)."""
+        if len(self.matched) >= self.shared and self.matched:
+            alike = f"alike in {', '.join(self.matched)}"
+        elif self.shared:
+            alike = f"alike in {self.shared} of {', '.join(REGIME_KEYS)}"
+        else:
+            alike = "of every regime"
         return f"{self.coverage:.0%}: {self.low_s:.4g}-{self.high_s:.4g} s, {self.runs} published runs {alike}"
 
     def indistinguishable(self, step_s: float, best_s: float) -> bool:
@@ -144,7 +155,7 @@ def _shared(a: Regime, b: Regime) -> tuple[str, ...]:
 
 def nearest(of: Regime, rows: list[Residual], neighbours: int) -> tuple[list[Residual], list[str]]:
     """The runs sharing the most regime keys with `of`, best matches first, until `neighbours` are in (every
-    run tied with the last one taken too), and the keys the weakest of them still share."""
+    run tied with the last one taken too), and the keys all of them share."""
     scored = sorted(rows, key=lambda r: -len(_shared(of, r)))
     if len(scored) <= neighbours:
         cut = len(scored)
@@ -166,15 +177,15 @@ def quantiles(log_ratios: list[float], coverage: float) -> tuple[float, float]:
     return math.exp(float(low)), math.exp(float(high))
 
 
-def _factors_of(of: Regime, residuals: Residuals) -> tuple[float, float, int, tuple[str, ...]]:
-    """(low, high, runs, matched keys) of regime `of` from `residuals`."""
+def _factors_of(of: Regime, residuals: Residuals) -> tuple[float, float, int, tuple[str, ...], int]:
+    """(low, high, runs, matched keys, fewest keys shared) of regime `of` from `residuals`."""
     taken, common = nearest(of, residuals.rows, residuals.neighbours)
     low, high = quantiles([x.log_ratio for x in taken], residuals.coverage)
-    return low, high, len(taken), tuple(common)
+    return low, high, len(taken), tuple(common), min(len(_shared(of, x)) for x in taken)
 
 
 @lru_cache(maxsize=256)
-def _factors(of: Regime) -> tuple[float, float, int, tuple[str, ...]]:
+def _factors(of: Regime) -> tuple[float, float, int, tuple[str, ...], int]:
     """_factors_of the residuals file, cached (the search asks per strategy)."""
     return _factors_of(of, load_residuals())
 
@@ -182,6 +193,6 @@ def _factors(of: Regime) -> tuple[float, float, int, tuple[str, ...]]:
 def interval(step_s: float, of: Regime, residuals: Residuals | None = None) -> Interval:
     """The prediction interval of a step time `step_s` estimated in regime `of`."""
     r = residuals or load_residuals()
-    low, high, runs, common = _factors(of) if residuals is None else _factors_of(of, residuals)
+    low, high, runs, common, shared = _factors(of) if residuals is None else _factors_of(of, residuals)
     return Interval(coverage=r.coverage, low_s=step_s * low, high_s=step_s * high, runs=runs, matched=list(common),
-                    regime=of, comparison_error=r.comparison_error)
+                    shared=shared, regime=of, comparison_error=r.comparison_error)
