@@ -142,3 +142,17 @@ def test_attention_kernels_table_is_what_the_benchmarks_imply(common):
     from hardware import load_catalog
     from planner.cost.compute import causal_time_ratio
     assert 0.5 < causal_time_ratio(131072, load_catalog()) < 0.56 < causal_time_ratio(512, load_catalog()) < 0.9
+
+
+def test_asynctp_share_is_what_torchtitans_benchmark_implies(common):
+    # torchtitan.yaml's overlap.tp_hidden is the bench's --implied median over the vanilla/async pairs; the solved
+    # share reproduces each pair's measured speed-up (the async step is linear in it)
+    from planner.profile import load_runtime
+    bench = load_script("async_tp")
+    rows = common.load_rows("async_tp")
+    assert load_runtime("torchtitan").overlap.tp_hidden == bench.implied(rows)
+    row = rows[0]
+    pair = bench.pair(row)
+    hidden = bench.implied_hidden(row)
+    modelled = bench.step_seconds(pair.vanilla) / bench.step_seconds(pair.asynchronous, hidden)
+    assert modelled == pytest.approx(bench.measured_speedup(row), rel=1e-6)

@@ -65,6 +65,13 @@ class LayerComm:
     ep: float
 
 
+def tp_overlap_hidden(job: Job, catalog: Catalog) -> float:
+    """Share of the tensor-parallel communication that tp_overlap hides: the runtime's measured value, else the
+    constant."""
+    hidden = job.runtime.overlap.tp_hidden
+    return catalog.constant("tp_overlap_hidden_fraction") if hidden is None else hidden
+
+
 def layer_comm(
     layer: Layer, job: Job, strategy: Strategy, groups: StageComms, time: LayerTime, catalog: Catalog,
     recompute: RecomputeMode,
@@ -89,7 +96,7 @@ def layer_comm(
         else:
             tp_s = count * coll.all_reduce(volume, groups.tp, catalog)
         if s.tp_overlap:
-            tp_s *= 1.0 - catalog.constant("tp_overlap_hidden_fraction")
+            tp_s *= 1.0 - tp_overlap_hidden(job, catalog)
 
     cp_s = 0.0
     if s.cp > 1 and layer.attention is not None:

@@ -143,6 +143,10 @@ class Overlap(BaseModel):
     grad_reduce_bytes: dict[str, float] = Field(
         description="Bytes per gradient element on the wire, per job precision (bf16, fp16, fp8; mxfp8 runs reduce "
         "as fp8).")
+    tp_hidden: float | None = Field(
+        None, ge=0, le=1, description="Fraction of the tensor-parallel communication hidden behind the GEMMs when "
+        "tp_overlap is on (torchtitan's AsyncTP, Megatron --tp-comm-overlap), as the framework's own A/B "
+        "measurements imply it (tests/bench/terms/async_tp.py); null: constants.yaml tp_overlap_hidden_fraction.")
     source: str = Field(description="Where the framework does it.")
 
 
