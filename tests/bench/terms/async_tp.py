@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, load_rows, run_table  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import published_runs as bench  # noqa: E402
@@ -97,15 +97,11 @@ def main(argv: list[str] | None = None) -> list[Compared]:
             print(f"{row['model']} {row['precision']}: hidden {implied_hidden(row):.3f}")
         print("median", implied(rows))
         return []
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("async_tp")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("AsyncTP: measured vs modelled speed-up over vanilla TP (planner.cost.comm tp_overlap)", compared)
-    print("by model (model/measured in time):")
-    group_summaries(compared, key=lambda r: " ".join(r.config.split()[:3]))
-    return compared
+    return run_table(
+        "async_tp", __doc__, argv, compare,
+        "AsyncTP: measured vs modelled speed-up over vanilla TP (planner.cost.comm tp_overlap)",
+        by="model",
+        key=lambda r: " ".join(r.config.split()[:3]))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, load_rows, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -119,16 +119,11 @@ def main(argv: list[str] | None = None) -> list[Compared]:
         for kernel, devices in implied(load_rows("attention")).items():
             print(kernel, devices)
         return []
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("attention")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("Attention core: measured vs planner.cost.compute.layer_time (attention_forward/_backward)",
-                compared)
-    print("by kernel, device, pass and mask (model/measured in time):")
-    group_summaries(compared, key=lambda r: " ".join(r.config.split()[:4]))
-    return compared
+    return run_table(
+        "attention", __doc__, argv, compare,
+        "Attention core: measured vs planner.cost.compute.layer_time (attention_forward/_backward)",
+        by="kernel, device, pass and mask",
+        key=lambda r: " ".join(r.config.split()[:4]))
 
 
 if __name__ == "__main__":

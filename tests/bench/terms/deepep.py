@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -117,16 +117,12 @@ def compare(row: dict[str, str]) -> Compared:
 
 
 def main(argv: list[str] | None = None) -> list[Compared]:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("deepep")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("Expert dispatch/combine: measured vs the cost model's DeepEP dispatcher "
-                "(planner.cost.comm.dispatch_seconds; alltoall: the NCCL all-to-all, for comparison)", compared)
-    print("by library, platform, operation and link (model/measured in time):")
-    group_summaries(compared, key=lambda r: " ".join(r.config.split()[:3]) + " " + r.config.split()[-1])
-    return compared
+    return run_table(
+        "deepep", __doc__, argv, compare,
+        "Expert dispatch/combine: measured vs the cost model's DeepEP dispatcher "
+        "(planner.cost.comm.dispatch_seconds; alltoall: the NCCL all-to-all, for comparison)",
+        by="library, platform, operation and link",
+        key=lambda r: " ".join(r.config.split()[:3]) + " " + r.config.split()[-1])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -58,17 +58,18 @@ def compare(row: dict[str, str]) -> Compared:
                     ratio=measured / modelled, source=row["source_id"])
 
 
+def _gemm_group(row: Compared) -> str:
+    """DeepGEMM rows by dtype and M, the others by source and dtype."""
+    dtype, shape = row.config.split()[1], row.config.split()[2]
+    return f"{row.source} {dtype} M={shape.split('x')[0]}" if row.source == "deepgemm" else f"{row.source} {dtype}"
+
+
 def main(argv: list[str] | None = None) -> list[Compared]:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("gemm")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("GEMM: measured vs planner.cost.compute.gemm_rate (devices.yaml matmul_efficiency)", compared)
-    print("by source, dtype and M (model/measured in time):")
-    group_summaries(compared, key=lambda r: f"{r.source} {r.config.split()[1]} M={r.config.split()[2].split('x')[0]}"
-                    if r.source == "deepgemm" else f"{r.source} {r.config.split()[1]}")
-    return compared
+    return run_table(
+        "gemm", __doc__, argv, compare,
+        "GEMM: measured vs planner.cost.compute.gemm_rate (devices.yaml matmul_efficiency)",
+        by="source, dtype and M",
+        key=_gemm_group)
 
 
 if __name__ == "__main__":

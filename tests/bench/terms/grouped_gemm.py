@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, load_rows, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -102,15 +102,11 @@ def main(argv: list[str] | None = None) -> list[Compared]:
         for kernel, devices in implied(load_rows("grouped_gemm")).items():
             print(kernel, devices)
         return []
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("grouped_gemm")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("Grouped GEMMs: measured vs planner.cost.compute.gemm_rate x grouped_gemm_efficiency", compared)
-    print("by kernel, device and expert shape (model/measured in time):")
-    group_summaries(compared, key=lambda r: " ".join(r.config.split()[:4]) + " " + r.config.split()[6])
-    return compared
+    return run_table(
+        "grouped_gemm", __doc__, argv, compare,
+        "Grouped GEMMs: measured vs planner.cost.compute.gemm_rate x grouped_gemm_efficiency",
+        by="kernel, device and expert shape",
+        key=lambda r: " ".join(r.config.split()[:4]) + " " + r.config.split()[6])
 
 
 if __name__ == "__main__":

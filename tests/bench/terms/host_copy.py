@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, group_summaries, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -45,15 +45,11 @@ def compare(row: dict[str, str]) -> Compared:
 
 
 def main(argv: list[str] | None = None) -> list[Compared]:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("host_copy")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("Host<->device copy: measured vs planner.cost.stage.host_rate", compared)
-    print("by preset (model/measured in time):")
-    group_summaries(compared, key=lambda r: r.config.split()[0])
-    return compared
+    return run_table(
+        "host_copy", __doc__, argv, compare,
+        "Host<->device copy: measured vs planner.cost.stage.host_rate",
+        by="preset",
+        key=lambda r: r.config.split()[0])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, QUICK_ROWS, load_rows, parse_args, print_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -51,13 +51,9 @@ def compare(row: dict[str, str]) -> Compared:
 
 
 def main(argv: list[str] | None = None) -> list[Compared]:
-    args = parse_args(__doc__.splitlines()[0], argv)
-    rows = load_rows("kernel_launch")
-    if args.quick:
-        rows = rows[:QUICK_ROWS]
-    compared = [compare(row) for row in rows]
-    print_table("Kernel launch overhead: measured vs planner.cost.launches.kernel_seconds", compared)
-    return compared
+    return run_table(
+        "kernel_launch", __doc__, argv, compare,
+        "Kernel launch overhead: measured vs planner.cost.launches.kernel_seconds")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import csv
 import statistics
 import sys
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -90,3 +91,19 @@ def group_summaries(rows: list[Compared], key, out: TextIO | None = None) -> Non
         ratios = [r.ratio for r in members]
         print(f"  {name}: {len(members)} rows, model/measured median {statistics.median(ratios):.2f} "
               f"(range {min(ratios):.2f}-{max(ratios):.2f})", file=out)
+
+
+def run_table(term: str, doc: str, argv: list[str] | None, compare: Callable[[dict[str, str]], Compared],
+              title: str, by: str | None = None, key: Callable[[Compared], str] | None = None) -> list[Compared]:
+    """What a term script's main does: read the term's rows (the first QUICK_ROWS with --quick; `doc`'s first line
+    describes the options), compare each, print the table and, with `by` and `key`, one summary per group."""
+    args = parse_args(doc.splitlines()[0], argv)
+    rows = load_rows(term)
+    if args.quick:
+        rows = rows[:QUICK_ROWS]
+    compared = [compare(row) for row in rows]
+    print_table(title, compared)
+    if by is not None and key is not None:
+        print(f"by {by} (model/measured in time):")
+        group_summaries(compared, key=key)
+    return compared
