@@ -182,6 +182,12 @@ class Layer(BaseModel):
         0.0, ge=0, description="Saved bytes per token that tensor parallelism replicates (SP splits them)."
     )
     act_tp_split: float = Field(0.0, ge=0, description="Saved bytes per token that tensor parallelism splits.")
+    act_fp8_replicated: float = Field(
+        0.0, description="Change of act_replicated, bytes per token, under a runtime that keeps GEMM inputs in FP8 "
+        "in FP8 runs (Kernels.fp8_saved_inputs): the norms' outputs the QKV and fc1 GEMMs keep, 2 bytes -> 1.")
+    act_fp8_split: float = Field(
+        0.0, description="Change of act_tp_split, bytes per token, under such a runtime: the fc2 input, 2 bytes -> 1, "
+        "and the attention projection's FP8 copy of its input beside the core's 16-bit output, +1.")
     act_attn_scores: float = Field(
         0.0, ge=0,
         description="Saved bytes per token per token of context for softmax/dropout of attention "
@@ -237,13 +243,15 @@ class Layer(BaseModel):
         sequence_parallel: bool = False,
         recompute: RecomputeMode = "none",
         flash_attention: bool = True,
+        fp8_inputs: bool = False,
     ) -> float:
         """Bytes this layer keeps for backward for one micro-batch on one TP rank.
 
         Korthikanti et al. 2022, eq. 1-6: replicated parts are split only by
         sequence parallelism; selective recompute and flash attention drop the
         s^2 score term; full recompute keeps only the layer input (2 bytes per
-        element, split by SP).
+        element, split by SP).  `fp8_inputs`: the GEMM inputs are kept in FP8
+        (act_fp8_replicated, act_fp8_split).
         """
         tokens = micro_batch * seq_len
         if recompute == "full":
@@ -253,8 +261,9 @@ class Layer(BaseModel):
                 return 0.0
             input_bytes = 2.0 * self.hidden
             return tokens * input_bytes / (tp if sequence_parallel else 1)
-        replicated = self.act_replicated / (tp if sequence_parallel else 1)
-        split = self.act_tp_split / tp
+        replicated = (self.act_replicated + (self.act_fp8_replicated if fp8_inputs else 0.0)) / (
+            tp if sequence_parallel else 1)
+        split = (self.act_tp_split + (self.act_fp8_split if fp8_inputs else 0.0)) / tp
         scores = 0.0
         if not flash_attention and recompute == "none":
             scores = self.act_attn_scores * seq_len / tp

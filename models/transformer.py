@@ -222,6 +222,8 @@ def _attention(cfg: TransformerConfig, i: int) -> Layer:
         act_replicated=float(4 * h + _dropout_bytes(cfg)),
         # Q, K, V (2 bytes each) and the attention output that feeds the projection
         act_tp_split=float(2 * qw + 4 * kvw + 2 * qw),
+        # FP8 under Transformer Engine: the QKV input kept as FP8, the projection's FP8 copy of its input
+        act_fp8_replicated=float(-h), act_fp8_split=float(qw),
         # softmax output 2as (+ dropout mask as + dropout output 2as): Korthikanti 5as
         act_attn_scores=float((5 if cfg.dropout else 2) * a),
         tp_splittable=True, attention=AttentionShape(heads=a, kv_heads=kv, head_dim=d, causal=cfg.causal),
@@ -282,6 +284,8 @@ def _mlp(cfg: TransformerConfig, i: int) -> Layer:
         tp_replicated_params=_norm_params(cfg) + (h if cfg.bias else 0),  # norm, down-projection bias
         act_replicated=float(4 * h + _dropout_bytes(cfg)),  # norm input 2h + fc1 input 2h (+ mask)
         act_tp_split=float(_ffn_act_split(cfg, cfg.ffn)), tp_splittable=True,
+        # FP8 under Transformer Engine: the fc1 input and the fc2 input (the activation's output) kept as FP8
+        act_fp8_replicated=float(-h), act_fp8_split=float(-cfg.ffn),
     )
 
 

@@ -73,7 +73,7 @@ Progress = Callable[[str], None]
 def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq_len: int,
              precision: Precision = "bf16", flash_attention: bool = True, moe_routing: MoeRouting = "learned",
              routing: str | Path | RoutingStats | None = None, memory_margin: float | None = None,
-             runtime: str | None = None) -> Job:
+             runtime: str | None = None, fp8_params: bool = False) -> Job:
     """A job from a model (zoo name, spec file, HF config.json, or a graph) and a cluster (PRESET:NODES, a
     cluster file, or a Cluster).  memory_margin None: constants.yaml's default (what `compile` leaves free);
     runtime None: DEFAULT_RUNTIME, or megatron for a mixture-of-experts model; routing: a routing statistics
@@ -86,7 +86,8 @@ def load_job(model: str | ModelGraph, cluster: str | Cluster, *, batch: int, seq
     topology = load_cluster(cluster) if isinstance(cluster, str) else cluster
     margin = load_catalog().constant("memory_margin_default") if memory_margin is None else memory_margin
     made = Job(model=graph, cluster=topology, global_batch=batch, seq_len=seq_len, precision=precision,
-               flash_attention=flash_attention, moe_routing=moe_routing, routing=stats, memory_margin=margin)
+               fp8_params=fp8_params, flash_attention=flash_attention, moe_routing=moe_routing, routing=stats,
+               memory_margin=margin)
     if graph.family == "recsys":
         return made  # recommendation models have the embedding cost model, no runtime profile
     return made.on(load_runtime(runtime or default_runtime(made)[0]))

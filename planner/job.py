@@ -42,6 +42,10 @@ class Job(BaseModel):
         "block-scaled FP8 GEMMs (OCP MX, 32-element blocks with E8M0 scales) on devices whose tensor cores run them "
         "(DeviceSpec.scaled_formats: Blackwell)."
     )
+    fp8_params: bool = Field(
+        False, description="FP8 primary weights (Megatron --fp8-param-gather, Transformer Engine fp8_model_init, "
+        "NeMo's fp8_param_gather / MLPerf's FP8_PARAMS): the parameters are FP8 tensors, so the runtime keeps no "
+        "separate FP8 weight copies (Kernels.fp8_weight_copy_bytes).  Only with --precision fp8 or mxfp8.")
     optimizer: Literal["adam"] = Field("adam", description="Optimizer (Adam, mixed-precision states).")
     flash_attention: bool = Field(
         True, description="Fused flash attention (no s^2 score tensors); False for 2021-22 era kernels."
@@ -111,6 +115,15 @@ class Job(BaseModel):
         if span is not None and seq_len is not None and span > seq_len * (1 + 1e-9):
             raise ValueError(f"attention_span {span:g} exceeds seq_len {seq_len}: a document is at most a row long")
         return span
+
+    @field_validator("fp8_params")
+    @classmethod
+    def _fp8_params_need_fp8(cls, fp8_params: bool, info: ValidationInfo) -> bool:
+        precision = info.data.get("precision")
+        if fp8_params and precision not in ("fp8", "mxfp8"):
+            raise ValueError(f"--fp8-params keeps the weights in FP8 and needs --precision fp8 or mxfp8, "
+                             f"not {precision}")
+        return fp8_params
 
     @field_validator("precision")
     @classmethod

@@ -56,6 +56,7 @@ SAME = ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-p
         "recompute-num-layers", "bf16", "fp16", "fp8-recipe", "pipeline-model-parallel-layout")
 # flag -> field under another name (argparse dest differs, or core_transformer_config_from_args renames)
 RENAMED = {"norm-epsilon": "layernorm_epsilon", "num-experts": "num_moe_experts",
+           "fp8-param-gather": "fp8_param",  # arguments.py core_transformer_config_from_args: kw_args['fp8_param']
            "apply-layernorm-1p": "layernorm_zero_centered_gamma", "fp8-format": "fp8",
            "decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
            "decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}

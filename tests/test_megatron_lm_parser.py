@@ -72,6 +72,7 @@ CASES.update({
     "dp-overlap-off": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,dp_overlap=off", {}),
     "dp-overlap-grad": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,zero=1,dp_overlap=grad", {}),
     "fp8": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp8"}),
+    "fp8-params": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp8", "fp8_params": True}),
     "mxfp8-gb200": ("llama3-70b", "gb200-nvl72:18", 576, 4096, "tp=2,pp=4,zero=1", {"precision": "mxfp8"}),
     "fp16": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,zero=1", {"precision": "fp16"}),
     "unfused": ("llama3-8b", "dgx-h100:2", 64, 4096, "tp=2,pp=2,mbs=2,zero=1",

@@ -147,7 +147,7 @@ def _legend(rows: list[CompareRow]) -> str:
 @json_option
 @user_errors
 def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: MoeRouting, routing: str | None,
+             fp8_params: bool, moe_routing: MoeRouting, routing: str | None,
              only: tuple[str, ...], strategies_file: Path | None, time_limit: float, csv_path: Path | None,
              plot_path: Path | None, runtime: str | None, memory_margin: float | None, data_profile: Path | None,
              as_json: bool) -> None:
@@ -181,7 +181,8 @@ def compare_(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
         if path is not None:
             check_file_target(path)  # before minutes of solving, not after
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       flash_attention=flash_attention, fp8_params=fp8_params, moe_routing=moe_routing,
+                       routing=routing,
                        memory_margin=memory_margin,
                        runtime=runtime)
     note_default_runtime(job, runtime)

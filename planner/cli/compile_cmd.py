@@ -139,8 +139,8 @@ def _progress(enabled: bool | None):
 @json_option
 @user_errors
 def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: MoeRouting, routing: str | None, objective: Objective, max_step_time: float | None,
-             time_limit: float,
+             fp8_params: bool, moe_routing: MoeRouting, routing: str | None, objective: Objective,
+             max_step_time: float | None, time_limit: float,
              work_limit: float | None, targets: tuple[str, ...],
              runtime: str | None, memory_margin: float | None, fixed: str, out_dir: Path | None, force: bool,
              embedding_planner: EmbeddingStrategyName,
@@ -173,7 +173,8 @@ def compile_(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
             raise PlannerInputError(inside)
     profile = load_profile_for(data_profile, seq_len)
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       flash_attention=flash_attention, fp8_params=fp8_params, moe_routing=moe_routing,
+                       routing=routing,
                        memory_margin=memory_margin,
                        runtime=runtime)
     if not targets:  # named targets choose the runtime in api.compile, which says so in its notes

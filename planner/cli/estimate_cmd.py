@@ -36,8 +36,8 @@ from planner.job import Job, MoeRouting, Precision
 @json_option
 @user_errors
 def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Precision, flash_attention: bool,
-             moe_routing: MoeRouting, routing: str | None, spec: str, sharding_file: Path | None, runtime: str | None,
-             memory_margin: float, data_profile: Path | None, as_json: bool) -> None:
+             fp8_params: bool, moe_routing: MoeRouting, routing: str | None, spec: str, sharding_file: Path | None,
+             runtime: str | None, memory_margin: float, data_profile: Path | None, as_json: bool) -> None:
     """Score one strategy: step time, throughput, MFU, memory per stage, time breakdown.
 
     Exits 1 (after printing the report) when the strategy does not fit in memory.
@@ -62,7 +62,8 @@ def estimate(model: str, cluster: str, batch: int, seq_len: int, precision: Prec
     Recommendation models take sharding=TYPE[/K],cache=FRACTION (every table alike) or --sharding FILE.
     """
     job = api.load_job(model, cluster, batch=batch, seq_len=seq_len, precision=precision,
-                       flash_attention=flash_attention, moe_routing=moe_routing, routing=routing,
+                       flash_attention=flash_attention, fp8_params=fp8_params, moe_routing=moe_routing,
+                       routing=routing,
                        memory_margin=memory_margin,
                        runtime=runtime)
     if job.model.family == "recsys":

@@ -126,6 +126,9 @@ def job_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "FP8 GEMMs, Blackwell: b200, gb200)."),
         click.option("--flash-attention/--no-flash-attention", default=True, show_default=True,
                      help="Fused flash attention (no s^2 score tensors); off for 2021-22 era kernels."),
+        click.option("--fp8-params", is_flag=True, default=False,
+                     help="With --precision fp8 or mxfp8: the weights are FP8 tensors (Megatron --fp8-param-gather, "
+                     "NeMo's FP8 recipes), so no FP8 weight copies sit beside 16-bit ones."),
         click.option("--moe-routing", type=click.Choice(["learned", "balanced"]), default="learned",
                      show_default=True,
                      help="Mixture-of-experts models: learned routing (the busiest expert rank waits on "

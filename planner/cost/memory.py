@@ -181,8 +181,23 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
                    for t in profile_saves(layer, job, strategy, recompute, activations)) + extra
     return layer.saved_activation_bytes(
         strategy.mbs, job.seq_len, tp=tp, sequence_parallel=sp,
-        recompute=recompute, flash_attention=job.flash,
+        recompute=recompute, flash_attention=job.flash, fp8_inputs=fp8_saved_inputs(job),
     ) / strategy.cp + extra
+
+
+def fp8_saved_inputs(job: Job) -> bool:
+    """Whether the job's GEMM inputs are kept in FP8 for the backward (an FP8 run under a runtime that does so)."""
+    return job.precision in ("fp8", "mxfp8") and job.runtime.kernels.fp8_saved_inputs
+
+
+def fp8_weight_copy_bytes(job: Job, strategy: Strategy) -> float:
+    """Bytes per parameter of the FP8 weight copies kept between micro-batches: an FP8 run of 16-bit parameters
+    under a runtime that caches them (Kernels.fp8_weight_copy_bytes).  FP8 parameters are those copies; Megatron
+    takes them (--fp8-param-gather) only with its distributed optimizer or FSDP (zero >= 1), so a zero-0 plan
+    keeps 16-bit weights and their copies."""
+    if job.precision not in ("fp8", "mxfp8") or (job.fp8_params and strategy.zero >= 1):
+        return 0.0
+    return job.runtime.kernels.fp8_weight_copy_bytes
 
 
 def padded_expert_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -452,6 +467,7 @@ def stage_memory(
     if job.precision == "mxfp8":
         # the block scales of the MXFP8 weight copies; the FP8 data itself is costed as for fp8 runs
         buffers += params * catalog.constant("mxfp8_scale_bytes_per_param")
+    buffers += params * fp8_weight_copy_bytes(job, s)
     late_grads = grads if sharded_grads_after_peak(job, s, shard) else 0.0
     allocated = weights + grads - late_grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated

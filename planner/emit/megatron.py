@@ -100,6 +100,8 @@ def _sharding_args(plan: Plan) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     if s.zero >= 1:
         args["use-distributed-optimizer"] = True
+        if plan.job.fp8_params:  # FP8 primary weights (memory.fp8_weight_copy_bytes counts no copies beside them)
+            args["fp8-param-gather"] = True
         if s.zero >= 2 and s.pp == 1:  # Megatron FSDP, with the flags its user guide requires
             args.update({"use-megatron-fsdp": True, "data-parallel-sharding-strategy": FSDP_SHARDING[s.zero],
                          "no-gradient-accumulation-fusion": True})
@@ -213,6 +215,7 @@ def _kernel_args(job: Job) -> dict[str, Any]:
         args["fp8-format"] = "hybrid"
     if job.precision == "mxfp8":  # Transformer Engine's MXFP8BlockScaling: E4M3 data in both passes
         args.update({"fp8-format": "e4m3", "fp8-recipe": "mxfp8"})
+
     if not job.flash_attention:  # the plan costs the s^2 score tensors of unfused attention
         args["attention-backend"] = "unfused"
     if not job.fused_kernels:  # and eager element-wise kernels

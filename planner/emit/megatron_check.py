@@ -72,6 +72,7 @@ _FLOAT = ("adam-beta1", "adam-beta2", "adam-eps", "attention-dropout", "clip-gra
           "init-method-std", "lr", "min-lr", "moe-aux-loss-coeff", "moe-router-topk-scaling-factor", "norm-epsilon",
           "optimizer-offload-fraction", "rotary-percent", "weight-decay")
 _TRUE = ("add-qkv-bias", "apply-layernorm-1p", "bf16", "delay-wgrad-compute", "disable-bias-linear", "fp16",
+         "fp8-param-gather",
          "group-query-attention", "overlap-moe-expert-parallel-comm",
          "moe-grouped-gemm", "moe-router-enable-expert-bias", "moe-router-pre-softmax", "multi-latent-attention",
          "no-bias-dropout-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion", "no-gradient-accumulation-fusion",
@@ -307,6 +308,12 @@ def _switch_errors(args: dict[str, Any]) -> list[str]:
         errors.append("--use-megatron-fsdp needs --ckpt-format fsdp_dtensor")
     if args.get("ckpt-format") == "fsdp_dtensor" and not args.get("use-megatron-fsdp"):
         errors.append("--ckpt-format fsdp_dtensor needs --use-megatron-fsdp")
+    if args.get("fp8-param-gather") and not (args.get("use-distributed-optimizer") or args.get("use-megatron-fsdp")):
+        # arguments.py validate_args: 'only supported with distributed optimizer, torch fsdp2, megatron fsdp'
+        errors.append("--fp8-param-gather needs --use-distributed-optimizer or --use-megatron-fsdp")
+    if args.get("fp8-param-gather") and args.get("optimizer-cpu-offload") and args.get("fp8-recipe",
+                                                                                        "delayed") != "delayed":
+        errors.append("--fp8-param-gather with --optimizer-cpu-offload needs --fp8-recipe delayed")
     excludes = [("group-query-attention", "multi-latent-attention"), ("swiglu", "squared-relu")]
     errors += [f"--{a} and --{b} are mutually exclusive" for a, b in excludes if args.get(a) and args.get(b)]
     seq, positions = _given(args, "seq-length"), _given(args, "max-position-embeddings")

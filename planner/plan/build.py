@@ -38,6 +38,7 @@ def inputs_digest(job: Job, options: BaseModel | dict) -> str:
             "optimizer": job.optimizer, "flash_attention": job.flash_attention, "fused_kernels": job.fused_kernels,
             **({"memory_margin": job.memory_margin} if job.memory_margin else {}),
             **({"moe_routing": job.moe_routing} if job.moe_routing != "learned" else {}),
+            **({"fp8_params": True} if job.fp8_params else {}),
             **({"routing": job.routing.model_dump(mode="json")} if job.routing is not None else {}),
         },
         "runtime": job.runtime.model_dump(mode="json"),
@@ -232,7 +233,7 @@ def plan_job(job: Job, num_gpus: int) -> PlanJob:
         num_gpus=num_gpus, global_batch=job.global_batch, seq_len=job.seq_len, tokens_per_step=job.tokens_per_step,
         precision=job.precision, flash_attention=job.flash_attention, fused_kernels=job.fused_kernels,
         runtime=job.runtime.name, memory_margin=job.memory_margin, moe_routing=job.moe_routing,
-        routing=job.routing,
+        fp8_params=job.fp8_params, routing=job.routing,
     )
 
 

@@ -66,6 +66,7 @@ class PlanJob(BaseModel):
                                  "are the HBM less it).")
     moe_routing: Literal["learned", "balanced"] = Field(
         "learned", description="Mixture-of-experts routing the plan was costed with (Job.moe_routing).")
+    fp8_params: bool = Field(False, description="FP8 primary weights (Job.fp8_params); absent when false.")
     runtime: str = Field("reference", description="Runtime profile the plan was searched and costed under "
                          "(hardware/data/runtimes/<runtime>.yaml).")
     routing: RoutingStats | None = Field(None, description="The routing statistics (`--routing FILE`) the plan was "
@@ -76,6 +77,8 @@ class PlanJob(BaseModel):
         data = handler(self)
         if data.get("routing") is None:
             data.pop("routing", None)  # plans without routing statistics read as before
+        if not data.get("fp8_params"):
+            data.pop("fp8_params", None)  # nor plans of 16-bit weights
         return data
 
 

@@ -174,6 +174,14 @@ class Kernels(BaseModel):
     fp8_gemm_speedup: float | None = Field(
         None, ge=1.0, description="Realised FP8 over BF16 GEMM speedup of the framework's FP8 recipe (casts and "
         "scaling included); null: constants.yaml's fp8_gemm_speedup_cap.")
+    fp8_weight_copy_bytes: float = Field(
+        0.0, ge=0, description="Bytes per parameter of the FP8 weight copies the framework keeps between micro-batches "
+        "in FP8 runs whose parameters are 16-bit (Transformer Engine's is_first_microbatch workspace: data and "
+        "transpose on Hopper, 2); none with FP8 parameters (Job.fp8_params), which are those copies.")
+    fp8_saved_inputs: bool = Field(
+        False, description="In FP8 runs the framework keeps its GEMMs' inputs for the weight gradients as FP8 "
+        "(1 byte; Transformer Engine's Linear and LayerNormLinear), and the attention projection an FP8 copy beside "
+        "the core's 16-bit output (delayed scaling): Layer.act_fp8_replicated / act_fp8_split.")
     cuda_graphs: bool = Field(
         False, description="The step's kernels are replayed from captured CUDA graphs (Megatron's "
         "--cuda-graph-impl, torch.compile mode='reduce-overhead'), so each costs constants.yaml's "

@@ -120,7 +120,7 @@ def own_job(recipe: PublishedRecipe) -> Job:
     """The job the recipe was written for: its model, hardware, batch, sequence, precision and runtime."""
     job = Job(model=load_model(recipe.model), cluster=load_cluster(recipe.hardware.cluster),
               global_batch=recipe.global_batch, seq_len=recipe.seq_len, precision=recipe.precision,
-              moe_routing="balanced" if recipe.balanced_routing else "learned",
+              fp8_params=recipe.fp8_params, moe_routing="balanced" if recipe.balanced_routing else "learned",
               memory_margin=load_catalog().constant("memory_margin_default"))
     return job.on(load_runtime(recipe.runtime))
 

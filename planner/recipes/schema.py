@@ -101,6 +101,8 @@ class PublishedRecipe(BaseModel):
     seq_len: int = Field(gt=0, description="Sequence length in tokens.")
     precision: Literal["bf16", "fp8"] = Field(description="Compute precision (fp8: Transformer Engine current "
                                               "scaling or torchao float8 linears).")
+    fp8_params: bool = Field(False, description="FP8 recipes: the weights are FP8 tensors (Megatron-Bridge's and NeMo "
+                             "2's FP8 precision configs set fp8_param_gather; Job.fp8_params).")
     layout: RecipeLayout = Field(description="Parallel layout, recompute and overlap flags as published.")
     balanced_routing: bool = Field(False, description="The recipe forces even expert loads "
                                    "(Megatron moe_router_force_load_balancing): its own job routes evenly.")

@@ -587,6 +587,28 @@ def model_kernels(row: dict) -> tuple[bool, bool]:
     return not _NO_FLASH.search(notes), not _EAGER_MODEL.search(notes)
 
 
+# FP8 parameters (Job.fp8_params) of an FP8 row: where its configuration says so (MLPerf NeMo packages' FP8_PARAMS=True
+# or FP8_PARAM_GATHER=True in config_common*.sh, NeMo yamls' fp8_params true, Megatron-LM's --fp8-param-gather), and
+# for the NeMo 2.x recipe API and Megatron-Bridge, whose FP8 precision recipes set them: NeMo
+# nemo/collections/llm/recipes/precision/mixed_precision.py bf16_with_fp8_mixed `cfg.fp8_params = True` since
+# 3e251a04 (2024-09-19, 'FP8 plugin recipes'), fp8_param_gather = True from 9d4e41e5 (2025-04-10), the current-scaling
+# and MXFP8 recipes from 082e7e39 (2025-04-18); Megatron-Bridge src/megatron/bridge/training/mixed_precision.py (its
+# delayed, current-scaling and MXFP8 recipes: fp8_param_gather = True).  A NeMo 2.x container running NeMo 1.x's
+# megatron_gpt_pretraining.py on a yaml (Google's gpu-recipes) keeps the yaml's setting (default false).
+_FP8_PARAMS = re.compile(r"fp8_params(?:=| )true|fp8_param_gather=true|fp8-param-gather")
+_NEMO1_SCRIPT = re.compile(r"megatron_gpt_pretraining\.py")
+
+
+def fp8_params(row: dict) -> bool:
+    """Whether an FP8 row's weights were FP8 tensors (`Job.fp8_params`): its notes quote the setting, or it ran
+    NeMo 2.x's recipe API or Megatron-Bridge at FP8."""
+    if _precision(row) not in ("fp8", "mxfp8"):
+        return False
+    notes = row["notes"].lower()
+    recipe_api = framework(row) == "nemo" and _nemo2(row) and not _NEMO1_SCRIPT.search(notes)
+    return bool(_FP8_PARAMS.search(notes)) or recipe_api
+
+
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
@@ -618,7 +640,7 @@ def build_case(row: dict) -> Case:
     flash, fused = model_kernels(row)
     job = Job(model=model, cluster=cluster, global_batch=int(row["global_batch_seqs"]),
               seq_len=int(row["seq_len"]), precision=_precision(row), runtime=runtime, moe_routing=routing,
-              flash_attention=flash, fused_kernels=fused)
+              flash_attention=flash, fused_kernels=fused, fp8_params=fp8_params(row))
     base = _base_strategy(row)
     if base["vpp"] > 1:
         base["split"] = _interleaved_split(model.num_blocks, base["pp"], base["vpp"])
