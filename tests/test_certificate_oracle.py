@@ -197,3 +197,12 @@ def test_zero_bubble_v_schedules_are_certified(runtime, nodes, batch):
     kinds = {s.pipeline_schedule for s in runtime_strategies(job) if s.pp > 1}
     assert {"zbv", "dualpipev", "interleaved", "1f1b"} <= kinds
     assert_certificate_holds(job)
+
+
+@pytest.mark.parametrize("fp8_params", [False, True])
+def test_certificate_holds_with_transformer_engines_fp8_storage(fp8_params):
+    # FP8 weight copies beside 16-bit weights, or FP8 parameters (none, from zero 1 on), and GEMM inputs kept as
+    # FP8: the search's tables and the oracle's estimates count them alike
+    job = _job("megatron", cluster=_cluster("dgx-h100", 2, 2), global_batch=8, seq_len=8192, precision="fp8",
+               fp8_params=fp8_params)
+    assert_certificate_holds(job)
