@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from planner.routing.placement import PlacementSummary
 
 Precision = Literal["bf16", "fp16", "fp8", "mxfp8"]
+FP8_PRECISIONS = ("fp8", "mxfp8")  # the precisions whose GEMMs run in FP8 (Job.fp8)
 MoeRouting = Literal["learned", "balanced"]
 # batch and sequence length at most 2**31 - 1: the search scales times and counts to 64-bit integers, which
 # a batch of 1e20 sequences overflows
@@ -120,7 +121,7 @@ class Job(BaseModel):
     @classmethod
     def _fp8_params_need_fp8(cls, fp8_params: bool, info: ValidationInfo) -> bool:
         precision = info.data.get("precision")
-        if fp8_params and precision not in ("fp8", "mxfp8"):
+        if fp8_params and precision not in FP8_PRECISIONS:
             raise ValueError(f"--fp8-params keeps the weights in FP8 and needs --precision fp8 or mxfp8, "
                              f"not {precision}")
         return fp8_params
@@ -207,6 +208,11 @@ class Job(BaseModel):
         if self.expert_placement_policy == "eplb":
             return placed.eplb_replicated_slots_per_rank
         return placed.replicated_slots_per_rank
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the job's GEMMs run in FP8 (precision fp8 or mxfp8)."""
+        return self.precision in FP8_PRECISIONS
 
     @property
     def compute_dtype(self) -> Dtype:

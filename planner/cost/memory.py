@@ -187,7 +187,7 @@ def saved_bytes(layer: Layer, job: Job, strategy: Strategy, recompute: Recompute
 
 def fp8_saved_inputs(job: Job) -> bool:
     """Whether the job's GEMM inputs are kept in FP8 for the backward (an FP8 run under a runtime that does so)."""
-    return job.precision in ("fp8", "mxfp8") and job.runtime.kernels.fp8_saved_inputs
+    return job.fp8 and job.runtime.kernels.fp8_saved_inputs
 
 
 def fp8_weight_copy_bytes(job: Job, strategy: Strategy) -> float:
@@ -195,7 +195,7 @@ def fp8_weight_copy_bytes(job: Job, strategy: Strategy) -> float:
     under a runtime that caches them (Kernels.fp8_weight_copy_bytes).  FP8 parameters are those copies; Megatron
     takes them (--fp8-param-gather) only with its distributed optimizer or FSDP (zero >= 1), so a zero-0 plan
     keeps 16-bit weights and their copies."""
-    if job.precision not in ("fp8", "mxfp8") or (job.fp8_params and strategy.zero >= 1):
+    if not job.fp8 or (job.fp8_params and strategy.zero >= 1):
         return 0.0
     return job.runtime.kernels.fp8_weight_copy_bytes
 

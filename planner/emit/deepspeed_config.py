@@ -14,7 +14,7 @@ import json
 from planner.emit import one_placement, optim
 from planner.emit.deepspeed_moe import moe_problem, moe_section
 from planner.emit.inputs import LaunchInputs
-from planner.job import Job
+from planner.job import FP8_PRECISIONS, Job
 from planner.plan.build import rank_location
 from planner.plan.schema import Plan
 from planner.strategy import Strategy
@@ -198,7 +198,7 @@ def _precision(d: Decisions) -> dict:
     if precision == "fp16":
         return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                          "hysteresis": 2, "min_loss_scale": 1}}
-    if precision in ("fp8", "mxfp8"):
+    if precision in FP8_PRECISIONS:
         recipe = " with recipe=MXFP8BlockScaling()" if precision == "mxfp8" else ""
         d.notes.append(
             f"Precision {precision} -> bf16: DeepSpeed has no fp8 training switch in ds_config.json; the config "

@@ -215,7 +215,6 @@ def _kernel_args(job: Job) -> dict[str, Any]:
         args["fp8-format"] = "hybrid"
     if job.precision == "mxfp8":  # Transformer Engine's MXFP8BlockScaling: E4M3 data in both passes
         args.update({"fp8-format": "e4m3", "fp8-recipe": "mxfp8"})
-
     if not job.flash_attention:  # the plan costs the s^2 score tensors of unfused attention
         args["attention-backend"] = "unfused"
     if not job.fused_kernels:  # and eager element-wise kernels

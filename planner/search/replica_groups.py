@@ -96,7 +96,7 @@ def compute_floor(job: Job, pool: str, batch: int, catalog: Catalog) -> float:
     device = catalog.node_device(node.node)
     rate = (max(device.peak_flops.values()) * device.throughput_scale
             * max(s.efficiency for s in device.matmul_efficiency))
-    if job.precision in ("fp8", "mxfp8"):  # the larger realised speedup keeps this a floor
+    if job.fp8:  # the larger realised speedup keeps this a floor
         rate *= max(catalog.constant("fp8_gemm_speedup_cap"), catalog.constant("mxfp8_gemm_speedup"))
     flops = batch * job.seq_len * job.model.model_flops_per_token(job.seq_len)
     return flops / (node.gpus * rate)

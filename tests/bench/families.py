@@ -127,7 +127,7 @@ def print_families(results: dict[Path, list[Result]], out=sys.stdout) -> list[st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, nargs="+", default=list(RUNS), help="runs files (default: the "
-                        "published runs and the five holdouts)")
+                        "published runs and the seven scored holdouts)")
     args = parser.parse_args()
     print_families({path: run("all", path=path) for path in args.runs})
 

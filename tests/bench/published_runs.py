@@ -83,6 +83,8 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   profile's kernel;
 * a row whose notes say its model code has "no flash attention" runs without it, and one running HuggingFace's
   "eager attention" runs unfused element-wise kernels too (`model_kernels`);
+* an FP8 row keeps FP8 parameters (`Job.fp8_params`) where its configuration says so or it ran NeMo 2.x's recipe
+  API or Megatron-Bridge, whose FP8 precision configs set them (`fp8_params`);
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs;
 * a gpu_type saying "power limited to N W" runs the preset's GPUs under that
@@ -135,7 +137,7 @@ from models.yamlio import as_name  # noqa: E402
 from models.zoo import get_entry  # noqa: E402
 from planner.cost import Estimate, evaluate  # noqa: E402
 from planner.cost.interval import PARALLEL_FAMILIES, parallel_family, seq_range  # noqa: E402,F401 (the regimes intervals use)
-from planner.job import Job  # noqa: E402
+from planner.job import FP8_PRECISIONS, Job  # noqa: E402
 from planner.profile import load_runtime  # noqa: E402
 from planner.strategy import Strategy  # noqa: E402
 
@@ -602,7 +604,7 @@ _NEMO1_SCRIPT = re.compile(r"megatron_gpt_pretraining\.py")
 def fp8_params(row: dict) -> bool:
     """Whether an FP8 row's weights were FP8 tensors (`Job.fp8_params`): its notes quote the setting, or it ran
     NeMo 2.x's recipe API or Megatron-Bridge at FP8."""
-    if _precision(row) not in ("fp8", "mxfp8"):
+    if _precision(row) not in FP8_PRECISIONS:
         return False
     notes = row["notes"].lower()
     recipe_api = framework(row) == "nemo" and _nemo2(row) and not _NEMO1_SCRIPT.search(notes)

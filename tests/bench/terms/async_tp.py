@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, load_rows, run_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import published_runs as bench  # noqa: E402
@@ -90,18 +90,20 @@ def implied(rows: list[dict[str, str]]) -> float:
     return round(statistics.median(implied_hidden(row) for row in rows), 2)
 
 
+def print_implied(rows: list[dict[str, str]]) -> None:
+    """Each pair's hidden share and their median (--implied)."""
+    for row in rows:
+        print(f"{row['model']} {row['precision']}: hidden {implied_hidden(row):.3f}")
+    print("median", implied(rows))
+
+
 def main(argv: list[str] | None = None) -> list[Compared]:
-    if argv is None and "--implied" in sys.argv:
-        rows = load_rows("async_tp")
-        for row in rows:
-            print(f"{row['model']} {row['precision']}: hidden {implied_hidden(row):.3f}")
-        print("median", implied(rows))
-        return []
     return run_table(
         "async_tp", __doc__, argv, compare,
         "AsyncTP: measured vs modelled speed-up over vanilla TP (planner.cost.comm tp_overlap)",
         by="model",
-        key=lambda r: " ".join(r.config.split()[:3]))
+        key=lambda r: " ".join(r.config.split()[:3]),
+        implied=print_implied)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, load_rows, run_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -114,16 +114,19 @@ def implied(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def print_implied(rows: list[dict[str, str]]) -> None:
+    """The relative efficiency per kernel and device the rows imply (--implied)."""
+    for kernel, devices in implied(rows).items():
+        print(kernel, devices)
+
+
 def main(argv: list[str] | None = None) -> list[Compared]:
-    if argv is None and "--implied" in sys.argv:
-        for kernel, devices in implied(load_rows("attention")).items():
-            print(kernel, devices)
-        return []
     return run_table(
         "attention", __doc__, argv, compare,
         "Attention core: measured vs planner.cost.compute.layer_time (attention_forward/_backward)",
         by="kernel, device, pass and mask",
-        key=lambda r: " ".join(r.config.split()[:4]))
+        key=lambda r: " ".join(r.config.split()[:4]),
+        implied=print_implied)
 
 
 if __name__ == "__main__":

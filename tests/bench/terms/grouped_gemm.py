@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from terms_common import ROOT, Compared, load_rows, run_table  # noqa: E402
+from terms_common import ROOT, Compared, run_table  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -97,16 +97,19 @@ def implied(rows: list[dict[str, str]]) -> dict[str, dict[str, float]]:
             for (kernel, device), values in sorted(groups.items())}
 
 
+def print_implied(rows: list[dict[str, str]]) -> None:
+    """The relative efficiency per kernel and device the rows imply (--implied)."""
+    for kernel, devices in implied(rows).items():
+        print(kernel, devices)
+
+
 def main(argv: list[str] | None = None) -> list[Compared]:
-    if argv is None and "--implied" in sys.argv:
-        for kernel, devices in implied(load_rows("grouped_gemm")).items():
-            print(kernel, devices)
-        return []
     return run_table(
         "grouped_gemm", __doc__, argv, compare,
         "Grouped GEMMs: measured vs planner.cost.compute.gemm_rate x grouped_gemm_efficiency",
         by="kernel, device and expert shape",
-        key=lambda r: " ".join(r.config.split()[:4]) + " " + r.config.split()[6])
+        key=lambda r: " ".join(r.config.split()[:4]) + " " + r.config.split()[6],
+        implied=print_implied)
 
 
 if __name__ == "__main__":

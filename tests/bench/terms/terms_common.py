@@ -94,9 +94,14 @@ def group_summaries(rows: list[Compared], key, out: TextIO | None = None) -> Non
 
 
 def run_table(term: str, doc: str, argv: list[str] | None, compare: Callable[[dict[str, str]], Compared],
-              title: str, by: str | None = None, key: Callable[[Compared], str] | None = None) -> list[Compared]:
+              title: str, by: str | None = None, key: Callable[[Compared], str] | None = None,
+              implied: Callable[[list[dict[str, str]]], None] | None = None) -> list[Compared]:
     """What a term script's main does: read the term's rows (the first QUICK_ROWS with --quick; `doc`'s first line
-    describes the options), compare each, print the table and, with `by` and `key`, one summary per group."""
+    describes the options), compare each, print the table and, with `by` and `key`, one summary per group.  A script
+    run as `python SCRIPT --implied` (argv None) with an `implied` printer prints what its rows imply instead."""
+    if implied is not None and argv is None and "--implied" in sys.argv:
+        implied(load_rows(term))
+        return []
     args = parse_args(doc.splitlines()[0], argv)
     rows = load_rows(term)
     if args.quick:
