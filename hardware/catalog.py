@@ -68,6 +68,10 @@ class DeviceSpec(BaseModel):
         1.0, gt=0, description="How much more of its FP8 peak this device's FP8 GEMMs realise than H100's do, "
         "relative to BF16: the measured FP8/BF16 matmul ratio over H100 SXM's.  A runtime's fp8_gemm_speedup is "
         "an H100 measurement; gemm_rate multiplies it by this (1: as on H100).")
+    fp8_gemm_any_layout: bool = Field(
+        False, description="The device's FP8 GEMMs take their operands in any layout (Transformer Engine's "
+        "nvte_is_non_tn_fp8_gemm_supported: compute capability 10.x and from 13.0), so a per-tensor-scaled FP8 "
+        "tensor keeps no transposed copy for the backward's GEMMs; Hopper's need the TN layout and the transpose.")
     price_per_hour: float = Field(ge=0, description="Default on-demand price, USD per GPU-hour.")
     tdp_watts: float | None = Field(
         None, gt=0, description="Board power (W) at which peak_flops are quoted: the default power limit.")

@@ -2,9 +2,9 @@
 weight copies beside 16-bit parameters, none with FP8 parameters (Job.fp8_params), and the GEMM inputs saved as FP8.
 
 Expected values are worked by hand from the byte counts that section quotes from Transformer Engine v2.11: a cached
-FP8 copy of each weight holds data and transpose, 2 bytes per parameter; the QKV and fc1 inputs (the norms' outputs)
-and the fc2 input are kept at 1 byte instead of 2; the attention projection keeps an FP8 copy of its input beside the
-core's 16-bit output.
+FP8 copy of each weight holds data and transpose, 2 bytes per parameter (the data only, 1 byte, where the FP8 GEMMs
+take any layout: Blackwell); the QKV and fc1 inputs (the norms' outputs) and the fc2 input are kept at 1 byte instead
+of 2; the attention projection keeps an FP8 copy of its input beside the core's 16-bit output.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from conftest import make_job
+from hardware import load_catalog
 from planner.cli import cli
 from planner.cost import evaluate
 from planner.emit.megatron_check import check_megatron_args
@@ -44,6 +45,18 @@ def test_fp8_runs_of_16_bit_weights_keep_two_bytes_of_fp8_copies_per_parameter()
     # Megatron's --fp8-param-gather needs the distributed optimizer: a zero-0 plan keeps 16-bit weights and copies
     zero0 = _stage(_job(precision="fp8", fp8_params=True), "tp=2,zero=0")
     assert zero0.buffers_bytes - _stage(_job(), "tp=2,zero=0").buffers_bytes == pytest.approx(2.0 * zero0.params)
+
+
+def test_blackwell_keeps_no_transpose_of_per_tensor_fp8_copies():
+    # B200's FP8 GEMMs take any operand layout: per-tensor FP8 copies hold the data only (1 byte per parameter);
+    # MXFP8 keeps row- and column-wise copies (each scaled along its own blocks): 2 bytes and the block scales
+    def stage(precision):
+        job = make_job("llama3-8b", "dgx-b200:1", batch=8, seq=4096, precision=precision)
+        return _stage(job.on(load_runtime("megatron")))
+    bf16, fp8, mxfp8 = stage("bf16"), stage("fp8"), stage("mxfp8")
+    assert fp8.buffers_bytes - bf16.buffers_bytes == pytest.approx(1.0 * fp8.params, rel=1e-9)
+    scales = load_catalog().constant("mxfp8_scale_bytes_per_param")
+    assert mxfp8.buffers_bytes - bf16.buffers_bytes == pytest.approx((2.0 + scales) * mxfp8.params, rel=1e-9)
 
 
 def test_fp8_runs_keep_the_gemm_inputs_as_fp8():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hardware import Catalog
+from hardware import Catalog, DeviceSpec
 from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
@@ -190,14 +190,23 @@ def fp8_saved_inputs(job: Job) -> bool:
     return job.fp8 and job.runtime.kernels.fp8_saved_inputs
 
 
-def fp8_weight_copy_bytes(job: Job, strategy: Strategy) -> float:
+# the transposed half of a cached FP8 weight copy (Kernels.fp8_weight_copy_bytes counts data and transpose)
+FP8_TRANSPOSE_BYTES = 1.0
+
+
+def fp8_weight_copy_bytes(job: Job, strategy: Strategy, device: DeviceSpec) -> float:
     """Bytes per parameter of the FP8 weight copies kept between micro-batches: an FP8 run of 16-bit parameters
     under a runtime that caches them (Kernels.fp8_weight_copy_bytes).  FP8 parameters are those copies; Megatron
     takes them (--fp8-param-gather) only with its distributed optimizer or FSDP (zero >= 1), so a zero-0 plan
-    keeps 16-bit weights and their copies."""
+    keeps 16-bit weights and their copies.  Per-tensor FP8 on a device whose FP8 GEMMs take any layout keeps no
+    transpose (Transformer Engine creates it only where nvte_is_non_tn_fp8_gemm_supported is false); MXFP8 keeps
+    both, its row- and column-wise blocks being scaled apart."""
     if not job.fp8 or (job.fp8_params and strategy.zero >= 1):
         return 0.0
-    return job.runtime.kernels.fp8_weight_copy_bytes
+    copies = job.runtime.kernels.fp8_weight_copy_bytes
+    if copies and job.precision == "fp8" and device.fp8_gemm_any_layout:
+        return copies - FP8_TRANSPOSE_BYTES
+    return copies
 
 
 def padded_expert_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
@@ -467,7 +476,7 @@ def stage_memory(
     if job.precision == "mxfp8":
         # the block scales of the MXFP8 weight copies; the FP8 data itself is costed as for fp8 runs
         buffers += params * catalog.constant("mxfp8_scale_bytes_per_param")
-    buffers += params * fp8_weight_copy_bytes(job, s)
+    buffers += params * fp8_weight_copy_bytes(job, s, site.device)
     late_grads = grads if sharded_grads_after_peak(job, s, shard) else 0.0
     allocated = weights + grads - late_grads + optimizer + activations + buffers
     reserve = catalog.constant("memory_reserve_bytes") + catalog.constant("memory_fragmentation") * allocated

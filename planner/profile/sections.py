@@ -177,7 +177,8 @@ class Kernels(BaseModel):
     fp8_weight_copy_bytes: float = Field(
         0.0, ge=0, description="Bytes per parameter of the FP8 weight copies the framework keeps between micro-batches "
         "in FP8 runs whose parameters are 16-bit (Transformer Engine's is_first_microbatch workspace: data and "
-        "transpose on Hopper, 2); none with FP8 parameters (Job.fp8_params), which are those copies.")
+        "transpose, 2; per-tensor FP8 on a device with DeviceSpec.fp8_gemm_any_layout keeps the data only); none "
+        "with FP8 parameters (Job.fp8_params), which are those copies.")
     fp8_saved_inputs: bool = Field(
         False, description="In FP8 runs the framework keeps its GEMMs' inputs for the weight gradients as FP8 "
         "(1 byte; Transformer Engine's Linear and LayerNormLinear), and the attention projection an FP8 copy beside "
