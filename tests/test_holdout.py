@@ -4,8 +4,8 @@ holdout5_runs.csv, holdout6_runs.csv, holdout7_runs.csv and holdout8_runs.csv; d
 holdout").
 
 Published training runs from documents that no earlier file cites, each frozen before it is scored and scored once
-(the first seven have been scored and are in-sample since; the third was frozen to score the model as it stood, the
-fourth to the eighth before the modelling changes they are scored after; the eighth has not been scored yet). These
+(all eight have been scored and are in-sample since; the third was frozen to score the model as it stood, the
+fourth to the eighth before the modelling changes they were scored after). These
 tests hold each file to that: it reads as the published runs do, every row builds into a job and a strategy, no row
 comes from a document an earlier file cites, its ids follow the earlier files', its documents table lists every
 document once, and the file is byte for byte the one whose SHA-256 the docs record. Nothing here evaluates a row.
