@@ -222,3 +222,39 @@ def test_megatron_bridge_reduces_gradients_in_bf16(precision):
     # Megatron FSDP (zero 3) under Bridge shards the bf16 gradient buffer over the 8 data-parallel ranks
     sharded = evaluate(job.on(load_runtime("megatron-bridge")), Strategy(dp=8, zero=3)).memory.per_stage[0]
     assert sharded.grads_bytes == pytest.approx(LLAMA3_8B_PARAMS * 2 / 8, rel=1e-9)
+
+
+def test_a_chunked_loss_keeps_no_logits_and_one_chunks_share_of_its_peak():
+    # torchtitan's ChunkedCELoss (num_chunks 8) runs the head and the loss chunk by chunk, forward and backward,
+    # before the decoder's backward: nothing per logit is kept, and at its peak one chunk's logits are alive.  Over
+    # one micro-batch of 8,192 tokens at Llama 3 8B's vocabulary, torchtitan's compiled loss (2 bytes per logit
+    # kept, 4 at its peak) keeps 2 x 8192 x 128256 bytes unchunked, none chunked, and its peak adds 4 / 8 per logit.
+    from models.graph import LayerKind
+    from planner.cost.memory import saved_bytes, transient_bytes
+    from planner.strategy import parse_strategy
+    runtime = load_runtime("torchtitan")
+    plain = make_job("llama3-8b", "dgx-h100:1", batch=8, seq=8192).on(runtime)
+    chunked = plain.on(runtime.model_copy(update={"loss": runtime.loss.model_copy(update={"chunks": 8})}))
+    by_tokens = plain.on(runtime.model_copy(update={"loss": runtime.loss.model_copy(update={"chunk_tokens": 2048})}))
+    strategy = parse_strategy("zero=3")
+    head = next(layer for layer in plain.model.layers if layer.kind == LayerKind.HEAD)
+    logits = 8192 * LLAMA3_8B_VOCAB
+    kept = saved_bytes(head, plain, strategy, "none") - saved_bytes(head, chunked, strategy, "none")
+    assert kept == pytest.approx(2.0 * logits, rel=1e-9)
+    assert transient_bytes(head, plain, strategy) == pytest.approx(2.0 * logits, rel=1e-9)
+    assert transient_bytes(head, chunked, strategy) == pytest.approx(4.0 / 8 * logits, rel=1e-9)
+    # chunks of 2,048 tokens over the micro-batch's 8,192: a quarter alive at once
+    assert transient_bytes(head, by_tokens, strategy) == pytest.approx(4.0 / 4 * logits, rel=1e-9)
+    # a chunk as long as the micro-batch is no chunking at all
+    whole = runtime.loss.model_copy(update={"chunk_tokens": 8192})
+    assert whole.bytes(1, 8192.0) == runtime.loss.whole_vocab
+
+
+def test_the_bench_reads_a_rows_chunked_loss():
+    bench = load_bench("published_runs")
+    notes = {"notes": "Loss 'ChunkedCELoss', PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"}
+    assert bench.loss_chunking(notes) == {"chunks": 8}  # torchtitan's default num_chunks
+    assert bench.loss_chunking({"notes": "Selective activation checkpointing; Eight loss chunks;"}) == {"chunks": 8}
+    assert bench.loss_chunking({"notes": "ChunkedCELoss (4 chunks)"}) == {"chunks": 4}
+    assert bench.loss_chunking({"notes": "Chunked loss (8,192-token chunks) is used"}) == {"chunk_tokens": 8192}
+    assert bench.loss_chunking({"notes": "loss compiled, no chunking stated"}) == {}

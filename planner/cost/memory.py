@@ -149,7 +149,8 @@ def logits_per_microbatch(layer: Layer, job: Job, strategy: Strategy) -> float:
 
 def loss_bytes(layer: Layer, job: Job, strategy: Strategy) -> LossBytes:
     """Bytes per logit of the runtime's loss on the head `layer`: vocab-parallel when tensor parallelism splits it."""
-    return job.runtime.loss.bytes(strategy.tp if layer.tp_splittable else 1)
+    tokens = strategy.mbs * job.seq_len / strategy.cp
+    return job.runtime.loss.bytes(strategy.tp if layer.tp_splittable else 1, tokens)
 
 
 def head_in_flight(strategy: Strategy, micro_batches: int) -> float:

@@ -222,14 +222,27 @@ class Loss(BaseModel):
         0.0, ge=0, description="Bytes per logit of every micro-batch's logits the last pipeline stage keeps until the "
         "step ends (torch.distributed.pipelining's output_chunks, kept while the schedule returns its outputs); 0: "
         "none kept.")
+    chunks: int = Field(
+        1, ge=1, description="The output projection and the loss run over a micro-batch's tokens in this many "
+        "chunks, each chunk's forward and backward done before the decoder's backward (torchtitan's ChunkedCELoss, "
+        "num_chunks): no logits are kept, one chunk's are alive at the peak (the hidden-width chunk copies and "
+        "fp32 gradient buffer are not counted); 1: unchunked.")
+    chunk_tokens: int | None = Field(
+        None, gt=0, description="As chunks, in chunks of at most this many tokens (torchtitan's ChunkedLossWrapper "
+        "chunk_len); null: `chunks` decides.")
     source: str = Field(
         "Megatron-LM megatron/training/theoretical_memory_usage.py: the output layer's fp32 logits, 4sbv/t; "
         "megatron/core/tensor_parallel/cross_entropy.py computes softmax and its gradient in place on them",
         description="Where the framework computes its loss and what was measured.")
 
-    def bytes(self, tp: int) -> LossBytes:
-        """The loss's bytes per logit at tensor-parallel degree `tp`."""
-        return self.vocab_parallel if tp > 1 and self.vocab_parallel is not None else self.whole_vocab
+    def bytes(self, tp: int, tokens: float) -> LossBytes:
+        """The loss's bytes per logit at tensor-parallel degree `tp` over a micro-batch of `tokens` tokens on one
+        rank: a chunked loss keeps none and is alive for one chunk's share at its peak."""
+        unchunked = self.vocab_parallel if tp > 1 and self.vocab_parallel is not None else self.whole_vocab
+        alive = min(1.0, self.chunk_tokens / tokens) if self.chunk_tokens else 1.0 / self.chunks
+        if alive >= 1.0:
+            return unchunked
+        return LossBytes(saved=0.0, peak=unchunked.peak * alive)
 
 
 # what one saved tensor's size per token is a multiple of (planner.cost.memory.layer_width reads it off a layer)

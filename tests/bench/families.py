@@ -5,8 +5,8 @@ across or within nodes, FSDP-style runtimes on H100, small models on A100, Megat
 memory) and is done when no family is off by more than 15% median |error| on the project's data. Every holdout has
 been scored and read (docs/benchmarks.md "Frozen holdout", "Second holdout", "Third holdout", "Fourth holdout",
 "Fifth holdout", "Sixth holdout", "Seventh holdout", "Eighth holdout"), so every file is in-sample now; this table is
-the in-sample view per family, not out-of-sample evidence. Rows are read and scored exactly as `published_runs.py` does (`run`):
-this script only groups them.
+the in-sample view per family, not out-of-sample evidence. Rows are read and scored exactly as `published_runs.py`
+does (`run`): this script only groups them.
 
     python tests/bench/families.py                  # the nine files, pooled and per file
     python tests/bench/families.py --runs F [F ...] # other runs files

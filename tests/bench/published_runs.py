@@ -611,6 +611,29 @@ def fp8_params(row: dict) -> bool:
     return bool(_FP8_PARAMS.search(notes)) or recipe_api
 
 
+# A chunked loss (`Loss.chunks` / `Loss.chunk_tokens`): torchtitan's ChunkedCELoss (components/loss.py,
+# Config.num_chunks, default 8) and its successor ChunkedLossWrapper (Config.chunk_len, default 8,192 tokens:
+# docs/chunked_loss.md) run the output projection and the loss chunk by chunk, forward and backward, before the
+# decoder's backward.  A row whose notes name it gets the chunk count or length they state, else the default count.
+_CHUNK_TOKENS = re.compile(r"chunked loss \(([\d,]+)-token chunks\)")
+_CHUNKS = re.compile(r"chunkedceloss \((\d+) chunks\)|(\w+) loss chunks")
+_NUMBER_WORDS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16}
+DEFAULT_LOSS_CHUNKS = 8
+
+
+def loss_chunking(row: dict) -> dict:
+    """The `Loss` fields of a row's chunked loss (chunks or chunk_tokens), {} when its notes name none."""
+    notes = row["notes"].lower()
+    if match := _CHUNK_TOKENS.search(notes):
+        return {"chunk_tokens": int(match.group(1).replace(",", ""))}
+    if match := _CHUNKS.search(notes):
+        count = match.group(1) or match.group(2)
+        return {"chunks": int(count) if count.isdigit() else _NUMBER_WORDS.get(count, DEFAULT_LOSS_CHUNKS)}
+    if "chunkedceloss" in notes:
+        return {"chunks": DEFAULT_LOSS_CHUNKS}
+    return {}
+
+
 def _recompute_options(row: dict, blocks_per_chunk: int) -> list[dict]:
     """Recompute settings to try, cheapest first; the first that fits is used."""
     text = row["act_recompute"].lower()
@@ -635,6 +658,8 @@ def build_case(row: dict) -> Case:
     if kernel != runtime.kernels.attention_kernel:
         kernels = runtime.kernels.model_copy(update={"attention_kernel": kernel})
         runtime = runtime.model_copy(update={"kernels": kernels})
+    if chunking := loss_chunking(row):
+        runtime = runtime.model_copy(update={"loss": runtime.loss.model_copy(update=chunking)})
     model = _model(row, runtime.name)
     # the job allows flash attention and fused kernels unless the row's model code has neither (`model_kernels`); the
     # runtime profile says whether the framework has them
