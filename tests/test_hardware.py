@@ -23,7 +23,7 @@ DEVICES = {
 }
 NODES = {
     "dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "hgx-h200", "dgx-b200", "mi300x-8",
-    "dgx2-v100", "pcie-l4", "pcie-t4", "h100-96g-8", "gb200-nvl72", "cpu",
+    "dgx2-v100", "pcie-l4", "pcie-t4", "h100-96g-8", "gb200-nvl72", "jean-zay-a100", "cpu",
 }
 
 
@@ -51,6 +51,13 @@ def test_preset_device_exists(key):
     node = catalog.node(key)
     assert node.device in catalog.devices
     assert node.sources
+
+
+def test_jean_zay_nodes_are_blooms_cluster():
+    # BLOOM's model card: "8 GPUs per node Using NVLink 4 inter-gpu connects, 4 OmniPath links" (100 Gb/s each)
+    node = load_catalog().node("jean-zay-a100")
+    assert node.intra_link.bandwidth == 4 * 25e9  # four NVLink3 links of 25 GB/s per direction
+    assert node.nic_bandwidth_per_gpu == 4 * 100e9 / 8 / 8  # four 100 Gb/s links shared by 8 GPUs, in bytes/s
 
 
 # Dense peaks, FLOP/s, from the datasheets cited in devices.yaml.

@@ -148,6 +148,7 @@ GIB = 2.0**30
 _GPU_PRESETS = [  # (substring of gpu_type, node preset), first match wins
     ("96GB HBM2e", "h100-96g-8"),
     ("A100-SXM4-40GB", "dgx-a100-40g"),
+    ("Jean Zay", "jean-zay-a100"),  # BLOOM's cluster: 4 NVLink links per GPU, 4 Omni-Path links per node
     ("A100", "dgx-a100-80g"),
     ("B200", "dgx-b200"),
     ("H200", "hgx-h200"),
