@@ -10,9 +10,6 @@ import pytest
 from benches import load_bench
 
 
-
-
-
 @pytest.fixture(scope="module")
 def solve_time():
     return load_bench("solve_time")
@@ -405,3 +402,22 @@ def test_size_grouping_places_models_by_decade_of_parameters(published_runs):
         "<1B", "1B-10B", "1B-10B", "10B-100B", ">=100B", ">=100B"]
     case = published_runs.build_case(published_runs.read_rows("all")[0])  # row 1: GPT 1.7B (SC21 Table 1)
     assert published_runs.GROUPINGS["size"](case) == "1B-10B"
+
+
+def test_moe_memory_counts_what_torchtitans_moe_saves():
+    # torchtitan 0.2.2 models/moe/moe.py, read: per routed token (top_k per token) the experts keep their input
+    # (bf16, for w1 and w3), the SiLU input, the SiLU output and w3's output (for their product) and the product
+    # (for w2), four expert-width bf16 tensors; the router-score bmm keeps the routed outputs in fp32
+    import importlib.metadata
+
+    try:  # the installed distribution: other tests may hold a stand-in `torchtitan` module in this process
+        importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("torchtitan is not installed")
+    bench = load_bench("moe_memory")
+    layer = bench.moe_layer("tiny-mixtral")
+    hidden, ffn, top_k = layer.hidden, layer.moe_shape.expert_ffn, layer.moe_shape.top_k  # 64, 128, 2
+    groups = bench.measure_apart("tiny-mixtral", tokens=64, score_before=False)
+    assert groups["routed hidden bfloat16"] == top_k * hidden * 2
+    assert groups["routed expert ffn bfloat16"] == 4 * top_k * ffn * 2
+    assert groups["routed hidden float32"] == top_k * hidden * 4

@@ -258,3 +258,23 @@ def test_the_bench_reads_a_rows_chunked_loss():
     assert bench.loss_chunking({"notes": "ChunkedCELoss (4 chunks)"}) == {"chunks": 4}
     assert bench.loss_chunking({"notes": "Chunked loss (8,192-token chunks) is used"}) == {"chunk_tokens": 8192}
     assert bench.loss_chunking({"notes": "loss compiled, no chunking stated"}) == {}
+
+
+def test_torchtitan_moe_layers_save_what_its_code_saves():
+    # tests/bench/moe_memory.py measures torchtitan 0.2.2's MoE at Qwen3-30B-A3B's widths (hidden 2048, top 8 of 128
+    # experts of width 768): per routed token the input (2 B x hidden), four expert-width tensors (4 x 2 B x 768),
+    # the outputs in fp32 (4 B x hidden), the top-k score and id (4 + 8 B) and two sorted index vectors (16 B);
+    # per token the router's fp32 scores (4 B x 128) and, beside the measurement, the layer's input kept by the gate
+    from models.graph import LayerKind
+    from planner.cost.memory import saved_bytes
+    from planner.strategy import parse_strategy
+    tokens = 4096
+    job = make_job("qwen3-30b-a3b", "dgx-h100:1", batch=8, seq=tokens).on(load_runtime("torchtitan"))
+    layer = next(layer for layer in job.model.layers if layer.kind == LayerKind.MOE)
+    strategy = parse_strategy("zero=3")
+    per_routed = 2 * 2048 + 4 * 2 * 768 + 4 * 2048 + 4 + 8 + 16
+    per_token = 8 * per_routed + 4 * 128 + 2 * 2048
+    assert saved_bytes(layer, job, strategy, "none") == pytest.approx(tokens * per_token, rel=1e-9)
+    # per-op SAC keeps none of it (no _grouped_mm in its save list, the gate force-recomputed, no shared experts)
+    assert saved_bytes(layer, job, strategy, "selective") == 0.0
+    assert saved_bytes(layer, job, strategy, "full") == 0.0

@@ -90,7 +90,8 @@ def test_the_planner_head_keeps_every_logit_of_the_vocabulary_on_each_tp_rank():
 @pytest.mark.parametrize("runtime", ["reference", "megatron", "torchtitan", "deepspeed", "pytorch-ddp"])
 def test_a_runtime_without_the_section_keeps_the_graph_count(runtime):
     profile = load_runtime(runtime)
-    assert profile.activations is None
+    # torchtitan's section lists its MoE layers only (tests/bench/moe_memory.py): attention and MLP keep the graph's
+    assert profile.activations is None or not {LayerKind.ATTENTION, LayerKind.MLP} & set(profile.activations.layers)
     job = _job(profile)
     s = parse_strategy("tp=2,dp=2")
     for layer in job.model.layers:

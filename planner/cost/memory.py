@@ -191,6 +191,9 @@ def fp8_saved_inputs(job: Job) -> bool:
     return job.fp8 and job.runtime.kernels.fp8_saved_inputs
 
 
+# the widths a MoE layer's saves are counted in (`SavedTensor.width`: per routed token or per expert)
+MOE_WIDTHS = ("experts", "routed", "routed_hidden", "routed_expert_ffn", "shared_ffn")
+
 # the transposed half of a cached FP8 weight copy (Kernels.fp8_weight_copy_bytes counts data and transpose)
 FP8_TRANSPOSE_BYTES = 1.0
 
@@ -273,6 +276,11 @@ def layer_width(layer: Layer, width: SaveWidth, seq_len: int) -> float:
         return float(seq_len)
     if width == "gated_ffn":  # w1, w3 (hidden x ffn) and w2 (ffn x hidden), no biases: the norm is replicated
         return (layer.params - layer.tp_replicated_params) / (3.0 * layer.hidden)
+    if width in MOE_WIDTHS:
+        moe = layer.moe_shape
+        return float({"experts": moe.num_experts, "routed": moe.top_k, "routed_hidden": moe.top_k * layer.hidden,
+                      "routed_expert_ffn": moe.top_k * moe.expert_ffn,
+                      "shared_ffn": moe.shared_experts * moe.expert_ffn}[width])
     shape = layer.attention
     if shape is None:
         raise ValueError(f"{layer.name}: a saved tensor of width {width} needs an attention layer")

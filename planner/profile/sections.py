@@ -246,7 +246,8 @@ class Loss(BaseModel):
 
 
 # what one saved tensor's size per token is a multiple of (planner.cost.memory.layer_width reads it off a layer)
-SaveWidth = Literal["one", "hidden", "gated_ffn", "heads", "head_dim", "q_width", "kv_width", "seq_len"]
+SaveWidth = Literal["one", "hidden", "gated_ffn", "heads", "head_dim", "q_width", "kv_width", "seq_len", "experts",
+                    "routed", "routed_hidden", "routed_expert_ffn", "shared_ffn"]
 
 
 class SavedTensor(BaseModel):
@@ -259,7 +260,9 @@ class SavedTensor(BaseModel):
     width: SaveWidth = Field(
         description="one; hidden; gated_ffn (the feed-forward width of a gated, bias-free MLP: its matmul "
         "parameters over 3 x hidden); heads, head_dim, q_width (heads x head_dim), kv_width (kv_heads x head_dim) "
-        "of the attention; seq_len (the whole sequence: a row of a mask).")
+        "of the attention; seq_len (the whole sequence: a row of a mask); of a MoE layer: experts (the router's "
+        "scores), routed (top_k: one per routed token), routed_hidden (top_k x hidden), routed_expert_ffn (top_k x "
+        "one expert's width), shared_ffn (the shared experts' width).")
     dtype: Literal["compute", "fp32"] = Field(
         description="compute: the job's activation dtype (`Activations.compute_bytes`); fp32: 4 bytes whatever "
         "the precision (an op that upcasts: RMSNorm's statistics, SDPA's logsumexp).")
