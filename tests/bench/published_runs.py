@@ -85,6 +85,10 @@ How a row becomes a job (one rule for every row, never a per-row constant):
   "eager attention" runs unfused element-wise kernels too (`model_kernels`);
 * an FP8 row keeps FP8 parameters (`Job.fp8_params`) where its configuration says so or it ran NeMo 2.x's recipe
   API or Megatron-Bridge, whose FP8 precision configs set them (`fp8_params`);
+* a row whose notes name torchtitan's chunked loss (ChunkedCELoss, "loss chunks", "N-token chunks") runs its
+  profile's loss in those chunks (`loss_chunking`: Loss.chunks / chunk_tokens);
+* the node preset is the row's gpu_type's (`_GPU_PRESETS`): a gpu_type naming Jean Zay (BLOOM's cluster) runs
+  jean-zay-a100 (4 NVLink links per GPU, 4 Omni-Path links per node), other A100s a DGX A100;
 * a run on fewer GPUs than a node has (1 GPU) is costed on a node of that
   many GPUs;
 * a gpu_type saying "power limited to N W" runs the preset's GPUs under that
