@@ -38,7 +38,7 @@ from hardware.collectives import CommGroup
 from models.graph import Layer, LayerKind, RecomputeMode
 from planner.cost.compute import LayerTime, expert_load_ratio
 from planner.cost.dispatch import expected_destinations
-from planner.cost.layout import StageComms, is_block_layer
+from planner.cost.layout import StageComms, is_block_layer, microbatch_tokens
 from planner.cost.memory import WEIGHT_BYTES
 from planner.cost.sums import StageSums
 from planner.fields import Reader, reads
@@ -174,7 +174,7 @@ def ring_attention_seconds(layer: Layer, job: Job, strategy: Strategy, groups: S
     att = layer.attention_shape
     steps = strategy.cp
     kv_width = 2 * att.kv_heads * att.head_dim / min(strategy.tp, att.kv_heads)
-    chunk = strategy.mbs * job.seq_len / strategy.cp * kv_width * ACT_BYTES
+    chunk = microbatch_tokens(job, strategy) * kv_width * ACT_BYTES
     overlap = catalog.constant("comm_overlap_efficiency")
     send = coll.point_to_point(chunk, groups.cp, catalog)
     exposed = (steps - 1) * max(0.0, send - overlap * time.attention_forward / steps)
@@ -197,7 +197,7 @@ def p2p_seconds(hidden: float, job: Job, strategy: Strategy, groups: StageComms,
     lower bound for any stage."""
     if not strategy.pipelined:
         return 0.0
-    volume = strategy.mbs * job.seq_len / strategy.cp * hidden * ACT_BYTES
+    volume = microbatch_tokens(job, strategy) * hidden * ACT_BYTES
     if strategy.sequence_parallel:
         volume /= strategy.tp
     fraction = catalog.constant("pp_p2p_exposed_fraction")

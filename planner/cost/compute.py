@@ -43,7 +43,7 @@ from models.graph import Layer, RecomputeMode
 from planner.cost.attention import attention_efficiency
 from planner.cost.kernel_tables import load_kernel_table
 from planner.cost.launches import launch_overhead
-from planner.cost.layout import tp_divisor
+from planner.cost.layout import microbatch_tokens, tp_divisor
 from planner.cost.memory import layer_width
 from planner.job import Job
 from planner.strategy import Strategy
@@ -84,16 +84,11 @@ def causal_time_ratio(seq_len: float, catalog: Catalog) -> float:
                + catalog.constant("causal_attention_block_tokens") / seq_len)
 
 
-def _tokens(job: Job, strategy: Strategy) -> float:
-    """Tokens of one micro-batch on one context-parallel rank."""
-    return strategy.mbs * job.seq_len / strategy.cp
-
-
 def layer_time(layer: Layer, job: Job, strategy: Strategy, device: DeviceSpec, catalog: Catalog,
                recompute: RecomputeMode) -> LayerTime:
     """Forward, backward and recompute seconds of `layer` for one micro-batch on one rank,
     when the layer's recompute mode is `recompute`."""
-    tokens = _tokens(job, strategy)
+    tokens = microbatch_tokens(job, strategy)
     tp = tp_divisor(layer, strategy.tp)
     gemm_flops = tokens * layer.flops_per_token / tp
     attn_flops = tokens * layer.flops_per_token_per_seq * job.attended / tp
@@ -159,7 +154,8 @@ def policy_recompute_seconds(layer: Layer, job: Job, strategy: Strategy, device:
         return attn_s
     widths = rule.recomputed_gemms.get(layer.kind, ())
     tp = tp_divisor(layer, strategy.tp)
-    flops = _tokens(job, strategy) * sum(2.0 * layer.hidden * layer_width(layer, w, job.seq_len) for w in widths) / tp
+    per_token = sum(2.0 * layer.hidden * layer_width(layer, w, job.seq_len) for w in widths)
+    flops = microbatch_tokens(job, strategy) * per_token / tp
     seconds = flops / gemm_rate(device, job, flops / len(widths), catalog) if flops else 0.0
     return seconds + (attn_s if rule.attention_core else 0.0) + (elementwise_s if rule.elementwise else 0.0)
 
@@ -183,7 +179,7 @@ def expert_load_ratio(layer: Layer, job: Job, strategy: Strategy, catalog: Catal
     if capacity is None:
         return job.moe_imbalance(catalog, strategy.ep)
     moe = layer.moe_shape
-    return capacity.load_ratio(_tokens(job, strategy), moe.top_k, moe.num_experts)
+    return capacity.load_ratio(microbatch_tokens(job, strategy), moe.top_k, moe.num_experts)
 
 
 def grouped_gemm_efficiency(device: DeviceSpec, job: Job) -> float:
@@ -205,7 +201,7 @@ def moe_gemm_seconds(layer: Layer, job: Job, strategy: Strategy, device: DeviceS
     whose rows are one expert's tokens: tokens x top_k x etp x ep / (experts x tp), the same for any etp, at the
     grouped-GEMM kernel's rate (`grouped_gemm_efficiency`).  The router and the shared experts run over all the
     rank's tokens, as dense GEMMs."""
-    moe, tokens, tp = layer.moe_shape, _tokens(job, strategy), tp_divisor(layer, strategy.tp)
+    moe, tokens, tp = layer.moe_shape, microbatch_tokens(job, strategy), tp_divisor(layer, strategy.tp)
     per_expert = expert_flops_per_token(layer)
     routed_flops = tokens * moe.top_k * per_expert / tp * expert_load_ratio(layer, job, strategy, catalog)
     expert_tokens = tokens * moe.top_k * strategy.expert_tp * strategy.ep / (moe.num_experts * tp)

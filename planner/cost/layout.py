@@ -18,6 +18,11 @@ from planner.job import Job
 from planner.strategy import Strategy
 
 
+def microbatch_tokens(job: Job, strategy: Strategy) -> float:
+    """Tokens of one micro-batch on one context-parallel rank."""
+    return strategy.mbs * job.seq_len / strategy.cp
+
+
 @dataclass(frozen=True)
 class StageSite:
     """The hardware one pipeline stage's ranks sit on."""

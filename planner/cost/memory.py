@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from hardware import Catalog, DeviceSpec
 from models.graph import Layer, LayerKind, RecomputeMode
-from planner.cost.layout import StageSite, group_ranks_per_node, shard_degree, tp_divisor
+from planner.cost.layout import StageSite, group_ranks_per_node, microbatch_tokens, shard_degree, tp_divisor
 from planner.cost.sums import StageSums
 from planner.job import Job
 from planner.profile import Activations, Autocast, Gather, GatherUnits, LossBytes, SavedTensor, SaveWidth
@@ -144,13 +144,12 @@ def logits_per_microbatch(layer: Layer, job: Job, strategy: Strategy) -> float:
     tensor parallelism (vocab-parallel head and loss), the tokens by context parallelism.  The graph's head
     declares its logits as fp32 saved bytes (`act_tp_split`, models/transformer.py `_head`)."""
     tp = strategy.tp if layer.tp_splittable and not job.runtime.loss.gathers_vocab else 1
-    return strategy.mbs * job.seq_len / strategy.cp * layer.act_tp_split / GRAPH_LOGIT_BYTES / tp
+    return microbatch_tokens(job, strategy) * layer.act_tp_split / GRAPH_LOGIT_BYTES / tp
 
 
 def loss_bytes(layer: Layer, job: Job, strategy: Strategy) -> LossBytes:
     """Bytes per logit of the runtime's loss on the head `layer`: vocab-parallel when tensor parallelism splits it."""
-    tokens = strategy.mbs * job.seq_len / strategy.cp
-    return job.runtime.loss.bytes(strategy.tp if layer.tp_splittable else 1, tokens)
+    return job.runtime.loss.bytes(strategy.tp if layer.tp_splittable else 1, microbatch_tokens(job, strategy))
 
 
 def head_in_flight(strategy: Strategy, micro_batches: int) -> float:
@@ -222,7 +221,7 @@ def padded_expert_bytes(layer: Layer, job: Job, strategy: Strategy) -> float:
     if capacity is None or layer.moe is None:
         return 0.0
     moe = layer.moe
-    tokens = strategy.mbs * job.seq_len / strategy.cp
+    tokens = microbatch_tokens(job, strategy)
     ratio = capacity.load_ratio(tokens, moe.top_k, moe.num_experts)
     experts = layer.act_tp_split - ROUTER_LOGIT_BYTES * moe.num_experts
     routed = experts * moe.top_k / (moe.top_k + moe.shared_experts)
@@ -365,7 +364,7 @@ def receive_buffer_bytes(job: Job, strategy: Strategy, stage: int, micro_batches
     directions = 2 * v - (stage == 0) - (stage == p - 1)
     activations = job.runtime.activations
     width = activations.compute_bytes if activations is not None else WEIGHT_BYTES
-    boundary = strategy.mbs * job.seq_len / strategy.cp * hidden * width
+    boundary = microbatch_tokens(job, strategy) * hidden * width
     if strategy.sequence_parallel:
         boundary /= strategy.tp
     return directions * micro_batches * boundary

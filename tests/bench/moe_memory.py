@@ -100,8 +100,8 @@ def measure(layer, tokens: int, score_before: bool) -> dict[str, float]:
         moe(x)
     groups: dict[str, float] = {}
     for nbytes, dims, dtype in saved.values():
-        groups[_group(dims, dtype, layer.hidden, shape.expert_ffn, tokens)] = (
-            groups.get(_group(dims, dtype, layer.hidden, shape.expert_ffn, tokens), 0.0) + nbytes / tokens)
+        group = _group(dims, dtype, layer.hidden, shape.expert_ffn, tokens)
+        groups[group] = groups.get(group, 0.0) + nbytes / tokens
     return groups
 
 

@@ -621,8 +621,8 @@ def fp8_params(row: dict) -> bool:
 # docs/chunked_loss.md) run the output projection and the loss chunk by chunk, forward and backward, before the
 # decoder's backward.  A row whose notes name it gets the chunk count or length they state, else the default count.
 _CHUNK_TOKENS = re.compile(r"chunked loss \(([\d,]+)-token chunks\)")
-_CHUNKS = re.compile(r"chunkedceloss \((\d+) chunks\)|(\w+) loss chunks")
 _NUMBER_WORDS = {"two": 2, "four": 4, "eight": 8, "sixteen": 16}
+_CHUNKS = re.compile(rf"chunkedceloss \((\d+) chunks\)|(\d+|{'|'.join(_NUMBER_WORDS)}) loss chunks")
 DEFAULT_LOSS_CHUNKS = 8
 
 
@@ -633,7 +633,7 @@ def loss_chunking(row: dict) -> dict:
         return {"chunk_tokens": int(match.group(1).replace(",", ""))}
     if match := _CHUNKS.search(notes):
         count = match.group(1) or match.group(2)
-        return {"chunks": int(count) if count.isdigit() else _NUMBER_WORDS.get(count, DEFAULT_LOSS_CHUNKS)}
+        return {"chunks": int(count) if count.isdigit() else _NUMBER_WORDS[count]}
     if "chunkedceloss" in notes:
         return {"chunks": DEFAULT_LOSS_CHUNKS}
     return {}
